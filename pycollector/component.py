@@ -1,0 +1,143 @@
+"""The component contract: one shape for built-in and third-party plugins.
+
+A plugin publishes a *factory* under one of the entry-point groups in ``KIND_GROUPS``::
+
+    [project.entry-points."pycollector.exporters"]
+    my_exporter = "my_package:factory"
+
+The factory says what it is and builds components::
+
+    factory.type          "otlp_grpc"          the name configs use
+    factory.aliases       ("otlp",)            deprecated names that still work (logged once)
+    factory.signals       {"profiles", ...}    pipelines it may appear in
+    factory.config_model  a pydantic model: every key, its type, its default, its validation
+    factory.create(settings, config, next_consumer) -> component
+
+Lifecycle of a component (the engine guarantees the order):
+
+    start(host)     open sockets, threads, BPF; return quickly; raise StartError with a clear
+                    reason when it cannot start.
+    consume(data)   processors, exporters and connectors; ``data`` is the OTLP protobuf message
+                    itself (ProfilesData, TracesData, MetricsData, LogsData). May raise
+                    RefusedError (retryable: the receiver applies backpressure) or
+                    PermanentError (the data is bad: dropped and counted).
+    shutdown()      safe before start and safe twice; stops background work and flushes what it
+                    holds into ``next_consumer``, which is still running at that point.
+
+Receivers push into ``next_consumer.consume(data)``; the engine routes each message by its type to
+every pipeline the receiver feeds and counts what was accepted or refused on its behalf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import pydantic
+
+if TYPE_CHECKING:
+    import structlog
+
+    from pycollector.telemetry import ComponentTelemetry
+
+KINDS = ("receivers", "processors", "exporters", "extensions", "connectors")
+KIND_GROUPS = {kind: f"pycollector.{kind}" for kind in KINDS}
+SIGNALS = ("traces", "metrics", "logs", "profiles")
+
+
+class ComponentError(Exception):
+    """Base of the errors a component raises on purpose."""
+
+
+class RefusedError(ComponentError):
+    """Retryable: the data was not taken now, try again later (backpressure)."""
+
+    def __init__(self, message: str = "refused", retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(ComponentError):
+    """The data can never be accepted (malformed, rejected by the backend): drop and count it."""
+
+
+class StartError(ComponentError):
+    """A component could not start; the message is shown to the user as the reason."""
+
+
+class ComponentConfig(pydantic.BaseModel):
+    """Base for every component config model: unknown keys are errors, defaults are explicit."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", validate_default=True, frozen=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentID:
+    """``type[/name]`` as written in the config."""
+
+    type: str
+    name: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "ComponentID":
+        type_, _, name = str(text).partition("/")
+        return cls(type_.strip(), name.strip())
+
+    def __str__(self) -> str:
+        return f"{self.type}/{self.name}" if self.name else self.type
+
+
+@dataclasses.dataclass
+class Settings:
+    """What the engine hands every component: who it is, where to log, what to count."""
+
+    id: ComponentID
+    kind: str  # one of KINDS
+    logger: "structlog.typing.FilteringBoundLogger"
+    telemetry: "ComponentTelemetry"
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    def consume(self, data: Any) -> None: ...
+
+
+class Component:
+    """Convenience base: no-op lifecycle. Subclasses override what they need."""
+
+    def start(self, host: "Host") -> None:
+        pass
+
+    def consume(self, data: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not consume data")
+
+    def shutdown(self) -> None:
+        pass
+
+
+class Host(Protocol):
+    """What a started component may ask of the running service."""
+
+    def get_extension(self, component_id: str) -> Any: ...
+
+    def report_fatal_error(self, source: str, error: BaseException) -> None: ...
+
+
+class Factory:
+    """Base class for factories. Subclasses set the class attributes and implement ``create``.
+
+    ``mutates_data``: a processor that edits the message in place says so, and the engine hands it
+    its own copy when a receiver fans out to several pipelines.
+    """
+
+    type: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+    signals: ClassVar[frozenset[str]] = frozenset(SIGNALS)
+    config_model: ClassVar[type[pydantic.BaseModel]] = ComponentConfig
+    mutates_data: ClassVar[bool] = False
+
+    def default_config(self) -> pydantic.BaseModel:
+        return self.config_model()
+
+    def create(self, settings: Settings, config: Any, next_consumer: Consumer | None) -> Component:
+        raise NotImplementedError
