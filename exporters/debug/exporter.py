@@ -1,0 +1,171 @@
+"""The debug exporter: what flows through a pipeline, printed for a person to read.
+
+basic     one line per export: how many resources and items.
+normal    a line per resource with its attributes, a line per profile with its sample count, and
+          the profile's top functions by self samples.
+detailed  every sample with its attributes, then its stack, one frame per line, leaf first.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from google.protobuf import text_format
+
+from pycollector import logs
+from pycollector.component import Component
+from pycollector.pdata import item_count, iter_samples, sample_count, sample_type, signal_of
+from pycollector.pdata.attributes import to_dict
+
+from exporters.debug.config import DebugConfig
+
+
+class _LogSampler:
+    """Per one-second tick: let the first ``initial`` through, then every ``thereafter``-th."""
+
+    def __init__(self, initial: int, thereafter: int):
+        self.initial, self.thereafter = initial, thereafter
+        self._tick, self._count = -1, 0
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            tick = int(time.monotonic())
+            if tick != self._tick:
+                self._tick, self._count = tick, 0
+            self._count += 1
+            if self._count <= self.initial:
+                return True
+            return self.thereafter > 0 and (self._count - self.initial) % self.thereafter == 0
+
+
+class DebugExporter(Component):
+    def __init__(self, settings, config: DebugConfig, output: TextIO | None = None):
+        self.log = settings.logger
+        self.config = config
+        self.output = output
+        self._sampler = _LogSampler(config.sampling_initial, config.sampling_thereafter)
+        self._lock = threading.Lock()
+
+    def consume(self, data: Any) -> None:
+        if not self._sampler.allow():
+            return
+        signal = signal_of(data)
+        summary = _summary(signal, data)
+        body = "" if self.config.verbosity == "basic" else _render(signal, data, self.config)
+        with self._lock:
+            if logs.current_format() == "json" or not body:
+                self.log.info(signal.capitalize(), **summary, **({"text": body} if body else {}))
+            else:
+                self.log.info(signal.capitalize(), **summary)
+                stream = self.output or sys.stderr
+                stream.write(body if body.endswith("\n") else body + "\n")
+                stream.flush()
+
+
+RESOURCE_FIELDS = {"profiles": "resource_profiles", "traces": "resource_spans", "metrics": "resource_metrics", "logs": "resource_logs"}
+
+
+def _summary(signal: str, data: Any) -> dict[str, int]:
+    resources = len(getattr(data, RESOURCE_FIELDS[signal]))
+    if signal == "profiles":
+        profiles = sum(len(scope.profiles) for rp in data.resource_profiles for scope in rp.scope_profiles)
+        return {"resource_profiles": resources, "profiles": profiles, "samples": sample_count(data)}
+    return {"resources": resources, "items": item_count(data)}
+
+
+def _render(signal: str, data: Any, config: DebugConfig) -> str:
+    if signal == "profiles":
+        return _render_profiles(data, config)
+    if config.verbosity == "detailed":
+        return text_format.MessageToString(data, as_utf8=True)
+    return _render_resources(signal, data)
+
+
+def _attributes_line(attributes: dict) -> str:
+    return " ".join(f"{key}={_show(value)}" for key, value in attributes.items())
+
+
+def _show(value: Any) -> str:
+    text = str(value)
+    return f'"{text}"' if isinstance(value, str) and (" " in text or not text) else text
+
+
+def _render_resources(signal: str, data: Any) -> str:
+    lines = []
+    for index, resource_data in enumerate(getattr(data, RESOURCE_FIELDS[signal])):
+        lines.append(f"Resource #{index} {_attributes_line(to_dict(resource_data.resource.attributes))}")
+    return "\n".join(lines)
+
+
+def _render_profiles(data: Any, config: DebugConfig) -> str:
+    """Group samples back under their resource and profile, as the message nests them."""
+    detailed = config.verbosity == "detailed"
+    lines: list[str] = []
+    by_profile: dict[int, list] = collections.defaultdict(list)
+    for view in iter_samples(data):
+        by_profile[id(view.profile)].append(view)
+    for r_index, resource_profiles in enumerate(data.resource_profiles):
+        resource = to_dict(resource_profiles.resource.attributes)
+        lines.append(f"ResourceProfiles #{r_index}  {_attributes_line(resource)}")
+        for scope_profiles in resource_profiles.scope_profiles:
+            for p_index, profile in enumerate(scope_profiles.profiles):
+                views = by_profile.get(id(profile), [])
+                lines.append(_profile_line(data, profile, p_index, views))
+                if detailed:
+                    lines.extend(_sample_lines(views))
+                else:
+                    lines.extend(_top_functions(views, config.top_functions))
+    return "\n".join(lines)
+
+
+def _profile_line(data: Any, profile: Any, index: int, views: list) -> str:
+    kind, unit = sample_type(data, profile)
+    total = sum(sum(view.values) for view in views)
+    strings = data.dictionary.string_table
+    period = ""
+    if profile.period:
+        period_kind, period_unit = (strings[index] if index < len(strings) else "" for index in (profile.period_type.type_strindex, profile.period_type.unit_strindex))
+        period = f"  period={profile.period} {period_kind}/{period_unit}"
+    duration = f"  duration={profile.duration_nano / 1e9:.1f}s" if profile.duration_nano else ""
+    return f"  Profile #{index}  {kind}/{unit}  samples={len(views)}  total={total}{period}{duration}"
+
+
+def _top_functions(views: list, limit: int) -> list[str]:
+    """The functions the samples were in (leaf frame), heaviest first, with their share."""
+    self_values: collections.Counter = collections.Counter()
+    for view in views:
+        leaf = view.frames[0] if view.frames else None
+        name = (leaf.function or f"0x{leaf.address:x}") if leaf else "(no frames)"
+        where = f"  [{leaf.mapping_filename.rsplit('/', 1)[-1]}]" if leaf and leaf.mapping_filename else ""
+        self_values[name + where] += sum(view.values)
+    total = sum(self_values.values()) or 1
+    lines = []
+    for name, value in self_values.most_common(limit):
+        lines.append(f"    {value:>8}  {100 * value / total:5.1f}%  {name}")
+    if len(self_values) > limit:
+        rest = total - sum(value for _, value in self_values.most_common(limit))
+        lines.append(f"    {rest:>8}  {100 * rest / total:5.1f}%  ({len(self_values) - limit} more functions)")
+    return lines
+
+
+def _sample_lines(views: list) -> list[str]:
+    lines = []
+    for s_index, view in enumerate(views):
+        timestamps = f"  timestamps={len(view.sample.timestamps_unix_nano)}" if view.sample.timestamps_unix_nano else ""
+        lines.append(f"    Sample #{s_index}  values={list(view.values)}{timestamps}  {_attributes_line(view.attributes)}")
+        for frame in view.frames:
+            parts = [f"Instrumentation: {frame.frame_type or 'unknown'}", f"Function: {frame.function or f'0x{frame.address:x}'}"]
+            if frame.filename:
+                parts.append(f"File: {frame.filename}")
+            if frame.line:
+                parts.append(f"Line: {frame.line}")
+            if frame.mapping_filename and not frame.filename:
+                parts.append(f"Mapping: {frame.mapping_filename}")
+            lines.append("      " + ", ".join(parts))
+    return lines
+

@@ -1,0 +1,5 @@
+import sys
+
+from pycollector.cli import main
+
+sys.exit(main())

@@ -1,0 +1,161 @@
+"""Command line, shaped like the Go collector's: run, validate, components, print-config."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Sequence
+
+import yaml
+
+from pycollector import logs
+from pycollector.component import KINDS, StartError
+from pycollector.config import ConfigError, load
+from pycollector.config.validate import Plan, build_plan
+from pycollector.registry import PluginError, Registry
+
+# Gates the Go collector needs for profiles; here profiles are always on, so they are accepted.
+KNOWN_FEATURE_GATES = {"service.profilesSupport": "profiles pipelines (always enabled in pycollector)"}
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", action="append", default=None, metavar="FILE", help="YAML config file; repeat to deep-merge several (later wins)")
+    common.add_argument("--set", action="append", default=None, metavar="KEY=VALUE", help="override one value, e.g. --set exporters::debug::verbosity=detailed")
+    common.add_argument("--feature-gates", action="append", default=None, metavar="GATES", help="comma-separated gates, e.g. service.profilesSupport (accepted for compatibility)")
+    common.add_argument("--log-format", choices=("console", "json"), default=None, help="console for people (default), json for machines")
+    common.add_argument("--log-level", choices=("debug", "info", "warn", "error"), default=None)
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common_flags()
+    parser = argparse.ArgumentParser(prog="pycollector", parents=[common], description="Run telemetry pipelines declared like the OpenTelemetry Collector's.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("validate", parents=[common], help="check the config and build the pipeline graph without starting anything")
+    commands.add_parser("components", parents=[common], help="list every installed component factory")
+    printer = commands.add_parser("print-config", parents=[common], help="print the resolved config")
+    printer.add_argument("--with-defaults", action="store_true", help="show every component's settings, defaults included")
+    return parser
+
+
+def _merge_flags(args: argparse.Namespace) -> None:
+    """Flags given before and after the subcommand both count (argparse keeps only one set)."""
+    for name in ("config", "set", "feature_gates"):
+        setattr(args, name, getattr(args, name) or [])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _merge_flags(args)
+    logs.configure(args.log_format or "console", args.log_level or "info")
+    log = logs.get_logger(component="cli")
+    _check_feature_gates(args.feature_gates, log)
+    if args.command == "components":
+        return _components()
+    if not args.config:
+        print("pycollector: no config given; use --config FILE (e.g. --config configs/default.yaml)", file=sys.stderr)
+        return 2
+    try:
+        config = load(args.config, args.set, warn=lambda message: log.warning(message))
+        if args.command == "print-config" and not args.with_defaults:
+            print(yaml.safe_dump(config, sort_keys=False), end="")
+            return 0
+        plan = build_plan(config, Registry())
+        if args.command == "print-config":
+            print(yaml.safe_dump(_with_defaults(config, plan), sort_keys=False), end="")
+            return 0
+        if args.command == "validate":
+            from pycollector.graph import Graph
+            from pycollector.telemetry import Telemetry
+
+            graph = Graph(plan, Telemetry())
+            print(f"{', '.join(args.config)}: valid ({len(plan.pipelines)} pipelines, {len(graph.nodes)} component instances)")
+            return 0
+    except ConfigError as error:
+        print(str(error), file=sys.stderr)
+        return 1
+    # The config's service::telemetry::logs applies where the command line did not say otherwise.
+    logs.configure(args.log_format or plan.telemetry.logs.encoding or "console", args.log_level or plan.telemetry.logs.level.lower())
+    return _run(plan)
+
+
+def _run(plan: Plan) -> int:
+    from pycollector.service import Service
+
+    log = logs.get_logger(component="service")
+    try:
+        service = Service(plan)
+    except ConfigError as error:
+        print(str(error), file=sys.stderr)
+        return 1
+
+    def stop(signum, _frame):
+        log.info("stopping", signal=signal.Signals(signum).name)
+        service.request_stop()
+        # A second Ctrl-C while shutting down interrupts the shutdown itself.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        service.start()
+    except StartError as error:
+        log.error("could not start", reason=str(error))
+        return 1
+    while not service.wait(0.5):
+        pass
+    service.shutdown()
+    if service.fatal_error is not None:
+        source, error = service.fatal_error
+        log.error("stopped after a fatal error", source=source, error=str(error))
+        return 1
+    log.info("stopped cleanly")
+    return 0
+
+
+def _check_feature_gates(values: list[str], log) -> None:
+    for value in values:
+        for gate in filter(None, (part.strip() for part in value.split(","))):
+            name = gate.lstrip("+-")
+            if name not in KNOWN_FEATURE_GATES:
+                log.warning("unknown feature gate; ignored", gate=name, known=", ".join(KNOWN_FEATURE_GATES))
+            elif gate.startswith("-"):
+                log.warning("feature gate cannot be disabled here", gate=name, reason=KNOWN_FEATURE_GATES[name])
+
+
+def _components() -> int:
+    registry = Registry()
+    rows = [("KIND", "TYPE", "ALIASES", "SIGNALS", "DISTRIBUTION")]
+    broken = []
+    for kind in KINDS:
+        types: dict[str, dict] = {}
+        for info in registry.plugins(kind):
+            try:
+                factory = registry.load(kind, info.name).factory
+            except PluginError as error:
+                broken.append(f"{kind}::{info.name}: {error}")
+                continue
+            row = types.setdefault(factory.type, {"aliases": set(factory.aliases), "signals": factory.signals, "dist": info.distribution})
+            if info.name != factory.type:
+                row["aliases"].add(info.name)
+        for type_, row in sorted(types.items()):
+            rows.append((kind[:-1], type_, ", ".join(sorted(row["aliases"])) or "-", ", ".join(sorted(row["signals"])), row["dist"]))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for line in broken:
+        print(f"broken plugin: {line}", file=sys.stderr)
+    return 0
+
+
+def _with_defaults(config: dict, plan: Plan) -> dict:
+    resolved = dict(config)
+    for (kind, component_id), spec in plan.components.items():
+        resolved.setdefault(kind, {})[component_id] = spec.config.model_dump(mode="json", by_alias=False)
+    return resolved
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Logging setup: structlog, console for people, JSON for machines.
+
+Every component gets a logger bound to its place in the config (``component=exporters::debug``),
+so a message can be traced back to the YAML that caused it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Any, TextIO
+
+import structlog
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+_format = "console"
+
+
+def current_format() -> str:
+    """``console`` or ``json``: output meant for people can choose how to be laid out."""
+    return _format
+
+
+def configure(log_format: str = "console", level: str = "info", stream: TextIO | None = None) -> None:
+    """Configure structlog once for the process. ``log_format`` is ``console`` or ``json``."""
+    global _format
+    _format = log_format
+    stream = stream or sys.stderr
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if log_format == "json":
+        renderer: Any = structlog.processors.JSONRenderer()
+        shared.append(structlog.processors.format_exc_info)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty(), sort_keys=False)
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level.lower()]),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+    # Libraries that log through the standard library (stevedore, grpc) go to the same stream.
+    logging.basicConfig(level=max(LEVELS[level.lower()], logging.WARNING), stream=stream, format="%(levelname)s %(name)s: %(message)s")
+
+
+def get_logger(**bound: Any) -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger().bind(**bound)
+
+
+_said: set[tuple[Any, ...]] = set()
+_said_lock = threading.Lock()
+
+
+def log_once(logger: Any, key: tuple[Any, ...], level: str, event: str, **fields: Any) -> None:
+    """Log ``event`` the first time ``key`` is seen in this process (deprecations, not-implemented keys)."""
+    with _said_lock:
+        if key in _said:
+            return
+        _said.add(key)
+    getattr(logger, level)(event, **fields)

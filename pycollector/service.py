@@ -1,0 +1,110 @@
+"""A running collector: extensions and the pipeline graph, started and stopped in order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from pycollector.component import Settings, StartError
+from pycollector.config.validate import Plan
+from pycollector.graph import Graph
+from pycollector.logs import get_logger, log_once
+from pycollector.telemetry import Telemetry
+
+
+class Service:
+    """Owns every component of one config. ``start`` then ``wait`` then ``shutdown``.
+
+    A failed start shuts down what had started (in the safe order) and raises StartError naming
+    the component. A component that fails later calls ``host.report_fatal_error``, which stops
+    the service with a non-zero outcome.
+    """
+
+    def __init__(self, plan: Plan, telemetry: Telemetry | None = None):
+        self.plan = plan
+        self.telemetry = telemetry or Telemetry()
+        self.log = get_logger(component="service")
+        for path, alias, type_ in plan.aliases_used:
+            log_once(self.log, ("alias", path), "warning", "deprecated component type name", where=path, name=alias, use_instead=type_)
+        self.graph = Graph(plan, self.telemetry)
+        self.extensions: dict[str, Any] = {}
+        self._started: list[tuple[str, Any]] = []
+        self._stop = threading.Event()
+        self.fatal_error: tuple[str, BaseException] | None = None
+        self.metrics_address: tuple[str, int] | None = None
+        self._shutdown_lock = threading.Lock()
+
+    # -- Host, as components see it ---------------------------------------------------------------
+
+    def get_extension(self, component_id: str) -> Any:
+        return self.extensions.get(component_id)
+
+    def report_fatal_error(self, source: str, error: BaseException) -> None:
+        self.log.error("fatal error from a component; stopping", source=source, error=str(error))
+        if self.fatal_error is None:
+            self.fatal_error = (source, error)
+        self._stop.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        begun = time.monotonic()
+        for name in self.plan.extensions:
+            spec = self.plan.component("extensions", name)
+            settings = Settings(spec.id, "extensions", get_logger(component=spec.path), self.telemetry.for_component("extensions", name))
+            try:
+                self.extensions[name] = spec.factory.create(settings, spec.config, None)
+            except Exception as error:
+                raise StartError(f"{spec.path}: cannot create: {error}") from error
+        self.graph.create()
+        self._serve_metrics()
+        steps = [(f"extensions::{name}", component) for name, component in self.extensions.items()]
+        steps += [(str(node.key), node.component) for node in self.graph.start_order()]
+        for where, component in steps:
+            try:
+                component.start(self)
+            except Exception as error:  # a plugin may raise anything; the user needs the reason
+                self.log.error("component failed to start; stopping what had started", where=where, error=str(error))
+                self.shutdown()
+                raise StartError(f"{where}: failed to start: {error}") from error
+            self._started.append((where, component))
+        self.log.info(
+            "pycollector started",
+            pipelines=", ".join(self.plan.pipelines),
+            metrics=f"http://{self.metrics_address[0]}:{self.metrics_address[1]}/metrics" if self.metrics_address else "off",
+            seconds=round(time.monotonic() - begun, 2),
+        )
+
+    def _serve_metrics(self) -> None:
+        address = self.plan.telemetry.metrics.listen_address()
+        if address is None:
+            return
+        try:
+            self.metrics_address = self.telemetry.serve(*address)
+        except OSError as error:
+            raise StartError(f"service::telemetry::metrics: cannot listen on {address[0]}:{address[1]}: {error.strerror or error}") from error
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a stop is requested; True if it was."""
+        return self._stop.wait(timeout)
+
+    def shutdown(self) -> None:
+        """Stop receivers first, then processors, exporters, extensions. Safe to call twice."""
+        with self._shutdown_lock:
+            started = dict((id(component), where) for where, component in self._started)
+            self._started.clear()
+            order = [node.component for node in self.graph.shutdown_order()] + list(reversed(self.extensions.values()))
+            for component in order:
+                where = started.pop(id(component), None)
+                if where is None:
+                    continue
+                try:
+                    component.shutdown()
+                except Exception as error:
+                    self.log.error("component failed to shut down cleanly", where=where, error=str(error))
+            self.telemetry.stop()
+
