@@ -68,7 +68,7 @@ class StartError(ComponentError):
 class ComponentConfig(pydantic.BaseModel):
     """Base for every component config model: unknown keys are errors, defaults are explicit."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", validate_default=True, frozen=False)
+    model_config = pydantic.ConfigDict(extra="forbid")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,7 +47,9 @@ def _distribution(entry_point: Any) -> str:
 class Registry:
     """What is installed, per kind, and the factories loaded so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: dict[str, dict[str, Factory]] | None = None) -> None:
+        """``extra``: factories of this process by kind and name, beside the installed plugins
+        (``pycollector.testing.registry_with`` uses it to run components under test in a graph)."""
         self._plugins: dict[str, dict[str, list[PluginInfo]]] = {}
         for kind in KINDS:
             by_name: dict[str, list[PluginInfo]] = defaultdict(list)
@@ -59,6 +61,11 @@ class Registry:
                     by_name[ep.name].append(info)
             self._plugins[kind] = dict(by_name)
         self._loaded: dict[tuple[str, str], LoadedFactory] = {}
+        for kind, factories in (extra or {}).items():
+            for name, factory in factories.items():
+                info = PluginInfo(kind, name, f"{type(factory).__module__}:{type(factory).__qualname__}", "(this process)")
+                self._plugins[kind][name] = [info]
+                self._loaded[(kind, name)] = LoadedFactory(factory, info)
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._plugins[kind])

@@ -23,6 +23,7 @@ from pycollector.component import KINDS, SIGNALS, ComponentID, Settings
 from pycollector.logs import get_logger
 from pycollector.pdata import ProfilesBuilder, item_count, signal_of
 from pycollector.pdata.attributes import key_values
+from pycollector.registry import Registry
 from pycollector.telemetry import Telemetry
 
 
@@ -31,6 +32,11 @@ def make_settings(kind: str = "exporters", component_id: str = "test", telemetry
     parsed = ComponentID.parse(component_id)
     telemetry = telemetry or Telemetry()
     return Settings(parsed, kind, get_logger(component=f"{kind}::{parsed}"), telemetry.for_component(kind, str(parsed)))
+
+
+def registry_with(**factories_by_kind: dict[str, Any]) -> Registry:
+    """The installed plugins plus factories of this process, e.g. ``registry_with(receivers={"fake": f})``."""
+    return Registry(extra=factories_by_kind)
 
 
 class CapturingConsumer:

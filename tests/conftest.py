@@ -1,0 +1,56 @@
+"""Shared fixtures. eBPF tests run for real; they skip only when BPF cannot work here and the
+environment does not demand it (CI sets PYCOLLECTOR_REQUIRE_BPF=1, and then they fail instead)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pycollector import logs
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = REPO.parent / "shared" / "workloads"
+
+logs.configure("console", "warn")
+
+
+@functools.lru_cache(maxsize=None)
+def bpf_unavailable_reason() -> str | None:
+    """Why BPF programs cannot be loaded here, or None when they can."""
+    if os.geteuid() != 0:
+        return "not running as root (the profiling receiver needs CAP_BPF and CAP_PERFMON)"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "the bcc module is missing (Debian package python3-bpfcc)"
+    if not Path(f"/lib/modules/{os.uname().release}/build/include").exists():
+        return "kernel headers are missing (run scripts/setup.sh)"
+    return None
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("bpf") is None:
+        return
+    reason = bpf_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("PYCOLLECTOR_REQUIRE_BPF") == "1":
+        pytest.fail(f"eBPF is required (PYCOLLECTOR_REQUIRE_BPF=1) but unavailable: {reason}")
+    pytest.skip(f"eBPF unavailable: {reason}")
+
+
+def run_cli(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+    """Run the installed ``pycollector`` console script, as a user would."""
+    executable = shutil.which("pycollector", path=str(Path(sys.executable).parent)) or "pycollector"
+    return subprocess.run([executable, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, **kwargs)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
