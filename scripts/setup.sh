@@ -45,11 +45,13 @@ fi
 # Reinstall only when the package metadata changed since the last install.
 stamp="$VENV/.installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ examples/pycollector-example-exporter/pyproject.toml -nt "$stamp" ]; then
-    say "installing pycollector (editable) and its test dependencies into $VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e '.[test]'
-    # The example third-party plugin installs like any other distribution: proof that discovery
-    # needs no change to pycollector.
-    "$VENV/bin/python" -m pip install -q -e examples/pycollector-example-exporter
+    say "installing pycollector (editable) and its test dependencies into $VENV (log: $VENV/pip.log)"
+    {
+        "$VENV/bin/python" -m pip install --upgrade pip &&
+        "$VENV/bin/python" -m pip install -e '.[test]' &&
+        # The example third-party plugin installs like any other distribution: proof that
+        # discovery needs no change to pycollector.
+        "$VENV/bin/python" -m pip install -e examples/pycollector-example-exporter
+    } >"$VENV/pip.log" 2>&1 || { tail -n 30 "$VENV/pip.log" >&2; say "pip install failed"; exit 1; }
     touch "$stamp"
 fi

@@ -1,0 +1,119 @@
+"""Settings of the profiling receiver, named and defaulted as the Go ``profiling`` receiver's.
+
+Keys the Go receiver has and we do not act on yet are accepted, so its configs run unchanged, and
+each one set away from its default is logged once as not implemented (``not_implemented``).
+Older distributions spelled keys in CamelCase (``SamplesPerSecond``, ``Tracers``); those still
+work and are logged once as deprecated (``deprecated_keys``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+
+from pycollector.component import ComponentConfig
+from pycollector.config.types import Duration
+
+DEFAULT_SAMPLES_PER_SECOND = 20
+DEFAULT_REPORTER_INTERVAL = 5.0
+DEFAULT_REPORTER_JITTER = 0.2
+MAX_MAP_SCALE_FACTOR = 8
+
+# CamelCase keys of older profiling distributions -> today's key.
+LEGACY_KEYS = {
+    "SamplesPerSecond": "samples_per_second",
+    "Tracers": "tracers",
+    "BpfVerifierLogLevel": "bpf_verifier_log_level",
+    "VerboseMode": "verbose_mode",
+    "SendErrorFrames": "send_error_frames",
+    "OffCPUThreshold": "off_cpu_threshold",
+    "ReporterInterval": "reporter_interval",
+    "MapScaleFactor": "map_scale_factor",
+}
+
+
+class ProfilingConfig(ComponentConfig):
+    samples_per_second: int = pydantic.Field(DEFAULT_SAMPLES_PER_SECOND, ge=1, le=10_000)
+    reporter_interval: Duration = pydantic.Field(DEFAULT_REPORTER_INTERVAL, gt=0)
+    # Each interval is stretched or shrunk by up to this fraction, so a fleet of agents started
+    # together does not report in lockstep.
+    reporter_jitter: float = pydantic.Field(DEFAULT_REPORTER_JITTER, ge=0, le=1)
+    # Comma-separated names of environment variables copied onto each process's resource.
+    include_env_vars: str = ""
+    # Map sizes grow by 2**map_scale_factor, for hosts with many distinct stacks per interval.
+    map_scale_factor: int = pydantic.Field(0, ge=0, le=MAX_MAP_SCALE_FACTOR)
+    bpf_verifier_log_level: int = pydantic.Field(0, ge=0, le=2)
+    # Samples of the idle task (the CPU had nothing to run) are left out unless asked for.
+    send_idle_frames: bool = False
+    verbose_mode: bool = False
+    # `propagate`: a profiler that cannot start stops the collector. `ignore`: log and go on.
+    error_mode: Literal["propagate", "ignore"] = "propagate"
+
+    # Accepted for compatibility; see NOT_IMPLEMENTED.
+    tracers: str = ""
+    interpreters: dict[str, Any] | None = None
+    off_cpu_threshold: float = pydantic.Field(0.0, ge=0, le=1)
+    monitor_interval: Duration = 5.0
+    probabilistic_interval: Duration = 60.0
+    probabilistic_threshold: int = pydantic.Field(100, ge=1, le=100)
+    clock_sync_interval: Duration = 180.0
+    send_error_frames: bool = False
+    probe_links: list[str] = []
+    load_probe: bool = False
+    go_labels_map_scale_factor: int = 0
+    no_kernel_version_check: bool = False
+    max_grpc_retries: int = 5
+    max_rpc_msg_size: int = 32 << 20
+    bpf_fs_root: str = "/sys/fs/bpf/"
+    obi_process_ctx: bool = False
+    filter_min_process_age: Duration = 0.0
+    frame_cache_size: int | None = None
+    enable_sw_cpu_clock: bool = True
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _accept_legacy_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        renamed, legacy = dict(data), []
+        for old, new in LEGACY_KEYS.items():
+            if old in renamed:
+                renamed.setdefault(new, renamed.pop(old))
+                legacy.append(old)
+        if legacy:
+            renamed["legacy_keys_used"] = legacy
+        return renamed
+
+    # Filled by the validator above, never by users: which CamelCase keys the config used.
+    legacy_keys_used: list[str] = pydantic.Field(default_factory=list, exclude=True)
+
+    @pydantic.field_validator("tracers", mode="before")
+    @classmethod
+    def _tracers_as_text(cls, value: Any) -> Any:
+        return ",".join(value) if isinstance(value, list) else value
+
+    def env_var_names(self) -> list[str]:
+        return [name.strip() for name in self.include_env_vars.split(",") if name.strip()]
+
+    def not_implemented(self) -> list[str]:
+        """Keys set to something other than their default that this receiver does not act on yet."""
+        defaults = type(self)()
+        return [key for key in NOT_IMPLEMENTED if getattr(self, key) != getattr(defaults, key)]
+
+
+# Native and kernel frames are unwound here; interpreters (Python, JVM...), off-CPU profiling and
+# the rest of these Go receiver features are not built yet.
+NOT_IMPLEMENTED = (
+    "tracers",
+    "interpreters",
+    "off_cpu_threshold",
+    "probabilistic_interval",
+    "probabilistic_threshold",
+    "send_error_frames",
+    "probe_links",
+    "load_probe",
+    "go_labels_map_scale_factor",
+    "obi_process_ctx",
+    "filter_min_process_age",
+)

@@ -1,0 +1,38 @@
+"""Every installed component, built-in or third-party, keeps the component contract.
+
+Parametrized over the entry points actually installed, so a new plugin is covered the moment it is
+installed, with no change here.
+"""
+
+import pytest
+
+from pycollector.component import KINDS
+from pycollector.registry import Registry
+from pycollector.testing import assert_conformance
+
+# Components whose start needs more than a config: the kernel (marked), or a place to write.
+NEEDS_BPF = {("receivers", "profiling")}
+CONFIG_FOR_TEST = {
+    ("exporters", "sample_counts"): lambda tmp_path: {"path": str(tmp_path / "counts.csv")},
+    ("receivers", "profiling"): lambda tmp_path: {"reporter_interval": "200ms"},
+}
+
+
+def installed_plugins():
+    registry = Registry()
+    for kind in KINDS:
+        for info in registry.plugins(kind):
+            marks = [pytest.mark.bpf] if (kind, info.name) in NEEDS_BPF else []
+            yield pytest.param(kind, info.name, id=f"{kind}::{info.name}", marks=marks)
+
+
+@pytest.mark.parametrize("kind, name", list(installed_plugins()))
+def test_installed_component_keeps_the_contract(kind, name, tmp_path):
+    factory = Registry().load(kind, name).factory
+    config = CONFIG_FOR_TEST.get((kind, name), lambda _: {})(tmp_path)
+    assert_conformance(factory, kind, config)
+
+
+def test_the_example_third_party_plugin_is_discovered_from_its_own_distribution():
+    [info] = [info for info in Registry().plugins("exporters") if info.name == "sample_counts"]
+    assert info.distribution.startswith("pycollector-example-exporter ")
