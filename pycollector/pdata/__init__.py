@@ -1,0 +1,30 @@
+"""Helpers over the OTLP protobuf messages that flow through pipelines.
+
+The payload is the OTLP message itself (no parallel object model); this package is the one place
+that knows how to build, merge, count and read it.
+"""
+
+from pycollector.pdata.attributes import from_any_value, key_values, to_any_value, to_dict
+from pycollector.pdata.builder import ProfilesBuilder, merge
+from pycollector.pdata.counting import ITEM_NAMES, item_count, sample_count, signal_of
+from pycollector.pdata.resolve import Frame, SampleView, frames_of, iter_samples, sample_type
+from pycollector.pdata.validate import validate_indices
+
+__all__ = [
+    "ITEM_NAMES",
+    "Frame",
+    "ProfilesBuilder",
+    "SampleView",
+    "frames_of",
+    "from_any_value",
+    "item_count",
+    "iter_samples",
+    "key_values",
+    "merge",
+    "sample_count",
+    "sample_type",
+    "signal_of",
+    "to_any_value",
+    "to_dict",
+    "validate_indices",
+]
