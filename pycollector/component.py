@@ -24,6 +24,10 @@ Lifecycle of a component (the engine guarantees the order):
     shutdown()      safe before start and safe twice; stops background work and flushes what it
                     holds into ``next_consumer``, which is still running at that point.
 
+The engine counts items sent and failed around an exporter's ``consume``; an exporter that queues
+(and so only knows later whether a send worked) sets ``reports_sent_items = True`` and counts
+``otelcol_exporter_sent_<items>`` / ``..._send_failed_<items>`` itself.
+
 Receivers push into ``next_consumer.consume(data)``; the engine routes each message by its type to
 every pipeline the receiver feeds and counts what was accepted or refused on its behalf.
 """

@@ -116,7 +116,10 @@ class Graph:
         settings = Settings(spec.id, spec.kind, logger, component_telemetry)
         if key.kind == "exporters":
             node.component = spec.factory.create(settings, spec.config, None)
-            node.consumer = ExporterObserver(node.component, component_telemetry)
+            # An exporter with a sending queue counts sent/failed itself, when the send happens;
+            # counting at consume() would count what was merely queued.
+            counts_itself = getattr(node.component, "reports_sent_items", False)
+            node.consumer = node.component if counts_itself else ExporterObserver(node.component, component_telemetry)
         elif key.kind == "processors":
             observer = ProcessorObserver(None, component_telemetry)
             node.component = spec.factory.create(settings, spec.config, observer.outgoing(self._downstream(key)))
