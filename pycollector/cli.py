@@ -68,8 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "validate":
             from pycollector.graph import Graph
+            from pycollector.service import log_deprecated_names
             from pycollector.telemetry import Telemetry
 
+            log_deprecated_names(plan, log)
             graph = Graph(plan, Telemetry())
             print(f"{', '.join(args.config)}: valid ({len(plan.pipelines)} pipelines, {len(graph.nodes)} component instances)")
             return 0

@@ -13,6 +13,15 @@ from pycollector.logs import get_logger, log_once
 from pycollector.telemetry import Telemetry
 
 
+def log_deprecated_names(plan: Plan, log: Any) -> None:
+    """One warning per deprecated type name in use, listing where it is used."""
+    places: dict[tuple[str, str], list[str]] = {}
+    for path, alias, type_ in plan.aliases_used:
+        places.setdefault((alias, type_), []).append(path)
+    for (alias, type_), paths in places.items():
+        log_once(log, ("alias", alias), "warning", f"'{alias}' is a deprecated name; use '{type_}'", used_in=", ".join(paths))
+
+
 class Service:
     """Owns every component of one config. ``start`` then ``wait`` then ``shutdown``.
 
@@ -25,8 +34,7 @@ class Service:
         self.plan = plan
         self.telemetry = telemetry or Telemetry()
         self.log = get_logger(component="service")
-        for path, alias, type_ in plan.aliases_used:
-            log_once(self.log, ("alias", path), "warning", "deprecated component type name", where=path, name=alias, use_instead=type_)
+        log_deprecated_names(plan, self.log)
         self.graph = Graph(plan, self.telemetry)
         self.extensions: dict[str, Any] = {}
         self._started: list[tuple[str, Any]] = []

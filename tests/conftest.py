@@ -54,3 +54,14 @@ def run_cli(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedPr
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def log_output():
+    """Logs at info level into a buffer for the duration of a test (read with .getvalue())."""
+    import io
+
+    buffer = io.StringIO()
+    logs.configure("console", "info", stream=buffer)
+    yield buffer
+    logs.configure("console", "warn")

@@ -1,0 +1,72 @@
+"""The debug exporter's three verbosities, read as a person reads them."""
+
+import io
+
+from pycollector.pdata import ProfilesBuilder
+from pycollector.testing import TestHost, make_settings, sample_data
+
+from exporters.debug.config import DebugConfig
+from exporters.debug.exporter import DebugExporter
+
+
+def two_process_profile():
+    builder = ProfilesBuilder()
+    kernel = builder.location(address=0xFFFF1, lines=[(builder.function("do_syscall_64"), 0, 0)], attributes={"profile.frame.type": "kernel"})
+    mapping = builder.mapping(0x1000, 0x9000, 0, "/usr/bin/app", attributes={"process.executable.build_id.gnu": "abcd"})
+    heavy = builder.location(mapping, 0x1100, [(builder.function("spin_heavy"), 0, 0)], {"profile.frame.type": "native"})
+    light = builder.location(mapping, 0x1200, [(builder.function("spin_light"), 0, 0)], {"profile.frame.type": "native"})
+    main = builder.location(mapping, 0x1300, [(builder.function("main", filename="app.c"), 42, 0)], {"profile.frame.type": "native"})
+    app = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 10, "process.executable.name": "app"})), period=10_309_278)
+    builder.sample(app, builder.stack([heavy, main]), [30], attributes={"thread.id": 10, "thread.name": "app"})
+    builder.sample(app, builder.stack([light, main]), [10], attributes={"thread.id": 11, "thread.name": "worker"})
+    builder.sample(app, builder.stack([kernel, main]), [5], attributes={"thread.id": 10, "thread.name": "app"})
+    other = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 20, "process.executable.name": "other app"})))
+    builder.sample(other, builder.stack([main]), [1], attributes={"thread.id": 20})
+    return builder.data
+
+
+def render(verbosity, data):
+    output = io.StringIO()
+    exporter = DebugExporter(make_settings("exporters", "debug"), DebugConfig(verbosity=verbosity, sampling_initial=100), output=output)
+    exporter.start(TestHost())
+    exporter.consume(data)
+    exporter.shutdown()
+    return output.getvalue()
+
+
+def test_basic_prints_only_the_summary_line(log_output):
+    assert render("basic", two_process_profile()) == ""
+    line = log_output.getvalue()
+    assert "Profiles" in line and "resource_profiles=2 profiles=2 samples=4" in line
+
+
+def test_normal_lists_each_process_and_its_top_functions():
+    text = render("normal", two_process_profile())
+    lines = text.splitlines()
+    assert lines[0] == "ResourceProfiles #0  process.pid=10 process.executable.name=app"
+    assert lines[1].startswith("  Profile #0  samples/count  samples=3  total=45  period=10309278 cpu/nanoseconds")
+    assert lines[2].split()[:3] == ["30", "66.7%", "spin_heavy"]
+    assert lines[3].split()[:3] == ["10", "22.2%", "spin_light"]
+    assert lines[4].split()[:3] == ["5", "11.1%", "do_syscall_64"]
+    assert 'process.executable.name="other app"' in text
+
+
+def test_detailed_prints_every_sample_and_its_stack_leaf_first():
+    text = render("detailed", two_process_profile())
+    assert "    Sample #0  values=[30]  thread.id=10 thread.name=app" in text
+    stack = text.split("Sample #2")[1].splitlines()[1:3]
+    assert stack == ["      Instrumentation: kernel, Function: do_syscall_64", "      Instrumentation: native, Function: main, File: app.c, Line: 42"]
+
+
+def test_sampling_limits_prints_per_second():
+    output = io.StringIO()
+    exporter = DebugExporter(make_settings(), DebugConfig(verbosity="normal", sampling_initial=2, sampling_thereafter=0), output=output)
+    for _ in range(5):
+        exporter.consume(two_process_profile())
+    assert output.getvalue().count("ResourceProfiles #0") == 2
+
+
+def test_other_signals_print_their_resources():
+    for signal in ("traces", "metrics", "logs"):
+        assert "service.name=conformance" in render("normal", sample_data(signal))
+        assert "service.name" in render("detailed", sample_data(signal))
