@@ -126,6 +126,10 @@ class Host(Protocol):
 
     def report_fatal_error(self, source: str, error: BaseException) -> None: ...
 
+    def report_status(self, source: str, status: str, error: BaseException | None = None) -> None:
+        """A running component says how it is (``pycollector.service.Status``), e.g. an exporter
+        whose backend went away reports ``recoverable_error`` and ``ok`` when it is back."""
+
 
 class Factory:
     """Base class for factories. Subclasses set the class attributes and implement ``create``.

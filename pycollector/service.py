@@ -13,6 +13,18 @@ from pycollector.logs import get_logger, log_once
 from pycollector.telemetry import Telemetry
 
 
+class Status:
+    """Component statuses, as the Go collector's component status events name them."""
+
+    STARTING = "starting"
+    OK = "ok"
+    RECOVERABLE_ERROR = "recoverable_error"  # running, but e.g. the backend is unreachable
+    FAILED = "failed"  # could not start
+    FATAL = "fatal"  # stopped the collector
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
 def log_deprecated_names(plan: Plan, log: Any) -> None:
     """One warning per deprecated type name in use, listing where it is used."""
     places: dict[tuple[str, str], list[str]] = {}
@@ -42,6 +54,8 @@ class Service:
         self.fatal_error: tuple[str, BaseException] | None = None
         self.metrics_address: tuple[str, int] | None = None
         self._shutdown_lock = threading.Lock()
+        # Latest status of every component, by its place ("exporters::otlp_grpc/backend").
+        self.statuses: dict[str, tuple[str, BaseException | None]] = {}
 
     # -- Host, as components see it ---------------------------------------------------------------
 
@@ -50,9 +64,23 @@ class Service:
 
     def report_fatal_error(self, source: str, error: BaseException) -> None:
         self.log.error("fatal error from a component; stopping", source=source, error=str(error))
+        self.report_status(source, Status.FATAL, error)
         if self.fatal_error is None:
             self.fatal_error = (source, error)
         self._stop.set()
+
+    def report_status(self, source: str, status: str, error: BaseException | None = None) -> None:
+        """Record a component's status and tell every extension that watches statuses
+        (one with ``on_component_status(source, status, error)``, e.g. health_check)."""
+        self.statuses[source] = (status, error)
+        for name, extension in self.extensions.items():
+            watcher = getattr(extension, "on_component_status", None)
+            if watcher is None:
+                continue
+            try:
+                watcher(source, status, error)
+            except Exception as watcher_error:
+                self.log.error("extension failed to take a status event", extension=name, error=str(watcher_error))
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -70,13 +98,16 @@ class Service:
         steps = [(f"extensions::{name}", component) for name, component in self.extensions.items()]
         steps += [(str(node.key), node.component) for node in self.graph.start_order()]
         for where, component in steps:
+            self.report_status(where, Status.STARTING)
             try:
                 component.start(self)
             except Exception as error:  # a plugin may raise anything; the user needs the reason
                 self.log.error("component failed to start; stopping what had started", where=where, error=str(error))
+                self.report_status(where, Status.FAILED, error)
                 self.shutdown()
                 raise StartError(f"{where}: failed to start: {error}") from error
             self._started.append((where, component))
+            self.report_status(where, Status.OK)
         self.log.info(
             "pycollector started",
             pipelines=", ".join(self.plan.pipelines),
@@ -110,9 +141,11 @@ class Service:
                 where = started.pop(id(component), None)
                 if where is None:
                     continue
+                self.report_status(where, Status.STOPPING)
                 try:
                     component.shutdown()
                 except Exception as error:
                     self.log.error("component failed to shut down cleanly", where=where, error=str(error))
+                self.report_status(where, Status.STOPPED)
             self.telemetry.stop()
 

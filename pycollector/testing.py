@@ -74,12 +74,16 @@ class TestHost:
     def __init__(self, extensions: dict[str, Any] | None = None) -> None:
         self.extensions = extensions or {}
         self.fatal_errors: list[tuple[str, BaseException]] = []
+        self.statuses: list[tuple[str, str, BaseException | None]] = []
 
     def get_extension(self, component_id: str) -> Any:
         return self.extensions.get(component_id)
 
     def report_fatal_error(self, source: str, error: BaseException) -> None:
         self.fatal_errors.append((source, error))
+
+    def report_status(self, source: str, status: str, error: BaseException | None = None) -> None:
+        self.statuses.append((source, status, error))
 
 
 def sample_data(signal: str) -> Any:

@@ -126,3 +126,38 @@ def test_counters_follow_the_data_and_are_served():
         assert "otelcol_process_memory_rss_bytes" in text
     finally:
         service.shutdown()
+
+
+def test_extensions_watching_statuses_see_every_component_start_and_fail():
+    journal = Journal()
+    journal.fail_start.add("recorder/b")
+    seen = []
+
+    class Watcher:
+        def start(self, host):
+            pass
+
+        def shutdown(self):
+            pass
+
+        def on_component_status(self, source, status, error):
+            seen.append((source, status, str(error) if error else None))
+
+    service = service_for(shared_config(), journal)
+    service.plan.extensions.append("watcher")
+    from pycollector.config.validate import ComponentSpec
+    from pycollector.component import ComponentID, Factory
+
+    class WatcherFactory(Factory):
+        type = "watcher"
+
+        def create(self, settings, config, next_consumer):
+            return Watcher()
+
+    service.plan.components[("extensions", "watcher")] = ComponentSpec("extensions", ComponentID("watcher"), WatcherFactory(), None, None)
+    with pytest.raises(StartError):
+        service.start()
+    assert ("exporters::keeper", "ok", None) in seen
+    assert ("receivers::recorder/b", "failed", "port already in use") in seen
+    assert ("exporters::keeper", "stopped", None) in seen
+    assert service.statuses["receivers::recorder/b"][0] == "failed"
