@@ -1,0 +1,203 @@
+/* CPU profiler: a perf_event program run by the software cpu-clock event on every CPU.
+ *
+ * Compiled by BCC.  Settings arrive as cflags (receivers/profiling/sampler.py passes them):
+ *   -DSTACK_STORAGE_SIZE=n     entries in the shared stack map
+ *   -DCOUNT_MAP_SIZE=n         entries in each of the two count maps
+ *   -DKNOWN_PROCESSES_SIZE=n   entries in the LRU of tgids already announced to user space
+ *   -I<this directory>         for profile.h
+ *
+ * Double buffering: samples are counted in counts_0 or counts_1, chosen by active_slot[0].
+ * Every reporter interval user space flips active_slot, then reads and deletes the other map
+ * (BPF_MAP_LOOKUP_AND_DELETE_BATCH).  A program that read the old slot just before the flip
+ * finishes within microseconds; if it still adds to the map being drained after the batch passed
+ * its bucket, the entry stays in that map and is read on its next drain, not lost.
+ */
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
+#include <linux/sched.h>
+#include "profile.h"
+
+#ifndef STACK_STORAGE_SIZE
+#define STACK_STORAGE_SIZE 16384
+#endif
+#ifndef COUNT_MAP_SIZE
+#define COUNT_MAP_SIZE 16384
+#endif
+#ifndef KNOWN_PROCESSES_SIZE
+#define KNOWN_PROCESSES_SIZE 8192
+#endif
+
+#define PROFILE_EFAULT 14
+#define PROFILE_EEXIST 17
+
+BPF_HASH(counts_0, struct sample_key, u64, COUNT_MAP_SIZE);
+BPF_HASH(counts_1, struct sample_key, u64, COUNT_MAP_SIZE);
+BPF_ARRAY(active_slot, u32, 1);
+BPF_STACK_TRACE(stack_traces, STACK_STORAGE_SIZE);
+BPF_PERCPU_ARRAY(counters, u64, PROFILE_NR_COUNTERS);
+BPF_TABLE("lru_hash", u32, u8, known_tgids, KNOWN_PROCESSES_SIZE);
+BPF_PERF_OUTPUT(new_processes);
+
+static __always_inline void count(u32 index)
+{
+    u64 *value = counters.lookup(&index);
+    if (value)
+        *value += 1;  /* per-CPU slot, and this program does not nest with itself on a CPU */
+}
+
+static __always_inline void count_stack_error(s32 stack_id, u32 efault, u32 collision, u32 other)
+{
+    if (stack_id >= 0)
+        return;
+    if (stack_id == -PROFILE_EFAULT)
+        count(efault);
+    else if (stack_id == -PROFILE_EEXIST)
+        count(collision);
+    else
+        count(other);
+}
+
+/* Add one to counts_N[key].  Return 0, or the error of the failed insert (map full).
+ * Written out once per map: BCC rewrites map calls only when the map is named literally (not
+ * through a macro or a pointer), so the two copies must stay identical. */
+static __always_inline int add_sample_0(struct sample_key *key)
+{
+    u64 *value = counts_0.lookup(key);
+    if (value) {
+        __sync_fetch_and_add(value, 1);
+        return 0;
+    }
+    u64 one = 1;
+    int err = counts_0.insert(key, &one);
+    if (err == -PROFILE_EEXIST) {  /* another CPU inserted the same key in between */
+        value = counts_0.lookup(key);
+        if (value) {
+            __sync_fetch_and_add(value, 1);
+            return 0;
+        }
+    }
+    return err;
+}
+
+static __always_inline int add_sample_1(struct sample_key *key)
+{
+    u64 *value = counts_1.lookup(key);
+    if (value) {
+        __sync_fetch_and_add(value, 1);
+        return 0;
+    }
+    u64 one = 1;
+    int err = counts_1.insert(key, &one);
+    if (err == -PROFILE_EEXIST) {  /* another CPU inserted the same key in between */
+        value = counts_1.lookup(key);
+        if (value) {
+            __sync_fetch_and_add(value, 1);
+            return 0;
+        }
+    }
+    return err;
+}
+
+/* The return address at the top of the user stack, if there is one there (see
+ * sample_key.user_leaf_return).  x86-64 only: elsewhere the caller of a leaf is in a register. */
+static __always_inline u64 user_leaf_return(struct bpf_perf_event_data *ctx)
+{
+#ifdef CONFIG_X86_64
+    u64 sp;
+    if ((ctx->regs.cs & 3) == 3) {  /* interrupted in user mode */
+        sp = ctx->regs.sp;
+    } else {  /* in the kernel on behalf of the task (syscall, fault): its saved user regs */
+        struct task_struct *task = bpf_get_current_task_btf();
+        struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
+        if (!uregs)
+            return 0;
+        if (bpf_probe_read_kernel(&sp, sizeof(sp), &uregs->sp))
+            return 0;
+        if (sp == 0)  /* kernel thread */
+            return 0;
+    }
+    u64 ret = 0;
+    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)sp))
+        return 0;
+    /* Not a code address: NULL page, kernel half, or a pointer into this stack (saved rbp). */
+    if (ret < 4096 || ret >= (1ULL << 47))
+        return 0;
+    if (ret + (8ULL << 20) > sp && ret < sp + (8ULL << 20))
+        return 0;
+    u8 code[6] = {};
+    if (bpf_probe_read_user(code, sizeof(code), (void *)(ret - 6)))
+        return 0;
+    if (code[1] == 0xe8)                                     /* call rel32 */
+        return ret;
+    if (code[0] == 0xff && code[1] == 0x15)                  /* call *disp32(%rip) */
+        return ret;
+    if (code[4] == 0xff && (code[5] & 0xf8) == 0xd0)         /* call *%reg */
+        return ret;
+#endif
+    return 0;
+}
+
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u32 pid = id;
+
+    if (pid == 0)  /* the idle task of each CPU */
+        return 0;
+    count(COUNTER_SAMPLES);
+
+    struct sample_key key = {};
+    key.tgid = tgid;
+    key.pid = pid;
+    bpf_get_current_comm(&key.comm, sizeof(key.comm));
+    key.kernel_stack_id = stack_traces.get_stackid(&ctx->regs, 0);
+    key.user_stack_id = stack_traces.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+    if (key.user_stack_id >= 0) {
+        key.user_leaf_return = user_leaf_return(ctx);
+        if (key.user_leaf_return)
+            count(COUNTER_LEAF_RETURN_FOUND);
+    }
+    count_stack_error(key.kernel_stack_id, COUNTER_KERNEL_STACK_EFAULT,
+                      COUNTER_KERNEL_STACK_COLLISION, COUNTER_KERNEL_STACK_ERROR_OTHER);
+    count_stack_error(key.user_stack_id, COUNTER_USER_STACK_EFAULT,
+                      COUNTER_USER_STACK_COLLISION, COUNTER_USER_STACK_ERROR_OTHER);
+
+    u32 zero = 0;
+    u32 *slot = active_slot.lookup(&zero);
+    int err;
+    if (slot && *slot == 1)
+        err = add_sample_1(&key);
+    else
+        err = add_sample_0(&key);
+    if (err)
+        count(COUNTER_MAP_FULL);
+
+    /* Announce a process the first time it is sampled, so user space can read /proc/<tgid>
+     * while it still exists.  insert() is BPF_NOEXIST: of two CPUs racing, one announces. */
+    if (!known_tgids.lookup(&tgid)) {
+        u8 seen = 1;
+        if (known_tgids.insert(&tgid, &seen) == 0) {
+            struct new_process_event event = {};
+            event.tgid = tgid;
+            event.pid = pid;
+            event.ktime_ns = bpf_ktime_get_ns();
+            __builtin_memcpy(event.comm, key.comm, sizeof(event.comm));
+            if (new_processes.perf_submit(ctx, &event, sizeof(event)) == 0)
+                count(COUNTER_NEW_PROCESS_EVENTS);
+            else
+                count(COUNTER_PERF_OUTPUT_ERRORS);
+        }
+    }
+    return 0;
+}
+
+/* execve() replaces the image: forget the tgid so its next sample announces it again and user
+ * space re-reads exe and maps (a fork+exec child is often first sampled before the exec). */
+RAW_TRACEPOINT_PROBE(sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (known_tgids.delete(&tgid) == 0)
+        count(COUNTER_EXEC_EVENTS);
+    return 0;
+}

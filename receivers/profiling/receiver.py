@@ -1,0 +1,160 @@
+"""The profiling receiver at run time: two threads around one BPF program.
+
+events thread   drains the perf buffer, so a new process is snapshotted (name, path, maps,
+                cgroup) the moment it is first sampled, before it can exit.
+report thread   every reporter_interval (+/- jitter): flip the count maps, symbolize, build one
+                ProfilesData and push it down the pipeline. On shutdown it reports once more, so
+                the last partial interval is not lost.
+
+A refusal from downstream (memory_limiter, a full queue) does not lose the interval: it is held
+and merged into the next report, up to ``MAX_HELD_REPORTS``; beyond that the oldest is dropped,
+counted and logged.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+from pycollector.component import Component, PermanentError, RefusedError, StartError
+from pycollector.logs import log_once
+from pycollector.pdata import merge, sample_count
+
+from receivers.profiling.config import ProfilingConfig
+from receivers.profiling.processes import ProcessTable
+from receivers.profiling.report import ReportBuilder
+from receivers.profiling.sampler import Sampler, SamplerError, counter_warnings
+from receivers.profiling.symbolizer import Symbolizer
+
+# Map sizes at map_scale_factor 0; each step of the factor doubles them.
+BASE_COUNT_MAP_SIZE = 10_240
+BASE_STACK_STORAGE_SIZE = 16_384
+MAX_HELD_REPORTS = 3
+EVENT_POLL_MS = 100
+
+
+class ProfilingReceiver(Component):
+    def __init__(self, settings, config: ProfilingConfig, next_consumer):
+        self.log = settings.logger
+        self.config = config
+        self.next_consumer = next_consumer
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._sampler: Sampler | None = None
+        self._held: Any = None  # a refused report, merged into the next one
+        self._held_intervals = 0  # how many intervals `_held` spans
+        self._last_counters: dict[str, int] = {}
+        telemetry = settings.telemetry
+        self._bpf_counters = telemetry.counter("pycollector_profiling_bpf_events", "Events counted by the profiling receiver's BPF program and its reader.", ("event",))
+        self._dropped = telemetry.counter("pycollector_profiling_dropped_samples", "Samples the profiling receiver dropped after downstream kept refusing them.", ("reason",))
+        self._processes_gauge = telemetry.gauge("pycollector_profiling_known_processes", "Processes whose /proc snapshot the receiver holds.")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, host) -> None:
+        self._warn_about_settings()
+        scale = 2 ** self.config.map_scale_factor
+        self.processes = ProcessTable(self.config.env_var_names())
+        self.symbolizer = Symbolizer(self.processes)
+        self.reports = ReportBuilder(self.processes, self.symbolizer)
+        sampler = Sampler(
+            frequency_hz=self.config.samples_per_second,
+            stack_storage_size=BASE_STACK_STORAGE_SIZE * scale,
+            count_map_size=BASE_COUNT_MAP_SIZE * scale,
+            verifier_log_level=self.config.bpf_verifier_log_level,
+            on_new_process=self.processes.on_new_process,
+            logger=self.log,
+        )
+        try:
+            sampler.start()
+        except SamplerError as error:
+            if self.config.error_mode == "ignore":
+                self.log.error("profiler could not start; running without it (error_mode: ignore)", reason=str(error))
+                return
+            raise StartError(str(error)) from error
+        self._sampler = sampler
+        self.log.info("profiling every CPU", samples_per_second=self.config.samples_per_second, reporter_interval=f"{self.config.reporter_interval:g}s")
+        for name, target in (("profiling-events", self._events_loop), ("profiling-report", self._report_loop)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None
+            self.symbolizer.close()
+
+    def _warn_about_settings(self) -> None:
+        for key in self.config.legacy_keys_used:
+            log_once(self.log, ("legacy-key", key), "warning", "deprecated key; use the snake_case name", key=key)
+        for key in self.config.not_implemented():
+            log_once(self.log, ("not-implemented", key), "warning", "setting accepted but not implemented yet; it has no effect", key=key)
+
+    # -- threads -------------------------------------------------------------------------------
+
+    def _events_loop(self) -> None:
+        while not self._stop.is_set():
+            self._sampler.poll(EVENT_POLL_MS)
+
+    def _report_loop(self) -> None:
+        while not self._stop.wait(self._next_interval()):
+            self._report()
+        self._report()  # the partial interval since the last report
+
+    def _next_interval(self) -> float:
+        jitter = self.config.reporter_jitter
+        return self.config.reporter_interval * (1 + random.uniform(-jitter, jitter))
+
+    def _report(self) -> None:
+        try:
+            interval = self._sampler.collect()
+            data = self.reports.build(interval)
+        except Exception as error:  # keep profiling; one bad interval must not stop the agent
+            self.log.exception("could not build this interval's profile", error=str(error))
+            return
+        self._record_counters(interval.counters)
+        for pid in self.processes.forget_exited():
+            self._sampler.forget_process(pid)
+        self._processes_gauge.set(len(self.processes))
+        if self._held is not None:
+            data = merge(self._held, data)
+            self._held = None
+        if not data.resource_profiles:
+            return
+        self._push(data)
+
+    def _push(self, data) -> None:
+        try:
+            self.next_consumer.consume(data)
+            self._held_intervals = 0
+        except RefusedError as error:
+            self._hold(data, error)
+        except PermanentError as error:
+            self.log.error("pipeline rejected this interval's profile; dropped", samples=sample_count(data), reason=str(error))
+
+    def _hold(self, data, error: RefusedError) -> None:
+        """Keep a refused report for the next interval, unless it has grown past the bound."""
+        self._held_intervals += 1
+        if self._held_intervals > MAX_HELD_REPORTS:
+            dropped = sample_count(data)
+            self._dropped.labels(reason="refused").inc(dropped)
+            self.log.warning("downstream kept refusing; dropped the held samples", samples=dropped, intervals=self._held_intervals, reason=str(error))
+            self._held_intervals = 0
+            return
+        self.log.info("downstream refused; holding this interval for the next one", samples=sample_count(data), reason=str(error))
+        self._held = data
+
+    def _record_counters(self, counters: dict[str, int]) -> None:
+        for warning in counter_warnings(self._last_counters, counters):
+            self.log.warning(warning)
+        for name, value in counters.items():
+            delta = value - self._last_counters.get(name, 0)
+            if delta > 0:
+                self._bpf_counters.labels(event=name).inc(delta)
+        self._last_counters = dict(counters)

@@ -1,0 +1,626 @@
+"""Kernel side of the profiling receiver: load bpf/profile.bpf.c, read what it counted.
+
+One `Sampler` owns one BPF program instance:
+
+    sampler = Sampler(frequency_hz=97, stack_storage_size=16384, count_map_size=16384,
+                      on_new_process=processes.on_new_process)
+    sampler.start()                 # compile, load, attach to cpu-clock on every CPU
+    while running:
+        sampler.poll(100)           # new-process events -> on_new_process(tgid, pid, comm)
+        if interval_elapsed:
+            interval = sampler.collect()   # counts since the previous collect(), stacks resolved
+    sampler.close()
+
+Threading: `poll()` and `collect()` touch different kernel objects (perf buffer vs maps) and may run
+on different threads, but neither may run concurrently with itself.  `counters()` may be called
+from any thread.  `bcc` is imported by `start()` only, so importing this module (for `Interval`)
+does not need BCC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+import errno
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+BPF_SOURCE = BPF_DIR / "profile.bpf.c"
+BPF_HEADER = BPF_DIR / "profile.h"
+
+PROGRAM_NAME = b"on_cpu_sample"
+
+# How long collect() waits after flipping the active map before draining the old one.  The BPF
+# program runs in the cpu-clock hrtimer interrupt and finishes in microseconds; a program that
+# read the old slot just before the flip is done long before this.  (Even if one were not, its
+# increment would land in the drained map after the batch delete and be read next time.)
+FLIP_GRACE_S = 0.002
+
+# Counters kept in user space, next to the ones read from the BPF per-CPU array.
+USER_COUNTERS = ("lost_events", "late_announcements", "missing_stacks", "stacks_freed",
+                 "intervals", "callback_errors")
+
+# A new-process event handled this long after the sample that raised it is counted as late: a
+# process that lives shorter than that may be gone before /proc/<pid> is read (the reader thread
+# was starved of CPU, or of the GIL).
+LATE_ANNOUNCEMENT_NS = 50_000_000
+
+_NEW_PROCESS_CALLBACK = Callable[[int, int, str], None]
+
+
+# --------------------------------------------------------------------------------------------
+# Errors: each says what is wrong and what to do about it.
+
+
+class SamplerError(RuntimeError):
+    """The profiler cannot run.  `str(err)` is meant for the user; `log` holds BCC's output."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
+
+
+class BPFPermissionError(SamplerError):
+    """Not root and without CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN)."""
+
+
+class KernelHeadersMissingError(SamplerError):
+    """BCC found no kernel headers for the running kernel."""
+
+
+class BPFCompileError(SamplerError):
+    """clang rejected bpf/profile.bpf.c (the message carries BCC's diagnostics)."""
+
+
+class BPFLoadError(SamplerError):
+    """The kernel verifier rejected the program (the message carries the end of its log)."""
+
+
+class BPFAttachError(SamplerError):
+    """The program loaded but could not be attached to the cpu-clock perf event."""
+
+
+# --------------------------------------------------------------------------------------------
+# Plain data handed to the rest of the receiver.
+
+
+@dataclass(slots=True)
+class StackCount:
+    """How many samples one thread spent in one (kernel stack, user stack) pair."""
+
+    tgid: int
+    tid: int
+    comm: str
+    kernel_addrs: list[int]  # leaf first; empty when the sample was taken in user mode
+    user_addrs: list[int]  # leaf first; empty for kernel threads
+    count: int
+    # 0, or the negative errno bpf_get_stackid() returned (-EFAULT: no such stack, -EEXIST:
+    # collision in the stack map), or -ENOENT when the stack id could not be read back.
+    kernel_stack_error: int = 0
+    user_stack_error: int = 0
+
+
+@dataclass(slots=True)
+class Interval:
+    """Everything counted between two collect() calls (or start() and the first collect())."""
+
+    stacks: list[StackCount]
+    start_monotonic_ns: int
+    end_monotonic_ns: int
+    start_wall_ns: int
+    end_wall_ns: int
+    frequency_hz: int = 0
+    counters: dict[str, int] = field(default_factory=dict)  # cumulative, as of the end
+
+    @property
+    def sample_count(self) -> int:
+        return sum(s.count for s in self.stacks)
+
+    @property
+    def period_ns(self) -> int:
+        return 1_000_000_000 // self.frequency_hz if self.frequency_hz else 0
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def read_counter_names(header: Path = BPF_HEADER) -> list[str]:
+    """Counter names in index order, read from `enum profile_counter` in profile.h."""
+    text = header.read_text()
+    found = {int(v): n.lower() for n, v in re.findall(r"^\s*COUNTER_(\w+)\s*=\s*(\d+)\s*,", text, re.M)}
+    total = int(re.search(r"^\s*PROFILE_NR_COUNTERS\s*=\s*(\d+)", text, re.M).group(1))
+    if sorted(found) != list(range(total)):
+        raise SamplerError(f"{header}: enum profile_counter is not 0..{total - 1} in order")
+    return [found[i] for i in range(total)]
+
+
+def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """Human warnings for what went wrong between two counters() snapshots (log once each)."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    out = []
+    if d.get("map_full"):
+        out.append(f"{d['map_full']} samples dropped because the count map was full; "
+                   "consider raising map_scale_factor or shortening reporter_interval")
+    coll = d.get("kernel_stack_collision", 0) + d.get("user_stack_collision", 0)
+    # A stack id is a hash bucket, so a few collisions happen at any size; warn past 1%.
+    if coll and coll > 0.01 * d.get("samples", 0):
+        out.append(f"{coll} of {d.get('samples', 0)} samples lost a stack to stack map hash "
+                   "collisions; consider raising map_scale_factor")
+    lost = d.get("lost_events", 0) + d.get("perf_output_errors", 0)
+    if lost:
+        out.append(f"{lost} new-process events lost (perf buffer full); those processes are "
+                   "read from /proc later, when they may already have exited")
+    if d.get("missing_stacks"):
+        out.append(f"{d['missing_stacks']} stack ids could not be read back from the stack map")
+    return out
+
+
+def _capabilities() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+
+
+def check_privileges() -> None:
+    """Raise BPFPermissionError unless this process may load and attach the profiler."""
+    caps = _capabilities()
+    has = lambda cap: bool(caps >> cap & 1)  # noqa: E731
+    if has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON)):
+        return
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    raise BPFPermissionError(
+        f"eBPF profiling needs root or the capabilities CAP_BPF and CAP_PERFMON (this process "
+        f"runs as {who} with CapEff={caps:#x}). Run the collector as root, or grant them: "
+        "`setcap cap_bpf,cap_perfmon,cap_sys_resource+ep <python>`, or in a container "
+        "`--cap-add BPF --cap-add PERFMON` (or `--privileged`), with host PID namespace "
+        "(`--pid=host`) to see other processes."
+    )
+
+
+def kernel_headers_hint(release: str | None = None) -> str:
+    release = release or os.uname().release
+    return (
+        f"BCC needs the kernel headers of the running kernel ({release}) to compile the "
+        f"profiler. Install them (Debian/Ubuntu: `apt-get install linux-headers-{release}`; "
+        f"Fedora/RHEL: `dnf install kernel-devel-{release}`), or `modprobe kheaders` if the "
+        f"kernel has CONFIG_IKHEADERS. If no package matches this kernel, install the closest "
+        f"headers and link them: `ln -s /usr/src/linux-headers-<version> "
+        f"/lib/modules/{release}/build` (and the same for `source`), or set BCC_KERNEL_SOURCE."
+    )
+
+
+def find_kernel_headers() -> str | None:
+    """Where BCC will find headers, or None (BCC looks in these places, in this order)."""
+    if os.environ.get("BCC_KERNEL_SOURCE"):
+        return os.environ["BCC_KERNEL_SOURCE"]
+    release = os.uname().release
+    for sub in ("build", "source"):
+        path = f"/lib/modules/{release}/{sub}"
+        if os.path.isdir(os.path.join(path, "include")) or os.path.isfile(
+            os.path.join(path, "Makefile")
+        ):
+            return path
+    if os.path.exists("/sys/kernel/kheaders.tar.xz"):
+        return "/sys/kernel/kheaders.tar.xz"
+    return None
+
+
+@contextlib.contextmanager
+def _capture_stderr_fd() -> Iterator[list[str]]:
+    """Capture what C code (clang, libbpf, the verifier log) writes to fd 2."""
+    out: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode("utf-8", "replace"))
+
+
+def _int(value) -> int:
+    """A map value as int (batch lookups give plain ints, item lookups ctypes objects)."""
+    return value if isinstance(value, int) else value.value
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    kept = text.strip().splitlines()[-lines:]
+    return "\n".join(kept)
+
+
+class Sampler:
+    """Loads the profiler into the kernel and reads its double-buffered counts.
+
+    Stack-id lifetime.  Both count maps refer to ids in the one shared stack map, and a stack id is
+    the hash bucket of the stack's contents, so the same stack gets the same id whichever map
+    counts it.  After draining map A, collect() deletes the ids A referenced *except* those the
+    active map B references at that moment (read with a batch lookup right after the drain).
+    That keeps the stack map from filling up (a full bucket makes bpf_get_stackid() fail with
+    -EEXIST for every other stack hashing there) without deleting stacks B still needs.
+    One race remains: between our snapshot of B and the delete, BPF can count into B a key
+    whose stack id we are about to delete.  So the contents of every deleted stack are kept in
+    user space until the next collect(), which drains B: a B key whose id is gone from the map is
+    resolved from that copy.  (If the stack recurs, BPF re-creates it under the same id anyway.)
+    Clearing the whole stack map every N intervals instead would drop every stack B refers to.
+    """
+
+    def __init__(
+        self,
+        frequency_hz: int,
+        stack_storage_size: int,
+        count_map_size: int,
+        verifier_log_level: int = 0,
+        on_new_process: _NEW_PROCESS_CALLBACK | None = None,
+        *,
+        known_processes_size: int = 8192,
+        perf_buffer_pages: int = 64,
+        source: Path | str = BPF_SOURCE,
+        logger=None,
+    ) -> None:
+        if not 1 <= frequency_hz <= 100_000:
+            raise ValueError(f"frequency_hz must be in 1..100000, got {frequency_hz}")
+        for name, value in (("stack_storage_size", stack_storage_size),
+                            ("count_map_size", count_map_size),
+                            ("known_processes_size", known_processes_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if perf_buffer_pages < 1 or perf_buffer_pages & (perf_buffer_pages - 1):
+            raise ValueError(f"perf_buffer_pages must be a power of two, got {perf_buffer_pages}")
+        if verifier_log_level not in (0, 1, 2):
+            raise ValueError(f"verifier_log_level must be 0, 1 or 2, got {verifier_log_level}")
+        self.frequency_hz = frequency_hz
+        self.stack_storage_size = stack_storage_size
+        self.count_map_size = count_map_size
+        self.known_processes_size = known_processes_size
+        self.perf_buffer_pages = perf_buffer_pages
+        self.verifier_log_level = verifier_log_level
+        self.on_new_process = on_new_process
+        self.source = Path(source)
+        self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
+        self.counter_names = read_counter_names(self.source.parent / "profile.h")
+        self.compile_log = ""  # whatever clang / the verifier printed during start()
+
+        self._bpf = None
+        self._closed = False
+        self._slot = 0
+        self._count_maps: list = []
+        self._stacks = None
+        self._counters_map = None
+        self._known = None
+        self._user = dict.fromkeys(USER_COUNTERS, 0)
+        self._user_lock = threading.Lock()
+        self._stack_fallback: dict[int, list[int]] = {}
+        self._batch_ok = True
+        self._interval_start = (0, 0)
+        self._final_counters: dict[str, int] = {}  # BPF counters as of close()
+
+    # ---------------------------------------------------------------------------------------
+
+    @property
+    def period_ns(self) -> int:
+        return 1_000_000_000 // self.frequency_hz
+
+    @property
+    def started(self) -> bool:
+        return self._bpf is not None
+
+    def cflags(self) -> list[str]:
+        return [
+            f"-I{self.source.parent}",
+            f"-DSTACK_STORAGE_SIZE={self.stack_storage_size}",
+            f"-DCOUNT_MAP_SIZE={self.count_map_size}",
+            f"-DKNOWN_PROCESSES_SIZE={self.known_processes_size}",
+        ]
+
+    def describe_program(self) -> str:
+        """The final program as BCC compiles it: cflags, then the source (for --debug output)."""
+        return f"// cflags: {' '.join(self.cflags())}\n{self.source.read_text()}"
+
+    def start(self) -> None:
+        """Compile, load and attach on every online CPU.  Raises a SamplerError subclass."""
+        if self._closed:
+            raise SamplerError("Sampler was closed; create a new one")
+        if self._bpf is not None:
+            raise SamplerError("Sampler already started")
+        check_privileges()
+        if find_kernel_headers() is None:
+            raise KernelHeadersMissingError(kernel_headers_hint())
+        if not self.source.is_file():
+            raise BPFCompileError(f"BPF program not found: {self.source}")
+        try:
+            import bcc
+        except ImportError as e:
+            raise SamplerError(
+                "the `bcc` Python module is missing: install BCC's Python bindings "
+                "(Debian/Ubuntu: `apt-get install python3-bpfcc`; the virtualenv must see system "
+                f"site-packages) ({e})"
+            ) from e
+
+        debug = 0
+        if self.verifier_log_level == 1:
+            debug = bcc.DEBUG_BPF
+        elif self.verifier_log_level == 2:
+            debug = bcc.DEBUG_BPF_REGISTER_STATE
+        logs: list[str] = []
+        bpf = None
+        try:
+            with _capture_stderr_fd() as out:
+                try:
+                    bpf = bcc.BPF(src_file=str(self.source).encode(), cflags=self.cflags(),
+                                  debug=debug)
+                except Exception as e:  # BCC raises bare Exception
+                    failure = e
+                else:
+                    failure = None
+            logs.extend(out)
+            if failure is not None:
+                log = "".join(logs)
+                if "kernel headers" in log.lower() or "linux/kconfig.h" in log:
+                    raise KernelHeadersMissingError(kernel_headers_hint(), log) from failure
+                if "super-user" in str(failure) or "Operation not permitted" in log:
+                    raise BPFPermissionError(f"loading BPF was refused: {failure}", log)
+                raise BPFCompileError(
+                    f"BCC could not compile {self.source}: {failure}\n{_tail(log)}", log
+                ) from failure
+
+            with _capture_stderr_fd() as out:
+                try:
+                    bpf.load_func(PROGRAM_NAME, bcc.BPF.PERF_EVENT)
+                except Exception as e:
+                    failure = e
+                    err = ct.get_errno()
+                else:
+                    failure = None
+            logs.extend(out)
+            if failure is not None:
+                log = "".join(logs)
+                if "super-user" in str(failure) or err == errno.EPERM:
+                    raise BPFPermissionError(f"the kernel refused to load BPF: {failure}", log)
+                raise BPFLoadError(
+                    f"the kernel verifier rejected {PROGRAM_NAME}: {failure}\n{_tail(log)}", log
+                ) from failure
+
+            try:
+                bpf.attach_perf_event(
+                    ev_type=bcc.PerfType.SOFTWARE,
+                    ev_config=bcc.PerfSWConfig.CPU_CLOCK,
+                    fn_name=PROGRAM_NAME,
+                    sample_freq=self.frequency_hz,
+                    cpu=-1,
+                )
+            except Exception as e:
+                err = ct.get_errno()
+                hint = ""
+                if err == errno.EINVAL:
+                    hint = (" (is samples_per_second above "
+                            "/proc/sys/kernel/perf_event_max_sample_rate?)")
+                elif err in (errno.EACCES, errno.EPERM):
+                    hint = " (needs CAP_PERFMON or kernel.perf_event_paranoid <= 0)"
+                raise BPFAttachError(
+                    f"could not attach to the cpu-clock perf event at {self.frequency_hz} Hz: "
+                    f"{os.strerror(err) if err else e}{hint}"
+                ) from e
+
+            self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
+            self._stacks = bpf[b"stack_traces"]
+            self._counters_map = bpf[b"counters"]
+            self._known = bpf[b"known_tgids"]
+            self._active = bpf[b"active_slot"]
+            self._active[ct.c_int(0)] = ct.c_uint32(0)
+            self._slot = 0
+            events = bpf[b"new_processes"]
+            # Decode with the struct BCC generated from profile.h.  Do not keep `events` itself:
+            # BCC's cleanup() must drop the last reference to close the perf buffer readers.
+            self._event_type = bcc.table._get_event_class(events)
+            events.open_perf_buffer(self._on_event, page_cnt=self.perf_buffer_pages,
+                                    lost_cb=self._on_lost)
+            del events
+        except BaseException:
+            if bpf is not None:
+                with contextlib.suppress(Exception):
+                    bpf.cleanup()
+            raise
+        finally:
+            self.compile_log = "".join(logs)
+        if self.verifier_log_level and self.compile_log:
+            sys.stderr.write(self.compile_log)  # the user asked to see the verifier log
+        self._bpf = bpf
+        self._interval_start = (time.monotonic_ns(), time.time_ns())
+        self.log.debug("profiler attached", frequency_hz=self.frequency_hz,
+                       cpus=len(bcc.utils.get_online_cpus()))
+
+    # ---------------------------------------------------------------------------------------
+
+    def _on_event(self, cpu: int, data, size: int) -> None:
+        event = ct.cast(data, ct.POINTER(self._event_type)).contents
+        comm = event.comm.decode("utf-8", "replace")
+        if time.monotonic_ns() - event.ktime_ns > LATE_ANNOUNCEMENT_NS:
+            with self._user_lock:
+                self._user["late_announcements"] += 1
+        if self.on_new_process is None:
+            return
+        try:
+            self.on_new_process(event.tgid, event.pid, comm)
+        except Exception:
+            with self._user_lock:
+                self._user["callback_errors"] += 1
+            self.log.exception("on_new_process callback failed", tgid=event.tgid)
+
+    def _on_lost(self, lost: int) -> None:
+        with self._user_lock:
+            self._user["lost_events"] += lost
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        """Wait up to timeout_ms for new-process events and run on_new_process for each."""
+        self._require_started()
+        self._bpf.perf_buffer_poll(timeout=timeout_ms)
+
+    def forget_process(self, tgid: int) -> None:
+        """Drop tgid from the kernel's known set, so its next sample announces it again
+        (call when a process has exited, so a reused pid is announced)."""
+        self._require_started()
+        with contextlib.suppress(KeyError):
+            del self._known[self._known.Key(tgid)]
+
+    # ---------------------------------------------------------------------------------------
+
+    def _drain(self, table) -> list[tuple]:
+        """Read and delete every entry of an inactive count map:
+        [(tgid, pid, comm, kernel_stack_id, user_stack_id, user_leaf_return, count)]."""
+        if self._batch_ok:
+            try:
+                entries = list(table.items_lookup_and_delete_batch())
+            except Exception as e:  # kernel without BPF_MAP_LOOKUP_AND_DELETE_BATCH (< 5.6)
+                self._batch_ok = False
+                self.log.info("batch map operations unavailable, using per-key delete",
+                              error=str(e))
+            else:
+                return [(k.tgid, k.pid, k.comm, k.kernel_stack_id, k.user_stack_id,
+                         k.user_leaf_return, _int(v))
+                        for k, v in entries]
+        # Fallback: a late increment between the read and the delete of a key is lost.
+        out = []
+        for k, v in table.items():
+            out.append((k.tgid, k.pid, k.comm, k.kernel_stack_id, k.user_stack_id,
+                         k.user_leaf_return, _int(v)))
+            with contextlib.suppress(KeyError):
+                del table[k]
+        return out
+
+    def _referenced_stack_ids(self, table) -> set[int]:
+        ids: set[int] = set()
+        try:
+            entries = table.items_lookup_batch() if self._batch_ok else table.items()
+            for k, _v in entries:
+                ids.add(k.kernel_stack_id)
+                ids.add(k.user_stack_id)
+        except Exception:
+            for k in table.keys():
+                ids.add(k.kernel_stack_id)
+                ids.add(k.user_stack_id)
+        return ids
+
+    def _read_stack(self, stack_id: int) -> list[int] | None:
+        try:
+            trace = self._stacks[self._stacks.Key(stack_id)]
+        except KeyError:
+            return self._stack_fallback.get(stack_id)
+        ips = list(trace.ip)
+        try:
+            return ips[: ips.index(0)]
+        except ValueError:
+            return ips
+
+    def collect(self) -> Interval:
+        """Flip the active count map, drain the other one and resolve its stacks."""
+        self._require_started()
+        end_mono, end_wall = time.monotonic_ns(), time.time_ns()
+        drained_slot = self._slot
+        self._slot ^= 1
+        self._active[ct.c_int(0)] = ct.c_uint32(self._slot)
+        time.sleep(FLIP_GRACE_S)
+        rows = self._drain(self._count_maps[drained_slot])
+
+        used = {sid for r in rows for sid in (r[3], r[4]) if sid >= 0}
+        stacks = {sid: self._read_stack(sid) for sid in used}
+        missing = 0
+        out = []
+        for tgid, pid, comm, kid, uid, leaf_return, count in rows:
+            kaddrs = uaddrs = None
+            kerr = kid if kid < 0 else 0
+            uerr = uid if uid < 0 else 0
+            if kid >= 0:
+                kaddrs = stacks[kid]
+                if kaddrs is None:
+                    kerr = -errno.ENOENT
+                    missing += 1
+            if uid >= 0:
+                uaddrs = stacks[uid]
+                if uaddrs is None:
+                    uerr = -errno.ENOENT
+                    missing += 1
+            uaddrs = list(uaddrs or ())
+            if leaf_return and uaddrs and (len(uaddrs) < 2 or uaddrs[1] != leaf_return):
+                uaddrs.insert(1, leaf_return)  # the caller frame-pointer unwinding skipped
+            out.append(StackCount(
+                tgid=tgid, tid=pid, comm=comm.decode("utf-8", "replace"),
+                kernel_addrs=list(kaddrs or ()), user_addrs=uaddrs, count=count,
+                kernel_stack_error=kerr, user_stack_error=uerr,
+            ))
+
+        # Free the stacks only the drained map used (see the class docstring).
+        still_used = self._referenced_stack_ids(self._count_maps[self._slot])
+        fallback = {}
+        for sid in used - still_used:
+            with contextlib.suppress(KeyError):
+                del self._stacks[self._stacks.Key(sid)]
+            if stacks[sid] is not None:
+                fallback[sid] = stacks[sid]
+        self._stack_fallback = fallback
+        with self._user_lock:
+            self._user["missing_stacks"] += missing
+            self._user["stacks_freed"] += len(fallback)
+            self._user["intervals"] += 1
+
+        start_mono, start_wall = self._interval_start
+        self._interval_start = (end_mono, end_wall)
+        return Interval(stacks=out, start_monotonic_ns=start_mono, end_monotonic_ns=end_mono,
+                        start_wall_ns=start_wall, end_wall_ns=end_wall,
+                        frequency_hz=self.frequency_hz, counters=self.counters())
+
+    def counters(self) -> dict[str, int]:
+        """Cumulative counts since start(): the BPF per-CPU counters summed, plus user-side ones
+        (lost_events from the perf buffer, late_announcements, missing_stacks, stacks_freed,
+        intervals, callback_errors)."""
+        out = dict.fromkeys(self.counter_names, 0)
+        out.update(self._final_counters)
+        if self._counters_map is not None:
+            table = self._counters_map
+            for i, name in enumerate(self.counter_names):
+                out[name] = int(table.sum(table.Key(i)).value)
+        with self._user_lock:
+            out.update(self._user)
+        return out
+
+    def close(self) -> None:
+        """Detach and unload.  Safe before start() and safe twice."""
+        if self._bpf is not None:
+            self._final_counters = self.counters()
+        self._closed = True
+        bpf, self._bpf = self._bpf, None
+        if bpf is not None:
+            bpf.cleanup()
+        self._count_maps = []
+        self._stacks = self._counters_map = self._known = None
+
+    def _require_started(self) -> None:
+        if self._bpf is None:
+            raise SamplerError("Sampler is not started" if not self._closed else "Sampler closed")
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

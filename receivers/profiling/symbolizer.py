@@ -1,0 +1,587 @@
+"""Addresses -> function names, for kernel frames (kallsyms) and native user frames (ELF).
+
+Kernel: /proc/kallsyms text symbols in a sorted array, looked up with bisect; module symbols carry
+their module ("[ext4]"), BPF programs "[bpf]".  The build id of vmlinux comes from
+/sys/kernel/notes, a module's from /sys/module/<name>/notes.
+
+User: the mapping that holds the address (from `ProcessTable`) gives the file offset
+(addr - mapping.start + mapping.offset); the PT_LOAD segment holding that file offset turns it into
+the ELF virtual address the symbol table uses.  That one rule covers PIE and non-PIE executables
+and shared libraries.  Symbols come from .symtab, else from a separate debug file (found by build
+id under <debug dir>/.build-id/xx/yyyy.debug, or by .gnu_debuglink), else .dynsym.  Files are
+read through the process's own root (/proc/PID/root), so containers resolve, and parsed files are
+cached per file identity (dev, inode) with a bounded LRU; files with the same build id share one
+parse.  Results are cached per (file, offset) too.
+
+Frames other than the leaf hold return addresses; they are looked up at address - 1, so a call
+that is the last instruction of a function is not attributed to the next one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import ctypes.util
+import os
+import struct
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from .processes import Mapping, ProcessInfo, ProcessTable
+
+KERNEL_FILE = "[kernel.kallsyms]"
+NT_GNU_BUILD_ID = 3
+_STT_FUNC, _STT_GNU_IFUNC = 2, 10
+_KALLSYMS_TEXT_TYPES = frozenset("TtWw")
+_KERNEL_RELOAD_AFTER_S = 30.0
+_UNREADABLE_RETRY_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One symbolized frame.  `name` is None when no symbol covers the address; the mapping
+    fields are still filled whenever the address fell into a known mapping."""
+
+    address: int  # as sampled
+    kind: str  # "kernel" | "native"
+    name: str | None = None
+    offset: int = 0  # address - start of the symbol (0 without a symbol)
+    file: str | None = None  # mapped path as the process sees it, "[kernel.kallsyms]", "[mod]"
+    build_id: str | None = None  # GNU build id, hex
+    mapping_start: int = 0
+    mapping_limit: int = 0
+    mapping_offset: int = 0  # file offset of mapping_start
+    file_address: int | None = None  # ELF virtual address (the address normalized to the file)
+
+
+Symbol = Frame
+
+
+# --------------------------------------------------------------------------------------------
+# C++ demangling through libstdc++'s __cxa_demangle
+
+
+class _Demangler:
+    def __init__(self) -> None:
+        self._fn = None
+        self._free = None
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:
+            return
+        fn = getattr(lib, "__cxa_demangle")  # (getattr: a class body would mangle the name)
+        fn.restype = ctypes.c_void_p
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.POINTER(ctypes.c_int)]
+        libc.free.argtypes = [ctypes.c_void_p]
+        self._fn, self._free = fn, libc.free
+
+    def __call__(self, name: str) -> str:
+        if self._fn is None or not name.startswith("_Z"):
+            return name
+        status = ctypes.c_int(0)
+        ptr = self._fn(name.encode(), None, None, ctypes.byref(status))
+        if not ptr:
+            return name
+        try:
+            return ctypes.string_at(ptr).decode("utf-8", "replace") if status.value == 0 else name
+        finally:
+            self._free(ptr)
+
+
+demangle = _Demangler()
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel
+
+
+def parse_build_id_notes(data: bytes) -> str | None:
+    """The GNU build id in a raw ELF note blob (/sys/kernel/notes, .note.gnu.build-id)."""
+    pos = 0
+    while pos + 12 <= len(data):
+        namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+        name_at = pos + 12
+        desc_at = name_at + ((namesz + 3) & ~3)
+        if ntype == NT_GNU_BUILD_ID and data[name_at:name_at + namesz].rstrip(b"\0") == b"GNU":
+            return data[desc_at:desc_at + descsz].hex()
+        pos = desc_at + ((descsz + 3) & ~3)
+    return None
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+class KernelSymbols:
+    """Sorted text symbols of /proc/kallsyms."""
+
+    def __init__(self, kallsyms_path: str = "/proc/kallsyms", modules_path: str = "/proc/modules",
+                 sys_path: str = "/sys") -> None:
+        self.kallsyms_path = kallsyms_path
+        self.modules_path = modules_path
+        self.sys_path = sys_path
+        self.loaded_at = 0.0
+        self.available = False
+        self._starts: list[int] = []
+        self._names: list[str] = []
+        self._mods: list[str | None] = []
+        self._text_end = 0
+        self._text_start = 0
+        self._modules: dict[str, tuple[int, int]] = {}  # name -> (start, end)
+        self._build_ids: dict[str | None, str | None] = {}
+
+    def load(self) -> None:
+        entries: list[tuple[int, int, str, str | None]] = []
+        text_start = text_end = 0
+        with open(self.kallsyms_path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3 or parts[1] not in _KALLSYMS_TEXT_TYPES:
+                    continue
+                addr = int(parts[0], 16)
+                name = parts[2]
+                mod = parts[3][1:-1] if len(parts) > 3 else None
+                if mod is None:
+                    if name == "_stext":
+                        text_start = addr
+                    elif name == "_etext":
+                        text_end = addr
+                # Among symbols at one address prefer a plain name: not an alias such as
+                # "__pfx_x" (call padding), "__pi_x", or the section markers "_stext"/"_text".
+                rank = 1 if name.startswith(("__pfx_", "__pi_", "_stext", "_text", "__cfi_")) else 0
+                entries.append((addr, rank, name, mod))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        starts, names, mods = [], [], []
+        for addr, _rank, name, mod in entries:
+            if starts and starts[-1] == addr:
+                continue
+            starts.append(addr)
+            names.append(name)
+            mods.append(mod)
+        self._starts, self._names, self._mods = starts, names, mods
+        self._text_start, self._text_end = text_start, text_end
+        self.available = bool(starts) and starts[-1] != 0  # all zero: kptr_restrict hides them
+        self._modules = {}
+        try:
+            with open(self.modules_path) as f:
+                for line in f:
+                    p = line.split()
+                    if len(p) >= 6 and int(p[5], 16):
+                        self._modules[p[0]] = (int(p[5], 16), int(p[5], 16) + int(p[1]))
+        except (OSError, ValueError):
+            pass
+        self.loaded_at = time.monotonic()
+
+    def build_id(self, module: str | None) -> str | None:
+        if module not in self._build_ids:
+            if module is None:
+                data = _read_bytes(f"{self.sys_path}/kernel/notes")
+            elif module == "bpf":
+                data = None
+            else:
+                data = _read_bytes(f"{self.sys_path}/module/{module}/notes/.note.gnu.build-id")
+            self._build_ids[module] = parse_build_id_notes(data) if data else None
+        return self._build_ids[module]
+
+    def lookup(self, addr: int, lookup_addr: int | None = None) -> Frame:
+        """Frame for addr; lookup_addr (addr - 1 for return addresses) picks the symbol."""
+        if self.loaded_at == 0.0:
+            self.load()
+        la = addr if lookup_addr is None else lookup_addr
+        i = bisect.bisect_right(self._starts, la) - 1
+        if not self.available or i < 0:
+            return Frame(addr, "kernel", file=KERNEL_FILE)
+        mod = self._mods[i]
+        if mod is None:
+            if self._text_end and la >= self._text_end:
+                # past the core kernel's text and not a module symbol: not ours to name
+                return Frame(addr, "kernel", file=KERNEL_FILE)
+            return Frame(addr, "kernel", name=self._names[i], offset=addr - self._starts[i],
+                         file=KERNEL_FILE, build_id=self.build_id(None),
+                         mapping_start=self._text_start, mapping_limit=self._text_end,
+                         file_address=addr)
+        start, end = self._modules.get(mod, (0, 0))
+        if end and not start <= la < end:
+            return Frame(addr, "kernel", file=KERNEL_FILE)
+        return Frame(addr, "kernel", name=self._names[i], offset=addr - self._starts[i],
+                     file=f"[{mod}]", build_id=self.build_id(mod), mapping_start=start,
+                     mapping_limit=end, file_address=addr)
+
+
+# --------------------------------------------------------------------------------------------
+# ELF files
+
+
+class ElfSymbols:
+    """What symbolization needs from one ELF file: PT_LOAD segments, build id, function symbols."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.build_id: str | None = None
+        self.debuglink: str | None = None
+        self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_filesz, p_vaddr)
+        self.symbol_source = ""  # ".symtab", ".dynsym", or the debug file used
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._names: list[str] = []
+
+    @property
+    def symbol_count(self) -> int:
+        return len(self._starts)
+
+    def vaddr(self, file_offset: int) -> int | None:
+        for off, size, vaddr in self.loads:
+            if off <= file_offset < off + size:
+                return file_offset - off + vaddr
+        return None
+
+    def lookup(self, vaddr: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        if i >= 0 and vaddr < self._ends[i]:
+            return self._names[i], self._starts[i]
+        return None
+
+    # -- parsing
+
+    @staticmethod
+    def read_headers(elf: ELFFile, path: str) -> ElfSymbols:
+        out = ElfSymbols(path)
+        for seg in elf.iter_segments():
+            if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
+                out.loads.append((seg["p_offset"], seg["p_filesz"], seg["p_vaddr"]))
+        out.build_id = _elf_build_id(elf)
+        link = elf.get_section_by_name(".gnu_debuglink")
+        if link is not None:
+            data = link.data()
+            out.debuglink = data[: data.find(b"\0")].decode("utf-8", "replace") or None
+        return out
+
+    def read_symbols(self, elf: ELFFile, which: str, demangler) -> bool:
+        sec = elf.get_section_by_name(which)
+        if sec is None or sec["sh_type"] == "SHT_NOBITS":
+            return False
+        strtab = elf.get_section(sec["sh_link"]).data()
+        data = sec.data()
+        if elf.elfclass == 64:
+            fmt, size, order = "IBBHQQ", 24, (0, 1, 3, 4, 5)
+        else:
+            fmt, size, order = "IIIBBH", 16, (0, 3, 5, 1, 2)
+        fmt = ("<" if elf.little_endian else ">") + fmt
+        thumb = elf["e_machine"] == "EM_ARM"
+        syms: list[tuple[int, int, int, int]] = []  # (start, rank, size, name offset)
+        for entry in struct.iter_unpack(fmt, data[: len(data) // size * size]):
+            name_off, info, shndx, value, sym_size = (entry[j] for j in order)
+            if (info & 0xF) not in (_STT_FUNC, _STT_GNU_IFUNC) or shndx == 0 or value == 0:
+                continue
+            if thumb:
+                value &= ~1
+            bind = info >> 4
+            rank = 0 if bind == 1 else 1 if bind == 2 else 2  # global, weak, local
+            syms.append((value, rank, sym_size, name_off))
+        if not syms:
+            return False
+        syms.sort()
+        starts, ends, names = [], [], []
+        for value, _rank, sym_size, name_off in syms:
+            if starts and starts[-1] == value:
+                continue  # alias at the same address; the global one came first
+            end = strtab.find(b"\0", name_off)
+            name = strtab[name_off:end if end >= 0 else None].decode("utf-8", "replace")
+            starts.append(value)
+            ends.append(value + sym_size if sym_size else 0)
+            names.append(demangler(name) if demangler else name)
+        for j in range(len(starts)):  # size 0 (hand-written asm): up to the next symbol
+            if ends[j] == 0:
+                ends[j] = starts[j + 1] if j + 1 < len(starts) else starts[j] + 1
+        self._starts, self._ends, self._names = starts, ends, names
+        self.symbol_source = which
+        return True
+
+
+def _elf_build_id(elf: ELFFile) -> str | None:
+    for sec in elf.iter_sections():
+        if sec["sh_type"] == "SHT_NOTE":
+            for note in sec.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return note["n_desc"]
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_NOTE":
+            for note in seg.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return note["n_desc"]
+    return None
+
+
+class _LRU(OrderedDict):
+    def __init__(self, maxsize: int, on_evict=None) -> None:
+        super().__init__()
+        self.maxsize = maxsize
+        self.on_evict = on_evict
+
+    def get_touch(self, key):
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def put(self, key, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.maxsize:
+            old_key, old = self.popitem(last=False)
+            if self.on_evict:
+                self.on_evict(old_key, old)
+
+
+class Symbolizer:
+    """Turns kernel and native user stacks into `Frame`s.
+
+    processes:      the ProcessTable that knows each tgid's mappings (and refreshes them on a
+                    miss); the symbolizer also registers itself to pin the files of every new
+                    snapshot (see retain_files).
+    max_files:      parsed ELF files kept (LRU).
+    max_addresses:  (file, offset) -> symbol results kept (LRU).
+    debug_dirs:     where separate debug files live (".build-id/xx/yyyy.debug" and debuglink).
+    """
+
+    def __init__(
+        self,
+        processes: ProcessTable | None = None,
+        *,
+        max_files: int = 256,
+        max_addresses: int = 200_000,
+        max_pinned_files: int = 128,
+        kallsyms_path: str = "/proc/kallsyms",
+        debug_dirs: Sequence[str] = ("/usr/lib/debug",),
+        demangle_names: bool = True,
+    ) -> None:
+        self.processes = processes
+        self.kernel = KernelSymbols(kallsyms_path)
+        self.debug_dirs = tuple(debug_dirs)
+        self._demangler = demangle if demangle_names else None
+        self._lock = threading.RLock()
+        self._files: _LRU = _LRU(max_files)
+        self._by_build_id: weakref.WeakValueDictionary[str, ElfSymbols] = (
+            weakref.WeakValueDictionary())
+        self._addresses: _LRU = _LRU(max_addresses)
+        self._pin_lock = threading.Lock()
+        self._pinned: _LRU = _LRU(max_pinned_files, on_evict=lambda _k, fd: os.close(fd))
+        self._unreadable: dict[tuple[str, int], float] = {}
+        self.stats = {"files_parsed": 0, "files_failed": 0, "files_unreadable": 0,
+                      "address_cache_hits": 0, "address_lookups": 0, "files_pinned": 0}
+        if processes is not None:
+            processes.add_listener(self.retain_files)
+
+    # ----------------------------------------------------------------------- kernel
+
+    def symbolize_kernel(self, addrs: Sequence[int]) -> list[Frame]:
+        """Kernel stack, leaf first."""
+        with self._lock:
+            ks = self.kernel
+            if ks.loaded_at == 0.0:
+                ks.load()
+            frames = []
+            for i, addr in enumerate(addrs):
+                frame = ks.lookup(addr, addr - 1 if i else addr)
+                if frame.name is None and time.monotonic() - ks.loaded_at > _KERNEL_RELOAD_AFTER_S:
+                    ks.load()  # a module loaded or a BPF program appeared since
+                    frame = ks.lookup(addr, addr - 1 if i else addr)
+                frames.append(frame)
+            return frames
+
+    # ----------------------------------------------------------------------- user
+
+    def symbolize_user(self, tgid: int, addrs: Sequence[int]) -> list[Frame]:
+        """Native user stack of process tgid, leaf first (needs a ProcessTable)."""
+        if self.processes is None:
+            raise ValueError("Symbolizer was created without a ProcessTable; "
+                             "use symbolize_process(info, addrs)")
+        info = self.processes.lookup(tgid)
+        if info is None:
+            return [Frame(a, "native") for a in addrs]
+        return self.symbolize_process(
+            info, addrs, find_mapping=lambda a: self.processes.find_mapping(tgid, a))
+
+    def symbolize_process(self, info: ProcessInfo, addrs: Sequence[int],
+                          find_mapping=None) -> list[Frame]:
+        find = find_mapping or info.find_mapping
+        with self._lock:
+            return [self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr))
+                    for i, addr in enumerate(addrs)]
+
+    def _symbolize_one(self, info: ProcessInfo, addr: int, lookup_addr: int,
+                       m: Mapping | None) -> Frame:
+        if m is None:
+            return Frame(addr, "native")
+        base = dict(file=m.path or None, mapping_start=m.start, mapping_limit=m.end,
+                    mapping_offset=m.offset)
+        if not m.file_backed:
+            return Frame(addr, "native", **base)
+        elf = self._elf_for(info, m)
+        if elf is None:
+            return Frame(addr, "native", **base)
+        file_offset = lookup_addr - m.start + m.offset
+        self.stats["address_lookups"] += 1
+        key = (m.identity, file_offset)
+        hit = self._addresses.get_touch(key)
+        if hit is None:
+            vaddr = elf.vaddr(file_offset)
+            sym = elf.lookup(vaddr) if vaddr is not None else None
+            hit = (vaddr, sym)
+            self._addresses.put(key, hit)
+        else:
+            self.stats["address_cache_hits"] += 1
+        vaddr, sym = hit
+        file_address = None if vaddr is None else vaddr + (addr - lookup_addr)
+        if sym is None:
+            return Frame(addr, "native", build_id=elf.build_id, file_address=file_address, **base)
+        name, start = sym
+        return Frame(addr, "native", name=name, offset=file_address - start if file_address
+                     is not None else 0, build_id=elf.build_id, file_address=file_address, **base)
+
+    # ----------------------------------------------------------------------- files
+
+    def retain_files(self, info: ProcessInfo) -> None:
+        """Open (but do not parse) the mapped files of a fresh snapshot that are not cached
+        yet, so they can still be read after a short-lived process exits, or a file is
+        deleted or replaced.  ProcessTable calls this for every snapshot."""
+        for m in info.mappings:
+            if not m.file_backed:
+                continue
+            with self._pin_lock:
+                if m.identity in self._pinned:
+                    continue
+            if m.identity in self._files:  # racy read of an OrderedDict: harmless
+                continue
+            fd = self._open_mapping(info, m)
+            if fd is None:
+                continue
+            with self._pin_lock:
+                if m.identity in self._pinned:
+                    os.close(fd)
+                else:
+                    self._pinned.put(m.identity, fd)
+                    self.stats["files_pinned"] += 1
+
+    def _open_mapping(self, info: ProcessInfo, m: Mapping) -> int | None:
+        """An fd on the mapped file, verified by inode: map_files (works for deleted files and
+        any mount namespace), then the process root, then the host path."""
+        candidates = [f"/proc/{info.pid}/map_files/{m.start:x}-{m.end:x}",
+                      f"{info.root}{m.path}", m.path]
+        for path in candidates:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if os.fstat(fd).st_ino == m.inode:
+                    return fd
+            except OSError:
+                pass
+            os.close(fd)
+        return None
+
+    def _elf_for(self, info: ProcessInfo, m: Mapping) -> ElfSymbols | None:
+        elf = self._files.get_touch(m.identity)
+        if elf is not None:
+            return elf
+        with self._pin_lock:
+            fd = self._pinned.pop(m.identity, None)
+        if fd is None:
+            failed_at = self._unreadable.get(m.identity)
+            if failed_at is not None and time.monotonic() - failed_at < _UNREADABLE_RETRY_S:
+                return None
+            fd = self._open_mapping(info, m)
+        if fd is None:
+            # Not cached as a file: another process mapping it may still be alive.  Until
+            # then, do not retry the opens for every frame.
+            if len(self._unreadable) > 4096:
+                self._unreadable.clear()
+            self._unreadable[m.identity] = time.monotonic()
+            self.stats["files_unreadable"] += 1
+            return None
+        self._unreadable.pop(m.identity, None)
+        try:
+            elf = self._load(fd, m.path, info)
+        finally:
+            os.close(fd)
+        self._files.put(m.identity, elf)
+        return elf
+
+    def _load(self, fd: int, path: str, info: ProcessInfo | None) -> ElfSymbols:
+        try:
+            with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as f:
+                elf_file = ELFFile(f)
+                elf = ElfSymbols.read_headers(elf_file, path)
+                if elf.build_id:
+                    shared = self._by_build_id.get(elf.build_id)
+                    if shared is not None:
+                        return shared
+                if not elf.read_symbols(elf_file, ".symtab", self._demangler):
+                    if not self._read_debug_file(elf, path, info):
+                        elf.read_symbols(elf_file, ".dynsym", self._demangler)
+        except (ELFError, OSError, ValueError, struct.error) as e:
+            self.stats["files_failed"] += 1
+            bad = ElfSymbols(path)
+            bad.symbol_source = f"error: {e}"
+            return bad
+        self.stats["files_parsed"] += 1
+        if elf.build_id:
+            self._by_build_id[elf.build_id] = elf
+        return elf
+
+    def debug_file_candidates(self, elf: ElfSymbols, path: str) -> list[str]:
+        out = []
+        if elf.build_id and len(elf.build_id) > 2:
+            for d in self.debug_dirs:
+                out.append(f"{d}/.build-id/{elf.build_id[:2]}/{elf.build_id[2:]}.debug")
+        if elf.debuglink:
+            directory = os.path.dirname(path)
+            out.append(f"{directory}/{elf.debuglink}")
+            out.append(f"{directory}/.debug/{elf.debuglink}")
+            for d in self.debug_dirs:
+                out.append(f"{d}{directory}/{elf.debuglink}")
+        return out
+
+    def _read_debug_file(self, elf: ElfSymbols, path: str, info: ProcessInfo | None) -> bool:
+        roots = [info.root, ""] if info is not None else [""]
+        for candidate in self.debug_file_candidates(elf, path):
+            for root in roots:
+                try:
+                    f = open(f"{root}{candidate}", "rb", buffering=1 << 16)  # noqa: SIM115
+                except OSError:
+                    continue
+                with f:
+                    try:
+                        dbg = ELFFile(f)
+                        dbg_id = _elf_build_id(dbg)
+                        if elf.build_id and dbg_id and dbg_id != elf.build_id:
+                            continue  # a debug file of another build
+                        if elf.read_symbols(dbg, ".symtab", self._demangler):
+                            elf.symbol_source = candidate
+                            return True
+                    except (ELFError, ValueError, struct.error):
+                        continue
+        return False
+
+    def close(self) -> None:
+        with self._pin_lock:
+            while self._pinned:
+                _key, fd = self._pinned.popitem()
+                os.close(fd)
+        with self._lock:
+            self._files.clear()
+            self._addresses.clear()

@@ -1,0 +1,223 @@
+"""ProcessTable: container ids, /proc parsing, snapshots of real processes and their expiry."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from receivers.profiling.processes import (
+    ProcessTable,
+    container_id_from_cgroup,
+    parse_maps,
+    parse_stat,
+)
+
+ID = "3c4f9c8a1b2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f"
+ID2 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+UID = "7c1d3f8e-2a4b-4c6d-8e0f-1a2b3c4d5e6f"
+UID_ = UID.replace("-", "_")
+
+
+@pytest.mark.parametrize(
+    "cgroup, expected",
+    [
+        # docker, cgroup v1 (one line per hierarchy) and v2
+        (f"12:pids:/docker/{ID}\n11:memory:/docker/{ID}\n0::/", ID),
+        (f"0::/docker/{ID}", ID),
+        (f"0::/system.slice/docker-{ID}.scope", ID),
+        (f"1:name=systemd:/system.slice/docker-{ID}.scope\n0::/", ID),
+        # systemd running inside the container
+        (f"0::/system.slice/docker-{ID}.scope/init.scope", ID),
+        # kubernetes, cgroup v1 (cgroupfs driver): besteffort/burstable/guaranteed
+        (f"11:cpu,cpuacct:/kubepods/burstable/pod{UID}/{ID}", ID),
+        (f"4:memory:/kubepods/besteffort/pod{UID}/{ID}", ID),
+        (f"4:memory:/kubepods/pod{UID}/{ID}", ID),
+        # kubernetes, systemd driver: containerd, cri-o, docker
+        ("0::/kubepods.slice/kubepods-burstable.slice/"
+         f"kubepods-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope", ID),
+        ("0::/kubepods.slice/kubepods-besteffort.slice/"
+         f"kubepods-besteffort-pod{UID_}.slice/crio-{ID}.scope", ID),
+        (f"0::/kubepods.slice/kubepods-pod{UID_}.slice/docker-{ID}.scope", ID),
+        (f"5:devices:/kubepods.slice/kubepods-pod{UID_}.slice/crio-{ID}.scope", ID),
+        # podman
+        (f"0::/machine.slice/libpod-{ID}.scope/container", ID),
+        # nested: docker in docker -> the innermost container
+        (f"0::/docker/{ID2}/docker/{ID}", ID),
+        # not containers
+        ("0::/", None),
+        ("0::/user.slice/user-1000.slice/session-2.scope", None),
+        ("0::/system.slice/containerd.service", None),
+        # CRI-O's monitor process is not the container
+        (f"0::/kubepods.slice/kubepods-pod{UID_}.slice/crio-conmon-{ID}.scope", None),
+        ("0::/docker/" + "g" * 64, None),  # not hex
+        ("0::/docker/" + "a" * 63, None),  # too short
+        (f"4:memory:/process_api/{ID[:32]}", None),
+        ("", None),
+    ],
+)
+def test_container_id_from_cgroup(cgroup, expected):
+    assert container_id_from_cgroup(cgroup) == expected
+
+
+def test_parse_maps_keeps_executable_mappings_and_deleted_marker():
+    text = textwrap.dedent("""\
+        55d0c0a00000-55d0c0a01000 r--p 00000000 fd:01 131 /usr/bin/app
+        55d0c0a01000-55d0c0a05000 r-xp 00001000 fd:01 131 /usr/bin/app
+        7f0000000000-7f0000010000 r-xp 00002000 fd:01 99 /opt/my lib/libx.so (deleted)
+        7f0000020000-7f0000021000 rwxp 00000000 00:00 0
+        7ffd5e1f0000-7ffd5e1f2000 r-xp 00000000 00:00 0                          [vdso]
+    """)
+    maps = parse_maps(text)
+    assert [m.path for m in maps] == ["/usr/bin/app", "/opt/my lib/libx.so", "", "[vdso]"]
+    app, lib, anon, vdso = maps
+    assert (app.start, app.end, app.offset, app.dev, app.inode) == (
+        0x55D0C0A01000, 0x55D0C0A05000, 0x1000, "fd:01", 131)
+    assert lib.deleted and not app.deleted and lib.identity == ("fd:01", 99)
+    assert app.file_backed and not anon.file_backed and not vdso.file_backed
+
+
+def test_parse_stat_survives_hostile_comm():
+    line = "1234 (a) (b c) S 1 1234 1234 0 -1 4194560 1 0 0 0 5 6 0 0 20 0 1 0 98765 1 2 3"
+    st = parse_stat(line)
+    assert st["comm"] == "a) (b c" and st["ppid"] == 1 and st["starttime"] == 98765
+
+
+CHILD = r"""
+import ctypes, os, sys, threading
+def worker():
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write("worker-one")
+    ready.set()
+    threading.Event().wait()
+ready = threading.Event()
+threading.Thread(target=worker, daemon=True).start()
+ready.wait()
+print("ready", flush=True)
+line = sys.stdin.readline()
+if line.startswith("dlopen"):
+    lib = ctypes.CDLL(line.split()[1])
+    print(hex(ctypes.cast(lib.marker_function, ctypes.c_void_p).value), flush=True)
+    sys.stdin.readline()
+"""
+
+
+def start_child(**env):
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, **env},
+    )
+    assert child.stdout.readline() == "ready\n"
+    return child
+
+
+def test_snapshot_of_a_live_process():
+    child = start_child(PYCOLLECTOR_WANTED="yes", PYCOLLECTOR_UNWANTED="no")
+    try:
+        table = ProcessTable(include_env_vars=["PYCOLLECTOR_WANTED", "NOT_SET"])
+        seen = []
+        table.add_listener(seen.append)
+        info = table.on_new_process(child.pid, child.pid, "python3")
+        assert seen == [info] and table.lookup(child.pid) is info
+        assert info.errors == [] and not info.exited and not info.kernel_thread
+        assert info.exe_path == os.path.realpath(sys.executable)
+        assert info.executable_name == os.path.basename(info.exe_path)
+        assert info.cmdline[:2] == [sys.executable, "-c"]
+        assert info.env == {"PYCOLLECTOR_WANTED": "yes"}
+        assert "worker-one" in info.threads.values()
+        assert info.threads[child.pid] == "python3"  # the name the sample carried wins
+        with open("/proc/self/cgroup") as f:
+            assert info.container_id == container_id_from_cgroup(f.read())
+        libc = [m for m in info.mappings if "libc.so" in m.path]
+        assert libc and all("x" in m.perms for m in info.mappings)
+        assert info.find_mapping(libc[0].start + 1) == libc[0]
+        assert info.find_mapping(0x10) is None
+        # the start time is the process's, in wall-clock ns
+        assert abs(info.start_time_ns - time.time_ns()) < 60e9
+        table.observe_thread(child.pid, 4242, "renamed")
+        assert table.thread_name(child.pid, 4242) == "renamed"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_maps_refresh_after_dlopen_is_rate_limited(tmp_path):
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    src = tmp_path / "marker.c"
+    src.write_text("int marker_function(int x) { return x + 1; }\n")
+    lib = tmp_path / "libmarker.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", lib, src], check=True)
+    child = start_child()
+    try:
+        now = [100.0]
+        table = ProcessTable(maps_refresh_interval_s=5.0, clock=lambda: now[0])
+        table.on_new_process(child.pid, child.pid, "python3")
+        child.stdin.write(f"dlopen {lib}\n")
+        child.stdin.flush()
+        addr = int(child.stdout.readline(), 16)
+        assert table.find_mapping(child.pid, addr) is None  # snapshot predates the dlopen
+        now[0] += 1.0
+        assert table.find_mapping(child.pid, addr) is None  # too soon to re-read maps
+        assert table.stats["maps_refreshes"] == 0
+        now[0] += 5.0
+        m = table.find_mapping(child.pid, addr)
+        assert m is not None and m.path == str(lib) and table.stats["maps_refreshes"] == 1
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_deleted_executable_is_marked(tmp_path):
+    exe = tmp_path / "sleeper"
+    shutil.copy("/bin/sleep", exe)
+    child = subprocess.Popen([str(exe), "30"])
+    try:
+        exe.unlink()
+        info = ProcessTable().on_new_process(child.pid, child.pid, "sleeper")
+        assert info.exe_path == str(exe) and info.exe_deleted
+        main = [m for m in info.mappings if m.path == str(exe)]
+        assert main and all(m.deleted for m in main)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_vanished_process_keeps_what_we_got_and_expires_after_a_report():
+    child = start_child()
+    table = ProcessTable()
+    table.on_new_process(child.pid, child.pid, "python3")
+    other = subprocess.Popen([sys.executable, "-c", "pass"])
+    other.wait()
+    # announced after it was gone (a lost race): an entry with errors, marked exited
+    gone = table.on_new_process(other.pid, other.pid, "python3")
+    assert gone.exited and gone.errors and gone.threads == {other.pid: "python3"}
+    assert table.lookup(999_999_999) is None  # never seen, not alive: nothing invented
+
+    child.kill()
+    child.wait()
+    # First report after the exit: the process is marked, still there for late samples.
+    assert table.forget_exited() == [other.pid]
+    info = table.lookup(child.pid)
+    assert info is not None and info.exited and info.exe_path
+    # Next report: gone.
+    assert table.forget_exited() == [child.pid]
+    assert child.pid not in table and len(table) == 0
+
+
+def test_lookup_snapshots_a_process_whose_announcement_was_lost():
+    child = start_child()
+    try:
+        table = ProcessTable()
+        info = table.lookup(child.pid)
+        assert info is not None and info.exe_path == os.path.realpath(sys.executable)
+        assert table.lookup(child.pid) is info
+        assert table.forget_exited() == []
+    finally:
+        child.kill()
+        child.wait()

@@ -1,0 +1,374 @@
+"""The profiler end to end on this machine: real BPF program, real processes, real symbols.
+
+One Sampler (97 Hz) is loaded for the module and polled by a background thread; each test drains
+it with collect() before and after running its workload and looks only at its own processes.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from receivers.profiling.processes import ProcessTable
+from receivers.profiling.sampler import (
+    BPF_SOURCE,
+    BPFCompileError,
+    Interval,
+    Sampler,
+    SamplerError,
+    check_privileges,
+    find_kernel_headers,
+)
+from receivers.profiling.symbolizer import Symbolizer
+
+REPO = Path(__file__).resolve().parent.parent
+KNOWN_SPLIT = REPO.parent / "shared" / "workloads" / "known_split.c"
+HZ = 97
+
+SHORT_LIVED_C = r"""
+#include <stdlib.h>
+#include <time.h>
+static volatile unsigned long sink;
+/* CPU time, not wall time: on a loaded machine the process still gets its ~10 samples. */
+static double now(void) {
+    struct timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) void spin_short_lived(double seconds) {
+    double end = now() + seconds; unsigned long x = 1;
+    while (now() < end) for (int i = 0; i < 1000; i++) x = x * 6364136223846793005UL + 1;
+    sink = x;
+}
+int main(int argc, char **argv) { spin_short_lived(argc > 1 ? atof(argv[1]) : 0.1); return 0; }
+"""
+
+SYSCALL_LOOP_C = r"""
+#include <fcntl.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    double seconds = argc > 1 ? atof(argv[1]) : 2.0;
+    int fd = open("/dev/null", O_WRONLY);
+    char buf[512] = {0};
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        for (int i = 0; i < 1000; i++) { getppid(); write(fd, buf, sizeof buf); }
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 < seconds);
+    return 0;
+}
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# Skip only when BPF cannot work here, unless PYCOLLECTOR_REQUIRE_BPF=1 (then fail).
+# (tests/conftest.py does the same for the `bpf` marker; this also covers a failing start().)
+
+
+def bpf_unavailable(reason: str):
+    if os.environ.get("PYCOLLECTOR_REQUIRE_BPF") == "1":
+        pytest.fail(f"eBPF is required (PYCOLLECTOR_REQUIRE_BPF=1) but unavailable: {reason}")
+    pytest.skip(f"eBPF unavailable: {reason}")
+
+
+def require_bpf() -> None:
+    try:
+        import bcc  # noqa: F401
+    except ImportError as e:
+        bpf_unavailable(f"the bcc module is missing (Debian: python3-bpfcc): {e}")
+    try:
+        check_privileges()
+    except SamplerError as e:
+        bpf_unavailable(str(e))
+    if find_kernel_headers() is None:
+        bpf_unavailable("no kernel headers for the running kernel")
+
+
+def build(tmp: Path, name: str, source: str | Path, *flags: str) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    src = Path(source) if isinstance(source, Path) else tmp / f"{name}.c"
+    if not isinstance(source, Path):
+        src.write_text(source)
+    out = tmp / name
+    subprocess.run(["gcc", *flags, "-o", str(out), str(src)], check=True, capture_output=True)
+    return out
+
+
+class Profiler:
+    """A started Sampler + ProcessTable + Symbolizer, polled on a background thread."""
+
+    def __init__(self) -> None:
+        self.processes = ProcessTable(include_env_vars=["PYCOLLECTOR_TEST_MARK"])
+        self.symbolizer = Symbolizer(self.processes)
+        self.sampler = Sampler(HZ, stack_storage_size=16384, count_map_size=16384,
+                               on_new_process=self.processes.on_new_process)
+        self.sampler.start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.sampler.poll(20)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sampler.close()
+        self.symbolizer.close()
+
+    def run(self, argv, **kwargs) -> tuple[Interval, int, float]:
+        """Run argv to completion; return the interval that covers it, its pid, CPU seconds."""
+        self.sampler.collect()  # start from an empty map
+        proc = subprocess.Popen([str(a) for a in argv], stdout=subprocess.DEVNULL, **kwargs)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        assert proc.returncode == 0, argv
+        time.sleep(0.05)  # let the poll thread finish with the last events
+        return self.sampler.collect(), proc.pid, usage.ru_utime + usage.ru_stime
+
+
+@pytest.fixture(scope="module")
+def profiler():
+    require_bpf()
+    try:
+        p = Profiler()
+    except SamplerError as e:
+        bpf_unavailable(f"{type(e).__name__}: {e}")
+    yield p
+    p.close()
+
+
+def leaf_name(frames) -> str | None:
+    name = frames[0].name if frames else None
+    return name.split(".")[0] if name else None  # spin_heavy.constprop.0 -> spin_heavy
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.bpf
+def test_known_split_shares_and_stacks(profiler, tmp_path):
+    exe = build(tmp_path, "known_split", KNOWN_SPLIT, "-O2", "-fno-omit-frame-pointer")
+    interval, pid, cpu_s = profiler.run([exe, "4"])
+    mine = [s for s in interval.stacks if s.tgid == pid]
+    total = sum(s.count for s in mine)
+    expected = HZ * cpu_s
+    by_leaf: collections.Counter = collections.Counter()
+    chains: collections.Counter = collections.Counter()
+    for s in mine:
+        frames = profiler.symbolizer.symbolize_user(pid, s.user_addrs)
+        by_leaf[leaf_name(frames)] += s.count
+        if leaf_name(frames) == "spin_heavy":
+            chains[tuple(f.name for f in frames[:3])] += s.count
+    share = by_leaf["spin_heavy"] / total
+    print(f"\nknown_split: {total} samples, expected {expected:.0f} (97 Hz x {cpu_s:.2f} CPU s); "
+          f"spin_heavy {share:.1%}, spin_light {by_leaf['spin_light'] / total:.1%}; "
+          f"chains {dict(chains)}")
+    # Alone on a CPU the process is sampled at every tick (exactly hz x CPU s); sharing a CPU,
+    # whether it is the one running at a tick is a coin toss: allow 3 binomial sigmas.
+    assert abs(total - expected) <= max(0.05 * expected, 3 * expected ** 0.5) + 3
+    assert 0.70 <= share <= 0.80, by_leaf
+    # main -> run_once -> spin_heavy, leaf first.  spin_heavy is frameless (gcc omits the frame
+    # of a leaf even with -fno-omit-frame-pointer): run_once comes from user_leaf_return.
+    assert chains[("spin_heavy", "run_once", "main")] >= 0.95 * by_leaf["spin_heavy"], chains
+    info = profiler.processes.lookup(pid)
+    assert info.exe_path == os.path.realpath(exe) and info.comm == "known_split"
+
+
+@pytest.mark.bpf
+def test_syscall_heavy_workload_has_kernel_frames(profiler, tmp_path):
+    exe = build(tmp_path, "syscall_loop", SYSCALL_LOOP_C, "-O2", "-fno-omit-frame-pointer")
+    interval, pid, cpu_s = profiler.run([exe, "2"])
+    mine = [s for s in interval.stacks if s.tgid == pid]
+    total = sum(s.count for s in mine)
+    in_kernel = [s for s in mine if s.kernel_addrs]
+    kernel_samples = sum(s.count for s in in_kernel)
+    assert total >= 0.9 * HZ * cpu_s - 3, (total, cpu_s)
+    assert kernel_samples >= 0.5 * total, (kernel_samples, total)
+    names: collections.Counter = collections.Counter()
+    named = 0
+    for s in in_kernel:
+        frames = profiler.symbolizer.symbolize_kernel(s.kernel_addrs)
+        assert all(f.kind == "kernel" for f in frames)
+        if frames[0].name:
+            named += s.count
+        for f in frames:
+            names[f.name] += s.count
+        # the user side of a syscall sample is the libc wrapper called from main
+        user = profiler.symbolizer.symbolize_user(pid, s.user_addrs)
+        assert user and user[0].kind == "native"
+    print(f"\nsyscall loop: {kernel_samples}/{total} samples in the kernel; "
+          f"top kernel frames {names.most_common(6)}")
+    assert named >= 0.95 * kernel_samples
+    syscall_path = {"do_syscall_64", "entry_SYSCALL_64", "entry_SYSCALL_64_after_hwframe",
+                    "__x64_sys_write", "ksys_write", "vfs_write", "__x64_sys_getppid"}
+    assert sum(names[n] for n in syscall_path) >= 0.5 * kernel_samples, names.most_common(10)
+    frame = profiler.symbolizer.symbolize_kernel(in_kernel[0].kernel_addrs)[0]
+    assert frame.file == "[kernel.kallsyms]" and frame.mapping_start <= frame.address
+
+
+@pytest.mark.bpf
+def test_short_lived_processes_are_captured_at_first_sample(profiler, tmp_path):
+    exe = build(tmp_path, "short_lived", SHORT_LIVED_C, "-O2", "-fno-omit-frame-pointer")
+    profiler.sampler.collect()
+    pids = []
+    for _ in range(20):
+        proc = subprocess.Popen([str(exe), "0.1"])
+        assert proc.wait() == 0
+        pids.append(proc.pid)
+    time.sleep(0.05)
+    interval = profiler.sampler.collect()
+    missing, unsymbolized = [], []
+    for pid in pids:
+        info = profiler.processes.lookup(pid)  # the process is gone: only the snapshot knows it
+        if info is None or info.exe_path != os.path.realpath(exe):
+            missing.append((pid, info))
+            continue
+        assert info.comm == "short_lived" and info.executable_name == "short_lived"
+        assert any(m.path == str(exe) for m in info.mappings)
+        leaves = {leaf_name(profiler.symbolizer.symbolize_user(pid, s.user_addrs))
+                  for s in interval.stacks if s.tgid == pid}
+        if "spin_short_lived" not in leaves:
+            unsymbolized.append((pid, leaves))
+    assert not missing, missing
+    assert not unsymbolized, unsymbolized
+
+
+@pytest.mark.bpf
+def test_deleted_binary_and_exec_are_followed(profiler, tmp_path):
+    exe = build(tmp_path, "short_lived", SHORT_LIVED_C, "-O2", "-fno-omit-frame-pointer")
+    doomed = tmp_path / "doomed"
+    shutil.copy(exe, doomed)
+    # A python process spins first (so it is announced as python), then execs the binary,
+    # which is unlinked while it runs: exec must re-announce it, and symbols must still be read.
+    code = textwrap.dedent(f"""
+        import os, time
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            pass
+        os.execv({str(doomed)!r}, [{str(doomed)!r}, "0.5"])
+    """)
+    before = profiler.sampler.counters()["exec_events"]
+    profiler.sampler.collect()
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # wait for the exec, then delete the file
+        try:
+            if os.readlink(f"/proc/{proc.pid}/exe") == str(doomed):
+                break
+        except OSError:
+            break
+        time.sleep(0.01)
+    time.sleep(0.1)  # first sample after exec -> re-announced -> snapshot + files pinned
+    doomed.unlink()
+    assert proc.wait() == 0
+    time.sleep(0.05)
+    interval = profiler.sampler.collect()
+    info = profiler.processes.lookup(proc.pid)
+    assert info.exe_path == os.path.realpath(doomed), info  # snapshot taken before the unlink
+    assert profiler.sampler.counters()["exec_events"] > before
+    leaves = collections.Counter()
+    for s in interval.stacks:
+        if s.tgid == proc.pid:
+            leaves[leaf_name(profiler.symbolizer.symbolize_user(proc.pid, s.user_addrs))] += s.count
+    assert leaves["spin_short_lived"] >= 0.4 * HZ * 0.5 * 0.8, leaves
+
+
+@pytest.mark.bpf
+def test_double_buffer_loses_no_samples(profiler, tmp_path):
+    exe = build(tmp_path, "short_lived", SHORT_LIVED_C, "-O2")
+    profiler.sampler.collect()
+    start = profiler.sampler.counters()["samples"]
+    proc = subprocess.Popen([str(exe), "1.5"])
+    collected = 0
+    while proc.poll() is None:
+        time.sleep(0.03)
+        collected += profiler.sampler.collect().sample_count
+    time.sleep(0.05)
+    collected += profiler.sampler.collect().sample_count
+    end = profiler.sampler.counters()["samples"]
+    # Only the few samples counted between a flip and the counters read at either end may be
+    # attributed differently; every sample the BPF program counted must come out of collect().
+    assert abs(collected - (end - start)) <= 4, (collected, end - start)
+    c = profiler.sampler.counters()
+    assert c["map_full"] == 0 and c["lost_events"] == 0 and c["missing_stacks"] == 0, c
+    assert c["intervals"] > 10
+
+
+@pytest.mark.bpf
+def test_compile_error_carries_clang_message(tmp_path):
+    require_bpf()
+    bad = tmp_path / "profile.bpf.c"
+    bad.write_text(BPF_SOURCE.read_text().replace("key.pid = pid;", "key.pid = pid +;"))
+    shutil.copy(BPF_SOURCE.parent / "profile.h", tmp_path / "profile.h")
+    with pytest.raises(BPFCompileError) as err:
+        Sampler(HZ, 1024, 1024, source=bad).start()
+    assert "error: expected expression" in str(err.value)
+    assert "profile.bpf.c" in str(err.value)
+
+
+def test_unprivileged_start_says_what_is_missing():
+    """Without root or CAP_BPF+CAP_PERFMON, start() explains; it does not fail deep in BCC."""
+    code = ("from receivers.profiling.sampler import Sampler, BPFPermissionError\n"
+            "try:\n    Sampler(97, 1024, 1024).start()\n"
+            "except BPFPermissionError as e:\n    print('DENIED', e)\n")
+    if os.geteuid() != 0:
+        argv = [sys.executable, "-c", code]
+    elif shutil.which("setpriv"):
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-c", code]
+    else:
+        pytest.skip("root without setpriv: cannot drop privileges")
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert out.stdout.startswith("DENIED"), out
+    assert "CAP_BPF" in out.stdout and "CAP_PERFMON" in out.stdout
+
+
+def test_missing_kernel_headers_say_how_to_install():
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare to hide the headers in a private mount namespace")
+    release = os.uname().release
+    code = ("from receivers.profiling.sampler import Sampler, KernelHeadersMissingError\n"
+            "try:\n    Sampler(97, 1024, 1024).start()\n"
+            "except KernelHeadersMissingError as e:\n    print('NOHEADERS', e)\n")
+    script = (f"mount -t tmpfs none /lib/modules/{release} && "
+              f"exec {sys.executable} -c \"$0\"")
+    env = {k: v for k, v in os.environ.items() if k != "BCC_KERNEL_SOURCE"}
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                          code], capture_output=True, text=True, cwd=REPO, env=env, timeout=30)
+    if "NOHEADERS" not in out.stdout and "mount" in out.stderr:
+        pytest.skip(f"cannot mount in a private namespace here: {out.stderr.strip()}")
+    assert out.stdout.startswith("NOHEADERS"), out
+    assert f"linux-headers-{release}" in out.stdout and "/lib/modules/" in out.stdout
+
+
+def test_counter_names_come_from_the_header_and_warnings_name_the_setting():
+    from receivers.profiling.sampler import USER_COUNTERS, counter_warnings, read_counter_names
+
+    names = read_counter_names()
+    assert names[:3] == ["samples", "map_full", "kernel_stack_efault"]
+    sampler = Sampler(HZ, 1024, 1024)  # not started: counters are zero, keys are complete
+    assert list(sampler.counters()) == names + list(USER_COUNTERS)
+    assert set(sampler.counters().values()) == {0}
+    sampler.close()
+    before = dict.fromkeys(names + list(USER_COUNTERS), 0)
+    after = {**before, "samples": 100, "map_full": 3, "user_stack_collision": 2,
+             "lost_events": 1}
+    text = " | ".join(counter_warnings(before, after))
+    assert text.count("map_scale_factor") == 2 and "1 new-process" in text
+    assert counter_warnings(after, after) == []
+    few = {**before, "samples": 1000, "kernel_stack_collision": 3}  # 0.3%: normal, no warning
+    assert counter_warnings(before, few) == []

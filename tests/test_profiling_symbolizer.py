@@ -1,0 +1,284 @@
+"""Symbolizer against real binaries: each test program prints the runtime addresses of its own
+functions, and the symbolizer must name them from the process's mappings and ELF files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from receivers.profiling.processes import ProcessTable
+from receivers.profiling.symbolizer import (
+    KernelSymbols,
+    Symbolizer,
+    demangle,
+    parse_build_id_notes,
+)
+
+PROGRAM_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((noinline)) int target_function(int x) { return x * 7 + 1; }
+#ifdef WITH_LIB
+void *lib_function_address(void);
+#endif
+int main(void) {
+    printf("%lx\n", (unsigned long)&target_function);
+#ifdef WITH_LIB
+    printf("%lx\n", (unsigned long)lib_function_address());
+#endif
+    fflush(stdout);
+    char c;
+    read(0, &c, 1);  /* until the test closes stdin */
+    return target_function(0) == 1 ? 0 : 1;
+}
+"""
+
+LIB_C = r"""
+__attribute__((noinline)) static int lib_static_function(int x) { return x + 3; }
+void *lib_function_address(void) { return (void *)&lib_static_function; }
+int lib_use(int x) { return lib_static_function(x); }
+"""
+
+PROGRAM_CXX = r"""
+#include <cstdio>
+#include <unistd.h>
+namespace outer {
+template <typename T> struct Box {
+    __attribute__((noinline)) T compute(T x, double y) { return x * 2 + (T)y; }
+};
+}
+int main() {
+    auto fn = &outer::Box<int>::compute;
+    outer::Box<int> box;
+    union { decltype(fn) member; unsigned long addr; } u;
+    u.member = fn;
+    std::printf("%lx\n", u.addr);
+    std::fflush(stdout);
+    char c;
+    read(0, &c, 1);
+    return (box.*fn)(1, 2.0) == 4 ? 0 : 1;
+}
+"""
+
+
+def need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed")
+
+
+def compile_c(tmp: Path, name: str, source: str, *flags: str, cxx: bool = False) -> Path:
+    compiler = "g++" if cxx else "gcc"
+    need(compiler)
+    src = tmp / (name + (".cc" if cxx else ".c"))
+    src.write_text(source)
+    out = tmp / name
+    subprocess.run([compiler, "-O2", str(src), "-o", str(out), *flags], check=True,
+                   capture_output=True)
+    return out
+
+
+def build_id_of(path: Path) -> str:
+    with open(path, "rb") as f:
+        for note in ELFFile(f).get_section_by_name(".note.gnu.build-id").iter_notes():
+            return note["n_desc"]
+    raise AssertionError("no build id")
+
+
+class Running:
+    """A started test program and the addresses it printed."""
+
+    def __init__(self, exe: Path, lines: int = 1, env=None) -> None:
+        self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+        self.addrs = [int(self.proc.stdout.readline(), 16) for _ in range(lines)]
+        self.pid = self.proc.pid
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        assert self.proc.wait(10) == 0
+
+
+@pytest.fixture
+def table():
+    return ProcessTable()
+
+
+@pytest.mark.parametrize("flags", [["-fPIE", "-pie"], ["-fno-pie", "-no-pie"]],
+                         ids=["pie", "non-pie"])
+def test_executable_function(tmp_path, table, flags):
+    exe = compile_c(tmp_path, "prog", PROGRAM_C, *flags)
+    run = Running(exe)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+        sym = Symbolizer(table)
+        addr = run.addrs[0]
+        [leaf] = sym.symbolize_user(run.pid, [addr + 2])
+        assert (leaf.name, leaf.offset, leaf.kind) == ("target_function", 2, "native")
+        assert leaf.file == str(exe) and leaf.build_id == build_id_of(exe)
+        assert leaf.mapping_start <= addr + 2 < leaf.mapping_limit
+        # the ELF address is what `nm` shows: stable across runs and ASLR
+        with open(exe, "rb") as f:
+            symtab = ELFFile(f).get_section_by_name(".symtab")
+            [nm] = [s["st_value"] for s in symtab.iter_symbols() if s.name == "target_function"]
+        assert leaf.file_address == nm + 2
+        # a caller frame holds a return address: looked up at address - 1, so the address just
+        # past target_function's end still belongs to target_function
+        size = [s["st_size"] for s in ELFFile(open(exe, "rb")).get_section_by_name(".symtab")
+                .iter_symbols() if s.name == "target_function"][0]
+        frames = sym.symbolize_user(run.pid, [addr, addr + size])
+        assert [f.name for f in frames] == ["target_function", "target_function"]
+    finally:
+        run.stop()
+
+
+def test_shared_library_static_function_and_file_cache(tmp_path, table):
+    lib = compile_c(tmp_path, "libthing.so", LIB_C, "-shared", "-fPIC")
+    exe = compile_c(tmp_path, "prog", PROGRAM_C, "-DWITH_LIB", f"-L{tmp_path}", "-lthing",
+                    f"-Wl,-rpath,{tmp_path}")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
+    runs = [Running(exe, lines=2, env=env) for _ in range(2)]
+    try:
+        sym = Symbolizer(table)
+        for run in runs:
+            table.on_new_process(run.pid, run.pid, "prog")
+            frames = sym.symbolize_user(run.pid, [run.addrs[1], run.addrs[0] + 1])
+            assert frames[0].name == "lib_static_function" and frames[0].file == str(lib)
+            assert frames[0].build_id == build_id_of(lib)
+            assert frames[0].mapping_offset <= frames[0].file_address
+            assert frames[1].name == "target_function"
+        # two processes, one parse per file; the second process hit the address cache
+        assert sym.stats["files_parsed"] == 2, sym.stats
+        assert sym.stats["address_cache_hits"] >= 2
+    finally:
+        for run in runs:
+            run.stop()
+
+
+def test_stripped_binary_with_debuglink(tmp_path, table):
+    need("objcopy")
+    exe = compile_c(tmp_path, "prog", PROGRAM_C, "-g")
+    subprocess.run(["objcopy", "--only-keep-debug", exe, f"{exe}.debug"], check=True)
+    subprocess.run(["strip", "--strip-all", exe], check=True)
+    subprocess.run(["objcopy", f"--add-gnu-debuglink={exe}.debug", exe], check=True, cwd=tmp_path)
+    run = Running(exe)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+        sym = Symbolizer(table, debug_dirs=[str(tmp_path / "nowhere")])
+        [frame] = sym.symbolize_user(run.pid, [run.addrs[0]])
+        assert frame.name == "target_function" and frame.build_id == build_id_of(exe)
+    finally:
+        run.stop()
+
+
+def test_stripped_binary_with_build_id_debug_dir(tmp_path, table):
+    need("objcopy")
+    exe = compile_c(tmp_path, "prog", PROGRAM_C, "-g")
+    bid = build_id_of(exe)
+    debug_dir = tmp_path / "debug"
+    target = debug_dir / ".build-id" / bid[:2] / f"{bid[2:]}.debug"
+    target.parent.mkdir(parents=True)
+    subprocess.run(["objcopy", "--only-keep-debug", exe, target], check=True)
+    subprocess.run(["strip", "--strip-all", exe], check=True)
+    run = Running(exe)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+        [frame] = Symbolizer(table, debug_dirs=[str(debug_dir)]).symbolize_user(
+            run.pid, [run.addrs[0]])
+        assert frame.name == "target_function"
+        # without the debug file the function has no symbol, but the frame keeps its mapping
+        [bare] = Symbolizer(table, debug_dirs=[]).symbolize_user(run.pid, [run.addrs[0]])
+        assert bare.name is None and bare.file == str(exe) and bare.build_id == bid
+        assert bare.mapping_start <= run.addrs[0] < bare.mapping_limit
+    finally:
+        run.stop()
+
+
+def test_cplusplus_names_are_demangled(tmp_path, table):
+    exe = compile_c(tmp_path, "prog", PROGRAM_CXX, cxx=True)
+    run = Running(exe)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+        [frame] = Symbolizer(table).symbolize_user(run.pid, [run.addrs[0]])
+        assert frame.name == "outer::Box<int>::compute(int, double)"
+    finally:
+        run.stop()
+    assert demangle("_ZN3foo3barEv") == "foo::bar()"
+    assert demangle("not_mangled") == "not_mangled"
+    assert demangle("_Zbroken") == "_Zbroken"
+
+
+def test_files_stay_readable_after_exit_and_delete(tmp_path, table):
+    exe = compile_c(tmp_path, "prog", PROGRAM_C)
+    sym = Symbolizer(table)  # registers itself: files of new snapshots get pinned
+    run = Running(exe)
+    table.on_new_process(run.pid, run.pid, "prog")
+    assert sym.stats["files_pinned"] >= 1
+    run.stop()
+    exe.unlink()
+    [frame] = sym.symbolize_user(run.pid, [run.addrs[0]])
+    assert frame.name == "target_function"
+
+
+def test_unknown_process_and_unmapped_address(table):
+    sym = Symbolizer(table)
+    assert sym.symbolize_user(999_999_999, [0x1234]) == [sym.symbolize_user(999_999_999,
+                                                                            [0x1234])[0]]
+    [frame] = sym.symbolize_user(999_999_999, [0x1234])
+    assert frame.name is None and frame.file is None and frame.kind == "native"
+    table.on_new_process(os.getpid(), os.getpid(), "pytest")
+    [frame] = sym.symbolize_user(os.getpid(), [0x10])
+    assert frame.name is None and frame.file is None
+
+
+def test_kernel_symbols_from_kallsyms():
+    ks = KernelSymbols()
+    ks.load()
+    if not ks.available:
+        pytest.skip("kallsyms addresses are hidden (kernel.kptr_restrict)")
+    wanted = {}
+    with open("/proc/kallsyms") as f:
+        for line in f:
+            addr, kind, name = line.split()[:3]
+            if name in ("do_syscall_64", "schedule") and kind in "Tt":
+                wanted[name] = int(addr, 16)
+    sym = Symbolizer()
+    frames = sym.symbolize_kernel([wanted["do_syscall_64"] + 5, wanted["schedule"] + 1])
+    assert [(f.name, f.offset) for f in frames] == [("do_syscall_64", 5), ("schedule", 1)]
+    assert all(f.kind == "kernel" and f.file == "[kernel.kallsyms]" for f in frames)
+    notes = open("/sys/kernel/notes", "rb").read() if os.path.exists("/sys/kernel/notes") else b""
+    assert frames[0].build_id == (parse_build_id_notes(notes) if notes else None)
+    # a user-space address is not a kernel symbol
+    assert sym.symbolize_kernel([0x400000])[0].name is None
+
+
+def test_kallsyms_parsing_modules_aliases_and_bounds(tmp_path):
+    """The kallsyms format itself (this machine's kernel has no modules to look at)."""
+    (tmp_path / "kallsyms").write_text(
+        "ffffffff81000000 T _stext\n"
+        "ffffffff81000000 T startup_64\n"
+        "ffffffff81000100 t __pfx_do_thing\n"
+        "ffffffff81000110 T do_thing\n"
+        "ffffffff81000200 D some_data\n"
+        "ffffffff81000300 T _etext\n"
+        "ffffffffc0100000 t ext4_fill_super\t[ext4]\n"
+        "ffffffffc0100400 T ext4_iget\t[ext4]\n"
+        "ffffffffc0200000 t bpf_prog_6deef7357e7b4530_on_cpu_sample\t[bpf]\n"
+    )
+    (tmp_path / "modules").write_text("ext4 4096 1 - Live 0xffffffffc0100000\n")
+    ks = KernelSymbols(str(tmp_path / "kallsyms"), str(tmp_path / "modules"), str(tmp_path))
+    ks.load()
+    look = lambda a: (ks.lookup(a).name, ks.lookup(a).offset, ks.lookup(a).file)  # noqa: E731
+    assert look(0xFFFFFFFF81000000) == ("startup_64", 0, "[kernel.kallsyms]")  # not _stext
+    assert look(0xFFFFFFFF81000115) == ("do_thing", 5, "[kernel.kallsyms]")
+    assert look(0xFFFFFFFF81000250) == ("do_thing", 0x140, "[kernel.kallsyms]")  # data skipped
+    assert look(0xFFFFFFFF81000400)[0] is None  # past _etext
+    assert look(0xFFFFFFFFC0100404) == ("ext4_iget", 4, "[ext4]")
+    assert look(0xFFFFFFFFC0101000)[0] is None  # past the end of the module
+    assert look(0xFFFFFFFFC0200010)[2] == "[bpf]"
+    frame = ks.lookup(0xFFFFFFFFC0100010)
+    assert (frame.mapping_start, frame.mapping_limit) == (0xFFFFFFFFC0100000, 0xFFFFFFFFC0101000)
