@@ -15,7 +15,7 @@ from pycollector.pdata import ITEM_NAMES, item_count, signal_of
 from pycollector.telemetry import ComponentTelemetry
 
 
-class _Counters:
+class ItemCounters:
     """Per-signal counters named ``<prefix>_<outcome>_<items>``, created on first use."""
 
     def __init__(self, telemetry: ComponentTelemetry, prefix: str, what: str):
@@ -37,7 +37,7 @@ class ReceiverObserver:
 
     def __init__(self, next_consumer: Consumer, telemetry: ComponentTelemetry):
         self.next_consumer = next_consumer
-        self._counters = _Counters(telemetry, "otelcol_receiver", "the receiver pushed into the pipeline and that were")
+        self._counters = ItemCounters(telemetry, "otelcol_receiver", "the receiver pushed into the pipeline and that were")
         self.signals = getattr(next_consumer, "signals", None)
 
     def consume(self, data: Any) -> None:
@@ -83,7 +83,7 @@ class ExporterObserver:
 
     def __init__(self, exporter: Any, telemetry: ComponentTelemetry):
         self.exporter = exporter
-        self._counters = _Counters(telemetry, "otelcol_exporter", "the exporter")
+        self._counters = ItemCounters(telemetry, "otelcol_exporter", "the exporter")
 
     def consume(self, data: Any) -> None:
         signal, count = signal_of(data), item_count(data)

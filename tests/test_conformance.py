@@ -15,6 +15,7 @@ NEEDS_BPF = {("receivers", "profiling")}
 CONFIG_FOR_TEST = {
     ("exporters", "sample_counts"): lambda tmp_path: {"path": str(tmp_path / "counts.csv")},
     ("receivers", "profiling"): lambda tmp_path: {"reporter_interval": "200ms"},
+    ("receivers", "otlp"): lambda tmp_path: {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}},
 }
 
 

@@ -1,0 +1,66 @@
+"""Settings of the otlp_grpc exporter, named and defaulted as the Go ``otlp`` exporter's.
+
+Go has no default endpoint; this one defaults to the OTLP/gRPC port on this host, as the
+OpenTelemetry SDKs do. As in Go, TLS is on unless ``tls::insecure`` is set (or forced by an
+``https://`` endpoint).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from pycollector.config.types import NonNegativeDuration
+from pycollector.component import ComponentConfig
+from pycollector.exporterhelper import QueueSettings, RetrySettings
+from pycollector.exporterhelper.tls import ClientTLSSettings
+
+DEFAULT_ENDPOINT = "localhost:4317"
+DEFAULT_COMPRESSION = "gzip"
+DEFAULT_TIMEOUT = 5.0
+DEFAULT_BALANCER_NAME = "round_robin"
+
+
+class OtlpGrpcConfig(ComponentConfig):
+    endpoint: str = DEFAULT_ENDPOINT
+    tls: ClientTLSSettings = ClientTLSSettings()
+    headers: dict[str, str] = {}
+    # "" and "none" both send uncompressed, as in Go. gRPC in Python has no zstd or snappy.
+    compression: Literal["gzip", "deflate", "none", ""] = DEFAULT_COMPRESSION
+    # How long one export call may take; 0 waits as long as it takes.
+    timeout: NonNegativeDuration = DEFAULT_TIMEOUT
+    # Wait for the connection to be ready instead of failing the call at once while it is down.
+    wait_for_ready: bool = False
+    balancer_name: Literal["round_robin", "pick_first"] = DEFAULT_BALANCER_NAME
+    # Overrides the :authority header (the virtual host a proxy routes by).
+    authority: str = ""
+    retry_on_failure: RetrySettings = RetrySettings()
+    sending_queue: QueueSettings = QueueSettings()
+
+    @pydantic.field_validator("endpoint")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        if value.startswith("unix:"):
+            return value
+        target = _without_scheme(value)
+        host, colon, port = target.rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ValueError(f"expected host:port (optionally after http:// or https://), e.g. '{DEFAULT_ENDPOINT}'")
+        return value
+
+    def target(self) -> str:
+        """The address gRPC dials: the endpoint without an http(s):// or dns:/// prefix."""
+        return _without_scheme(self.endpoint)
+
+    def uses_tls(self) -> bool:
+        # Go: plaintext only when `insecure` is set and no CA is given, unless https:// says TLS.
+        plaintext = self.tls.insecure and not self.tls.ca_file
+        return self.endpoint.startswith("https://") or not plaintext
+
+
+def _without_scheme(endpoint: str) -> str:
+    for prefix in ("https://", "http://", "dns:///", "dns://"):
+        if endpoint.startswith(prefix):
+            return endpoint[len(prefix):]
+    return endpoint

@@ -1,0 +1,93 @@
+"""The otlp_grpc exporter: one channel, one Export call per queued message.
+
+A failed call is retried when its status says the backend may take the data later, as the Go
+exporter decides: UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, CANCELLED, OUT_OF_RANGE, DATA_LOSS, and
+RESOURCE_EXHAUSTED only when the server attached a RetryInfo (without one, it means the request
+itself is too large and never will fit). A RetryInfo delay is waited for. Any other status drops
+the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from pycollector.component import PermanentError, Settings
+from pycollector.exporterhelper import RetryableSendError
+from pycollector.exporterhelper.otlp import OTLP_SIGNALS, retry_delay, status_from_trailers
+from pycollector.exporterhelper.otlp.exporter import OtlpExporter
+from pycollector.logs import log_once
+
+from exporters.otlp_grpc.config import OtlpGrpcConfig
+
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+_COMPRESSION = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}
+
+
+class OtlpGrpcExporter(OtlpExporter):
+    config: OtlpGrpcConfig
+
+    def __init__(self, settings: Settings, config: OtlpGrpcConfig):
+        super().__init__(settings, config)
+        self.id = str(settings.id)
+        self._channel: grpc.Channel | None = None
+        self._calls: dict[str, Any] = {}
+        self._metadata = tuple((key.lower(), value) for key, value in config.headers.items())
+
+    def _open(self) -> None:
+        config = self.config
+        options = [("grpc.lb_policy_name", config.balancer_name)]
+        if config.authority:
+            options.append(("grpc.default_authority", config.authority))
+        compression = _COMPRESSION.get(config.compression, grpc.Compression.NoCompression)
+        if config.uses_tls():
+            if config.tls.server_name_override:
+                options.append(("grpc.ssl_target_name_override", config.tls.server_name_override))
+            if config.tls.insecure_skip_verify:
+                log_once(self.log, ("insecure_skip_verify", self.id), "warning", "not supported by grpcio: the server certificate is still verified; name its CA in tls::ca_file", setting="tls::insecure_skip_verify")
+            files = config.tls.read_files()
+            credentials = grpc.ssl_channel_credentials(root_certificates=files.ca, private_key=files.key, certificate_chain=files.cert)
+            self._channel = grpc.secure_channel(config.target(), credentials, options=options, compression=compression)
+        else:
+            self._channel = grpc.insecure_channel(config.target(), options=options, compression=compression)
+        self._calls = {
+            signal: self._channel.unary_unary(otlp.grpc_method, request_serializer=_serialize, response_deserializer=otlp.response_type.FromString)
+            for signal, otlp in OTLP_SIGNALS.items()
+        }
+
+    def _export(self, signal: str, data: Any) -> Message:
+        try:
+            return self._calls[signal](data, timeout=self.config.timeout or None, metadata=self._metadata, wait_for_ready=self.config.wait_for_ready)
+        except grpc.RpcError as error:
+            raise _classify(error) from None
+
+    def _close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+def _serialize(data: Message) -> bytes:
+    # A *Data message has the wire form of its Export request: sent as is.
+    return data.SerializeToString()
+
+
+def _classify(error: grpc.RpcError) -> Exception:
+    code, details = error.code(), error.details()
+    status = status_from_trailers(error.trailing_metadata())
+    delay = retry_delay(status) if status is not None else None
+    message = f"{code.name}: {details}"
+    if code in RETRYABLE_CODES or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None):
+        return RetryableSendError(message, retry_after=delay)
+    return PermanentError(message)

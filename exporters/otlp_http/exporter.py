@@ -1,0 +1,110 @@
+"""The otlp_http exporter: one POST per queued message, on a pooled requests session.
+
+As the Go exporter: 429, 502, 503 and 504 are retried, waiting at least what Retry-After says;
+any other status drops the data. A request that never got an answer (connection refused, reset,
+timed out) is retried.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from typing import Any
+
+import requests
+from google.protobuf.message import Message
+from google.rpc import status_pb2
+from requests.adapters import HTTPAdapter
+
+from pycollector.component import PermanentError, Settings
+from pycollector.exporterhelper import RetryableSendError
+from pycollector.exporterhelper.otlp import ENCODINGS, OTLP_SIGNALS, encoding_of
+from pycollector.exporterhelper.otlp.exporter import OtlpExporter
+
+from exporters.otlp_http.config import OtlpHttpConfig
+from exporters.otlp_http.retry_after import parse_retry_after
+
+RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+_COMPRESSORS = {"gzip": gzip.compress, "deflate": zlib.compress}
+# How much of an error body that is not a google.rpc.Status goes into the log line.
+_ERROR_TEXT_LIMIT = 200
+
+
+class OtlpHttpExporter(OtlpExporter):
+    config: OtlpHttpConfig
+
+    def __init__(self, settings: Settings, config: OtlpHttpConfig):
+        super().__init__(settings, config)
+        self._encoding = ENCODINGS[config.encoding]
+        self._compress = _COMPRESSORS.get(config.compression)
+        self._urls = {signal: config.signal_url(signal) for signal in OTLP_SIGNALS}
+        self._session: requests.Session | None = None
+        # Given on every request: requests lets REQUESTS_CA_BUNDLE override a session's own verify.
+        self._verify = False if config.tls.insecure_skip_verify else (config.tls.ca_file or True)
+        self._client_cert = (config.tls.cert_file, config.tls.key_file) if config.tls.cert_file else None
+
+    def _open(self) -> None:
+        config = self.config
+        config.tls.read_files()  # a missing file stops the start, naming its key
+        session = requests.Session()
+        # One pooled connection per consumer thread; retries are the sending queue's job.
+        adapter = _ServerNameAdapter(config.tls.server_name_override, pool_maxsize=config.sending_queue.num_consumers, max_retries=0)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        session.headers.update({"Content-Type": self._encoding.content_type, **config.headers})
+        if self._compress is not None:
+            session.headers["Content-Encoding"] = config.compression
+        self._session = session
+
+    def _export(self, signal: str, data: Any) -> Message:
+        url = self._urls[signal]
+        body = self._encoding.encode(data)
+        if self._compress is not None:
+            body = self._compress(body)
+        try:
+            response = self._session.post(url, data=body, timeout=self.config.timeout or None, verify=self._verify, cert=self._client_cert)
+        except requests.RequestException as error:
+            raise RetryableSendError(f"no answer from {url}: {error}") from None
+        response_type = OTLP_SIGNALS[signal].response_type
+        if 200 <= response.status_code < 300:
+            return _decode(response, response_type) or response_type()
+        message = f"{url} answered HTTP {response.status_code}: {_error_text(response)}"
+        if response.status_code in RETRYABLE_STATUSES:
+            raise RetryableSendError(message, retry_after=parse_retry_after(response.headers.get("Retry-After")))
+        raise PermanentError(message)
+
+    def _close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+
+def _decode(response: requests.Response, message_type: type[Message]) -> Message | None:
+    """The body as ``message_type`` in the encoding the server named; None if empty or unreadable."""
+    encoding = encoding_of(response.headers.get("Content-Type"))
+    if encoding is None or not response.content:
+        return None
+    try:
+        return encoding.decode(response.content, message_type)
+    except ValueError:
+        return None
+
+
+def _error_text(response: requests.Response) -> str:
+    status = _decode(response, status_pb2.Status)
+    if status is not None and status.message:
+        return status.message
+    return response.text[:_ERROR_TEXT_LIMIT] or response.reason or ""
+
+
+class _ServerNameAdapter(HTTPAdapter):
+    """Checks the server certificate against ``server_name_override`` instead of the URL's host."""
+
+    def __init__(self, server_name: str, **kwargs: Any):
+        self._server_name = server_name
+        super().__init__(**kwargs)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        if self._server_name:
+            kwargs.update(server_hostname=self._server_name, assert_hostname=self._server_name)
+        super().init_poolmanager(*args, **kwargs)

@@ -1,0 +1,59 @@
+"""OTLP/JSON: the protobuf JSON mapping, except that trace, span and profile ids are hex.
+
+The OTLP spec writes ``traceId``/``spanId`` as hex strings where protobuf's JSON mapping would use
+base64 (the Go collector does the same for ``profileId``); enums are numbers; unknown fields are
+ignored so newer senders still get through.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Callable
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+# Both spellings: protobuf's JSON parser accepts the proto field names as well as camelCase.
+_HEX_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "profileId", "trace_id", "span_id", "parent_span_id", "profile_id"})
+
+
+def from_json(body: bytes, message_type: type[Message]) -> Message:
+    """Decode OTLP/JSON; ValueError saying what is wrong if it is not valid."""
+    document = json.loads(body)
+    if not isinstance(document, dict):
+        raise ValueError(f"expected a JSON object, got {type(document).__name__}")
+    _convert_ids(document, _hex_to_base64)
+    try:
+        return json_format.ParseDict(document, message_type(), ignore_unknown_fields=True)
+    except json_format.ParseError as error:
+        raise ValueError(str(error)) from error
+
+
+def to_json(message: Message) -> bytes:
+    document = json_format.MessageToDict(message, use_integers_for_enums=True)
+    _convert_ids(document, _base64_to_hex)
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _hex_to_base64(text: str) -> str:
+    try:
+        return base64.b64encode(bytes.fromhex(text)).decode()
+    except ValueError:
+        raise ValueError(f"id {text!r} is not hex") from None
+
+
+def _base64_to_hex(text: str) -> str:
+    return base64.b64decode(text).hex()
+
+
+def _convert_ids(node: Any, convert: Callable[[str], str]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _HEX_ID_KEYS and isinstance(value, str):
+                node[key] = convert(value)
+            else:
+                _convert_ids(value, convert)
+    elif isinstance(node, list):
+        for item in node:
+            _convert_ids(item, convert)

@@ -1,0 +1,192 @@
+"""OTLP/HTTP: POST a protobuf or JSON body to a signal's path; the answer is encoded like the request.
+
+Built on the standard library's ThreadingHTTPServer rather than a web framework: OTLP/HTTP is
+four POST routes, the pipeline blocks (a thread per connection fits, as everywhere in the engine),
+and every status code and header the spec asks for is written here by hand, with no dependency
+to install on every node that runs an agent.
+
+Answers, in the order the Go receiver checks: unknown path 404; not POST 405; Content-Type
+neither protobuf nor JSON 415; a body over max_request_body_size 413; a body that cannot be read,
+decompressed or decoded 400; then what the pipeline said (503 with Retry-After when it refused).
+Errors after the encoding is known carry a google.rpc.Status in that encoding.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import ssl
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Iterable
+from urllib.parse import urlsplit
+
+import grpc
+
+from pycollector.component import StartError
+from pycollector.exporterhelper.otlp import OTLP_SIGNALS, Encoding, OtlpSignal, encoding_of
+
+from receivers.otlp.config import HttpServerSettings, split_endpoint
+from receivers.otlp.delivery import Rejection, undecodable
+from receivers.otlp.http_body import BodyError, read_body
+
+# A refusal that names no delay still tells the client when to come back.
+DEFAULT_RETRY_AFTER_SECONDS = 1
+# How often the accepting thread checks for a stop; a stop waits up to this long.
+STOP_POLL_INTERVAL = 0.05
+
+
+class OtlpHttpServer:
+    def __init__(self, settings: HttpServerSettings, signals: Iterable[str], deliver: Callable[..., Rejection | None]):
+        self.settings = settings
+        paths = settings.url_paths()
+        self.routes = {paths[signal]: OTLP_SIGNALS[signal] for signal in signals}
+        self._deliver = deliver
+        self._server: _Server | None = None
+
+    def start(self) -> tuple[str, int]:
+        """Listen and serve; returns the bound (host, port), port 0 in the config being resolved."""
+        host, port = split_endpoint(self.settings.endpoint)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            server = _Server((host, port), family, self)
+        except OSError as error:
+            raise StartError(f"protocols::http::endpoint: cannot listen on {self.settings.endpoint}: {error.strerror or error}") from error
+        if self.settings.tls:
+            server.use_tls(self._tls_context())
+        self._server = server
+        threading.Thread(target=server.serve_forever, args=(STOP_POLL_INTERVAL,), name="otlp-http", daemon=True).start()
+        return host, server.server_address[1]
+
+    def stop(self, grace: float) -> None:
+        """Stop accepting, let requests in flight finish for up to ``grace`` seconds."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server.close_connections(grace)
+        self._server = None
+
+    def _tls_context(self) -> ssl.SSLContext:
+        tls = self.settings.tls
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+            if tls.client_ca_file:
+                context.load_verify_locations(tls.client_ca_file)
+                context.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as error:
+            raise StartError(f"protocols::http::tls: {error}") from error
+        return context
+
+    # -- one request -------------------------------------------------------------------------------
+
+    def handle(self, request: "_Handler") -> None:
+        otlp = self.routes.get(urlsplit(request.path).path)
+        if otlp is None:
+            return request.reply(404, "text/plain", b"404 page not found", close=True)
+        if request.command != "POST":
+            return request.reply(405, "text/plain", b"405 method not allowed, supported: [POST]", close=True, extra={"Allow": "POST"})
+        encoding = encoding_of(request.headers.get("Content-Type"))
+        if encoding is None:
+            message = b"415 unsupported media type, supported: [application/json, application/x-protobuf]"
+            return request.reply(415, "text/plain", message, close=True)
+        try:
+            body = read_body(request.rfile, request.headers, self.settings.max_request_body_size)
+        except BodyError as error:
+            # The body may be partly unread: this connection cannot carry another request.
+            return self._reject(request, encoding, Rejection(_code_for(error.status), error.status, str(error)), close=True)
+        try:
+            data = encoding.decode(body, otlp.data_type)
+        except ValueError as error:
+            return self._reject(request, encoding, undecodable(otlp.signal, error))
+        rejection = self._deliver(data)
+        if rejection is not None:
+            return self._reject(request, encoding, rejection)
+        request.reply(200, encoding.content_type, encoding.encode(otlp.response_type()))
+
+    def _reject(self, request: "_Handler", encoding: Encoding, rejection: Rejection, close: bool = False) -> None:
+        extra = {}
+        if rejection.http_status == 503:
+            seconds = rejection.retry_after if rejection.retry_after is not None else DEFAULT_RETRY_AFTER_SECONDS
+            extra["Retry-After"] = str(max(1, math.ceil(seconds)))
+        request.reply(rejection.http_status, encoding.content_type, encoding.encode(rejection.status()), close=close, extra=extra)
+
+
+def _code_for(http_status: int) -> grpc.StatusCode:
+    return grpc.StatusCode.RESOURCE_EXHAUSTED if http_status == 413 else grpc.StatusCode.INVALID_ARGUMENT
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: exporters send many requests on one connection
+    server: "_Server"
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()  # here, on this connection's thread, not the accepting one
+        super().setup()
+
+    def _dispatch(self) -> None:
+        self.server.otlp.handle(self)
+
+    do_POST = do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _dispatch
+
+    def reply(self, status: int, content_type: str, body: bytes, close: bool = False, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:
+        pass  # the engine counts requests; a log line per request would flood the log
+
+
+class _Server(ThreadingHTTPServer):
+    """Knows its open connections, so a stop can end idle keep-alive ones and wait for busy ones."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], family: int, otlp: OtlpHttpServer):
+        self.address_family = family
+        self.otlp = otlp
+        self._connections: set[socket.socket] = set()
+        self._changed = threading.Condition()
+        super().__init__(address, _Handler)
+
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def process_request(self, request, client_address) -> None:
+        with self._changed:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:
+        with self._changed:
+            self._connections.discard(request)
+            self._changed.notify_all()
+        super().shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that went away or failed its TLS handshake; others are unaffected
+
+    def close_connections(self, grace: float) -> None:
+        """End reading on every connection: idle ones close, busy ones still send their answer."""
+        deadline = time.monotonic() + grace
+        with self._changed:
+            for connection in self._connections:
+                try:
+                    # socket.socket's own shutdown: an SSLSocket's would drop its TLS state mid-answer.
+                    socket.socket.shutdown(connection, socket.SHUT_RD)
+                except OSError:
+                    pass  # already closed by the client
+            while self._connections and (remaining := deadline - time.monotonic()) > 0:
+                self._changed.wait(remaining)

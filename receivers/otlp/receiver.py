@@ -1,0 +1,63 @@
+"""The otlp receiver: runs the gRPC and HTTP servers its config turns on.
+
+It serves only the signals some pipeline takes from it (its next consumer says which), as the Go
+receiver registers only the services of the pipelines it was created for: a client sending another
+signal hears UNIMPLEMENTED (gRPC) or 404 (HTTP) instead of having its data dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pycollector.component import Component, Consumer, Settings
+from pycollector.logs import log_once
+
+from receivers.otlp.config import OtlpReceiverConfig
+from receivers.otlp.delivery import Delivery
+from receivers.otlp.grpc_server import OtlpGrpcServer
+from receivers.otlp.http_server import OtlpHttpServer
+
+# How long a stopping receiver lets requests in flight finish; the pipeline behind it still runs.
+SHUTDOWN_GRACE = 5.0
+
+
+class OtlpReceiver(Component):
+    def __init__(self, settings: Settings, config: OtlpReceiverConfig, next_consumer: Consumer, signals: frozenset[str]):
+        self.log = settings.logger
+        self.id = str(settings.id)
+        self.config = config
+        served = getattr(next_consumer, "signals", None)
+        self.signals = signals if served is None else signals & frozenset(served)
+        self._delivery = Delivery(next_consumer, settings.logger)
+        protocols = config.protocols
+        self._servers: list[Any] = []
+        self.grpc = OtlpGrpcServer(protocols.grpc, self.signals, self._delivery) if protocols.grpc else None
+        self.http = OtlpHttpServer(protocols.http, self.signals, self._delivery) if protocols.http else None
+        # Bound (host, port) of each server once started: with port 0 in the config, the real one.
+        self.grpc_address: tuple[str, int] | None = None
+        self.http_address: tuple[str, int] | None = None
+
+    def start(self, host: Any) -> None:
+        for name, settings in (("grpc", self.config.protocols.grpc), ("http", self.config.protocols.http)):
+            if settings is not None and settings.include_metadata:
+                log_once(self.log, ("include_metadata", self.id, name), "warning", "not implemented yet: client metadata is not passed downstream", setting=f"protocols::{name}::include_metadata")
+        try:
+            if self.grpc is not None:
+                self.grpc_address = self.grpc.start()
+                self._servers.append(self.grpc)
+            if self.http is not None:
+                self.http_address = self.http.start()
+                self._servers.append(self.http)
+        except Exception:
+            self.shutdown()
+            raise
+        self.log.info("otlp receiver listening", grpc=_show(self.grpc_address), http=_show(self.http_address), signals=",".join(sorted(self.signals)))
+
+    def shutdown(self) -> None:
+        while self._servers:
+            self._servers.pop().stop(SHUTDOWN_GRACE)
+        self._delivery.flush()
+
+
+def _show(address: tuple[str, int] | None) -> str:
+    return f"{address[0]}:{address[1]}" if address else "off"

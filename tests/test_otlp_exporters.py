@@ -1,0 +1,214 @@
+"""The otlp_grpc and otlp_http exporters against real backends on loopback, in a running service:
+what the backend does (down, throttling, rejecting, slow) and what the exporter counts and logs."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+
+import grpc
+import pytest
+from google.rpc import status_pb2
+from structlog.testing import capture_logs
+
+from exporters.otlp_grpc.factory import factory as grpc_factory
+from pycollector.registry import Registry
+from pycollector.testing import CapturingConsumer, TestHost, make_settings
+from receivers.otlp.factory import factory as receiver_factory
+
+from tests.test_otlp_support import Answer, GrpcBackend, HttpBackend, a_profile, build_service, component, counter, export_grpc, free_port, sample_tuples
+
+SAMPLES = 3  # per a_profile()
+FAST_RETRY = {"initial_interval": "50ms", "randomization_factor": 0, "max_interval": "200ms", "max_elapsed_time": "10s"}
+LONG_RETRY = {"initial_interval": "30s", "max_interval": "30s", "max_elapsed_time": "5m"}
+
+
+def backend_settings(exporter: str, endpoint: str, **settings) -> dict:
+    if exporter == "otlp_grpc":
+        return {"endpoint": endpoint, "tls": {"insecure": True}, **settings}
+    return {"endpoint": endpoint, **settings}
+
+
+@contextlib.contextmanager
+def running(exporter: str, settings: dict):
+    """otlp receiver (gRPC) -> ``exporter``: yields (service, where to send, exporter labels)."""
+    service = build_service(
+        {
+            "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}}}},
+            "exporters": {exporter: settings},
+            "service": {"pipelines": {"profiles": {"receivers": ["otlp"], "exporters": [exporter]}}},
+        }
+    )
+    service.start()
+    try:
+        host, port = component(service, "receivers", "otlp").grpc_address
+        yield service, f"{host}:{port}", {"exporter": exporter}
+    finally:
+        service.shutdown()
+
+
+def sent(service, labels) -> float:
+    return counter(service, "otelcol_exporter_sent_profile_samples_total", labels)
+
+
+def failed(service, labels) -> float:
+    return counter(service, "otelcol_exporter_send_failed_profile_samples_total", labels)
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.parametrize("exporter, backend_type", [("otlp_grpc", GrpcBackend), ("otlp_http", HttpBackend)])
+def test_backend_down_then_up_within_the_retry_window_loses_nothing(exporter, backend_type):
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}" if exporter == "otlp_grpc" else f"http://127.0.0.1:{port}"
+    with running(exporter, backend_settings(exporter, endpoint, retry_on_failure=FAST_RETRY)) as (service, receiver, labels):
+        sent_profiles = [a_profile(pid=pid) for pid in (1, 2, 3)]
+        for profile in sent_profiles:
+            assert export_grpc(receiver, profile) == grpc.StatusCode.OK  # queued: the client is done
+        time.sleep(0.5)  # every request fails and backs off meanwhile
+        with backend_type(port=port) as backend:
+            assert backend.wait_for(lambda b: len(b.messages) == 3), "the queued requests never arrived"
+            assert wait_for(lambda: sent(service, labels) == 3 * SAMPLES)
+        assert sorted(map(sample_tuples, backend.of("profiles")), key=repr) == sorted(map(sample_tuples, sent_profiles), key=repr)
+        assert failed(service, labels) == 0
+
+
+def test_http_503_retry_after_is_honoured():
+    script = [Answer(status=503, headers={"Retry-After": "1"}), Answer()]
+    with HttpBackend(script) as backend, running("otlp_http", backend_settings("otlp_http", backend.endpoint, retry_on_failure=FAST_RETRY)) as (service, receiver, labels):
+        export_grpc(receiver, a_profile())
+        waited = backend.retry_wait()
+        print(f"Retry-After: 1 -> the exporter waited {waited:.3f}s (its own backoff was 50ms)")
+        assert 1.0 <= waited < 1.5
+        assert wait_for(lambda: sent(service, labels) == SAMPLES)
+
+
+def test_grpc_resource_exhausted_is_retried_after_its_retry_info_and_dropped_without_one():
+    script = [Answer(code=grpc.StatusCode.RESOURCE_EXHAUSTED, retry_after=0.8), Answer(), Answer(code=grpc.StatusCode.RESOURCE_EXHAUSTED)]
+    with GrpcBackend(script) as backend, running("otlp_grpc", backend_settings("otlp_grpc", backend.endpoint, retry_on_failure=FAST_RETRY)) as (service, receiver, labels):
+        export_grpc(receiver, a_profile())
+        waited = backend.retry_wait()
+        print(f"RetryInfo 0.8s -> the exporter waited {waited:.3f}s")
+        assert 0.8 <= waited < 1.3
+        export_grpc(receiver, a_profile())
+        assert wait_for(lambda: failed(service, labels) == SAMPLES)
+        time.sleep(0.3)
+        assert len(backend.attempt_times) == 3, "RESOURCE_EXHAUSTED without RetryInfo must not be retried"
+
+
+def test_http_400_is_dropped_counted_and_logged_once():
+    body = status_pb2.Status(code=3, message="profile has no sample type").SerializeToString()
+    script = [Answer(status=400, headers={"Content-Type": "application/x-protobuf"}, body=body)]
+    with capture_logs() as logged, HttpBackend(script) as backend:
+        with running("otlp_http", backend_settings("otlp_http", backend.endpoint, retry_on_failure=FAST_RETRY)) as (service, receiver, labels):
+            export_grpc(receiver, a_profile())
+            assert wait_for(lambda: failed(service, labels) == SAMPLES)
+            time.sleep(0.3)
+            assert len(backend.attempt_times) == 1, "a 400 must not be retried"
+            assert sent(service, labels) == 0
+    drops = [entry for entry in logged if entry["event"] == "exporting failed; dropping data"]
+    assert len(drops) == 1, drops
+    assert drops[0]["items"] == SAMPLES and "HTTP 400" in drops[0]["error"] and "profile has no sample type" in drops[0]["error"]
+
+
+def test_a_slow_backend_fills_the_queue_and_what_did_not_fit_is_counted():
+    queue = {"num_consumers": 1, "queue_size": 2}
+    with GrpcBackend() as backend, running("otlp_grpc", backend_settings("otlp_grpc", backend.endpoint, sending_queue=queue, timeout="30s")) as (service, receiver, labels):
+        backend.gate.clear()  # the backend holds every request until the gate opens
+        assert export_grpc(receiver, a_profile()) == grpc.StatusCode.OK
+        assert backend.wait_for(lambda b: b.in_flight == 1)  # the only consumer is now busy
+        answers = [export_grpc(receiver, a_profile()) for _ in range(9)]
+        assert answers == [grpc.StatusCode.OK] * 2 + [grpc.StatusCode.UNAVAILABLE] * 7  # refused: the client may retry
+        enqueue_failed = counter(service, "otelcol_exporter_enqueue_failed_profile_samples_total", labels)
+        print(f"enqueue_failed_profile_samples = {enqueue_failed:g} (7 requests of {SAMPLES} samples)")
+        assert enqueue_failed == 7 * SAMPLES
+        assert counter(service, "otelcol_receiver_refused_profile_samples_total", {"receiver": "otlp"}) == 7 * SAMPLES
+        assert service.telemetry.sample("otelcol_exporter_queue_size", labels) == 2
+        assert service.telemetry.sample("otelcol_exporter_queue_capacity", labels) == 2
+        backend.gate.set()
+        assert wait_for(lambda: sent(service, labels) == 3 * SAMPLES)
+        assert failed(service, labels) == 0
+
+
+def test_shutdown_during_a_long_backoff_returns_at_once_and_counts_the_loss():
+    with GrpcBackend([Answer(code=grpc.StatusCode.UNAVAILABLE)]) as backend:
+        with running("otlp_grpc", backend_settings("otlp_grpc", backend.endpoint, retry_on_failure=LONG_RETRY)) as (service, receiver, labels):
+            export_grpc(receiver, a_profile())
+            assert backend.wait_for(lambda b: len(b.attempt_times) == 1)
+            time.sleep(0.2)  # now in a backoff of about 30 s
+            began = time.monotonic()
+            service.shutdown()
+            took = time.monotonic() - began
+            print(f"shutdown during a 30s backoff took {took:.3f}s")
+            assert took < 1.0
+            assert failed(service, labels) == SAMPLES
+
+
+def test_partial_success_is_logged_with_its_rejected_count():
+    with capture_logs() as logged, GrpcBackend([Answer(rejected=2)]) as backend:
+        with running("otlp_grpc", backend_settings("otlp_grpc", backend.endpoint)) as (service, receiver, labels):
+            export_grpc(receiver, a_profile())
+            assert wait_for(lambda: sent(service, labels) == SAMPLES)
+    [partial] = [entry for entry in logged if entry["event"] == "partial success: the backend rejected items"]
+    assert (partial["items"], partial["message"], partial["signal"]) == (2, "scripted partial success", "profiles")
+
+
+def test_without_a_queue_the_outcome_reaches_the_sender():
+    script = [Answer(status=503), Answer(status=400)]
+    settings = {"sending_queue": {"enabled": False}, "retry_on_failure": {"enabled": False}}
+    with HttpBackend(script) as backend, running("otlp_http", backend_settings("otlp_http", backend.endpoint, **settings)) as (service, receiver, labels):
+        assert export_grpc(receiver, a_profile()) == grpc.StatusCode.UNAVAILABLE
+        assert export_grpc(receiver, a_profile()) == grpc.StatusCode.INVALID_ARGUMENT
+        assert failed(service, labels) == 2 * SAMPLES
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    """A self-signed certificate for the name otlp.test (the tests dial 127.0.0.1 and override it)."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "server.crt", folder / "server.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+         "-subj", "/CN=otlp.test", "-addext", "subjectAltName=DNS:otlp.test", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    return str(cert), str(key)
+
+
+@pytest.mark.parametrize("exporter", ["otlp_grpc", "otlp_http"])
+def test_tls_with_a_private_ca_and_server_name_override(certificate, exporter):
+    cert, key = certificate
+    tls = {"cert_file": cert, "key_file": key}
+    config = receiver_factory.config_model.model_validate({"protocols": {"grpc": {"endpoint": "127.0.0.1:0", "tls": tls}, "http": {"endpoint": "127.0.0.1:0", "tls": tls}}})
+    consumer = CapturingConsumer()
+    receiver = receiver_factory.create(make_settings("receivers", "otlp"), config, consumer)
+    receiver.start(TestHost())
+    try:
+        address = receiver.grpc_address if exporter == "otlp_grpc" else receiver.http_address
+        endpoint = "{}:{}".format(*address) if exporter == "otlp_grpc" else "https://{}:{}".format(*address)
+        exporter_factory = Registry().load("exporters", exporter).factory
+        settings = exporter_factory.config_model.model_validate({"endpoint": endpoint, "tls": {"ca_file": cert, "server_name_override": "otlp.test"}})
+        instance = exporter_factory.create(make_settings("exporters", exporter), settings, None)
+        instance.start(TestHost())
+        instance.consume(a_profile())
+        assert consumer.wait_for(lambda c: len(c.messages) == 1, timeout=10)
+        instance.shutdown()
+    finally:
+        receiver.shutdown()
+    assert sample_tuples(consumer.messages[0]) == sample_tuples(a_profile())
+
+
+def test_grpc_insecure_skip_verify_is_said_to_be_unsupported():
+    exporter = grpc_factory.create(make_settings("exporters", "otlp_grpc/skip"), grpc_factory.config_model.model_validate({"tls": {"insecure_skip_verify": True}}), None)
+    with capture_logs() as logged:
+        exporter.start(TestHost())
+        exporter.shutdown()
+    assert [entry["setting"] for entry in logged if entry["event"].startswith("not supported by grpcio")] == ["tls::insecure_skip_verify"]
