@@ -51,6 +51,17 @@ def test_normal_lists_each_process_and_its_top_functions():
     assert 'process.executable.name="other app"' in text
 
 
+def test_normal_sums_unsymbolized_addresses_per_binary():
+    builder = ProfilesBuilder()
+    mapping = builder.mapping(0x1000, 0x9000, 0, "/usr/bin/python3.11")
+    profile = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 1})))
+    for address in (0x1100, 0x1200, 0x1300):
+        builder.sample(profile, builder.stack([builder.location(mapping, address)]), [2])
+    lines = render("normal", builder.data).splitlines()
+    assert lines[2].split() == ["6", "100.0%", "(no", "symbol)", "[python3.11]"]
+    assert len(lines) == 3
+
+
 def test_detailed_prints_every_sample_and_its_stack_leaf_first():
     text = render("detailed", two_process_profile())
     assert "    Sample #0  values=[30]  thread.id=10 thread.name=app" in text

@@ -136,13 +136,14 @@ def _profile_line(data: Any, profile: Any, index: int, views: list) -> str:
 
 
 def _top_functions(views: list, limit: int) -> list[str]:
-    """The functions the samples were in (leaf frame), heaviest first, with their share."""
+    """The functions the samples were in (leaf frame), heaviest first, with their share.
+
+    Addresses with no symbol (a stripped binary) are summed per binary: one line saying where
+    the time went, rather than one line per address.
+    """
     self_values: collections.Counter = collections.Counter()
     for view in views:
-        leaf = view.frames[0] if view.frames else None
-        name = (leaf.function or f"0x{leaf.address:x}") if leaf else "(no frames)"
-        where = f"  [{leaf.mapping_filename.rsplit('/', 1)[-1]}]" if leaf and leaf.mapping_filename else ""
-        self_values[name + where] += sum(view.values)
+        self_values[_leaf_label(view.frames[0] if view.frames else None)] += sum(view.values)
     total = sum(self_values.values()) or 1
     lines = []
     for name, value in self_values.most_common(limit):
@@ -151,6 +152,15 @@ def _top_functions(views: list, limit: int) -> list[str]:
         rest = total - sum(value for _, value in self_values.most_common(limit))
         lines.append(f"    {rest:>8}  {100 * rest / total:5.1f}%  ({len(self_values) - limit} more functions)")
     return lines
+
+
+def _leaf_label(leaf) -> str:
+    if leaf is None:
+        return "(no frames)"
+    binary = leaf.mapping_filename.rsplit("/", 1)[-1]
+    if not leaf.function:
+        return f"(no symbol)  [{binary}]" if binary else f"0x{leaf.address:x}"
+    return f"{leaf.function}  [{binary}]" if binary else leaf.function
 
 
 def _sample_lines(views: list) -> list[str]:
