@@ -8,6 +8,7 @@ from pycollector.pdata.attributes import from_any_value, key_values, to_any_valu
 from pycollector.pdata.builder import ProfilesBuilder, merge
 from pycollector.pdata.counting import ITEM_NAMES, item_count, sample_count, signal_of
 from pycollector.pdata.resolve import Frame, SampleView, frames_of, iter_samples, sample_type
+from pycollector.pdata.split import split_at
 from pycollector.pdata.validate import validate_indices
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "sample_count",
     "sample_type",
     "signal_of",
+    "split_at",
     "to_any_value",
     "to_dict",
     "validate_indices",

@@ -1,0 +1,18 @@
+from pycollector.component import Factory
+
+from processors.memory_limiter.config import MemoryLimiterConfig
+
+
+class MemoryLimiterFactory(Factory):
+    type = "memory_limiter"
+    signals = frozenset({"profiles", "traces", "metrics", "logs"})
+    config_model = MemoryLimiterConfig
+
+    def create(self, settings, config, next_consumer):
+        from processors.memory_limiter import memory
+        from processors.memory_limiter.limiter import MemoryLimiter, limits_for
+
+        return MemoryLimiter(settings, config, next_consumer, limits_for(config, memory.available_bytes))
+
+
+factory = MemoryLimiterFactory()
