@@ -103,6 +103,12 @@ class ComponentTelemetry:
         return metric.labels(**self.labels) if not labelnames else _PartialLabels(metric, self.labels)
 
 
+    def histogram(self, name: str, documentation: str, labelnames: Iterable[str] = (), buckets=prometheus_client.Histogram.DEFAULT_BUCKETS):
+        labelnames = tuple(labelnames)
+        metric = self.telemetry.histogram(name, documentation, (*self.labels, *labelnames), buckets=buckets)
+        return metric.labels(**self.labels) if not labelnames else _PartialLabels(metric, self.labels)
+
+
 class _PartialLabels:
     """A metric with the component label set and the others still to be given per use."""
 

@@ -18,7 +18,7 @@ from google.protobuf import text_format
 
 from pycollector import logs
 from pycollector.component import Component
-from pycollector.pdata import item_count, iter_samples, sample_count, sample_type, signal_of
+from pycollector.pdata import item_count, iter_samples, resource_entries, sample_count, sample_type, signal_of
 from pycollector.pdata.attributes import to_dict
 
 from exporters.debug.config import DebugConfig
@@ -67,11 +67,8 @@ class DebugExporter(Component):
                 stream.flush()
 
 
-RESOURCE_FIELDS = {"profiles": "resource_profiles", "traces": "resource_spans", "metrics": "resource_metrics", "logs": "resource_logs"}
-
-
 def _summary(signal: str, data: Any) -> dict[str, int]:
-    resources = len(getattr(data, RESOURCE_FIELDS[signal]))
+    resources = len(resource_entries(data))
     if signal == "profiles":
         profiles = sum(len(scope.profiles) for rp in data.resource_profiles for scope in rp.scope_profiles)
         return {"resource_profiles": resources, "profiles": profiles, "samples": sample_count(data)}
@@ -97,7 +94,7 @@ def _show(value: Any) -> str:
 
 def _render_resources(signal: str, data: Any) -> str:
     lines = []
-    for index, resource_data in enumerate(getattr(data, RESOURCE_FIELDS[signal])):
+    for index, resource_data in enumerate(resource_entries(data)):
         lines.append(f"Resource #{index} {_attributes_line(to_dict(resource_data.resource.attributes))}")
     return "\n".join(lines)
 

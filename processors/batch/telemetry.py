@@ -27,13 +27,9 @@ TIMEOUT_TRIGGER = "timeout"
 
 class BatchTelemetry:
     def __init__(self, telemetry: ComponentTelemetry, logger) -> None:
-        labels = telemetry.labels
-        self._send_size = telemetry.telemetry.histogram(
-            "otelcol_processor_batch_batch_send_size",
-            "Number of units in the batch",
-            tuple(labels),
-            buckets=SEND_SIZE_BUCKETS,
-        ).labels(**labels)
+        self._send_size = telemetry.histogram(
+            "otelcol_processor_batch_batch_send_size", "Number of units in the batch", buckets=SEND_SIZE_BUCKETS
+        )
         self._triggers = {
             SIZE_TRIGGER: telemetry.counter(
                 "otelcol_processor_batch_batch_size_trigger_send",

@@ -5,17 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from pycollector.component import Component, Consumer
-from pycollector.pdata import signal_of
+from pycollector.pdata import resource_entries
 
 from processors.attraction.actions import AttributeActions
 from processors.resource.config import ResourceConfig
-
-RESOURCE_ENTRIES = {
-    "profiles": "resource_profiles",
-    "traces": "resource_spans",
-    "metrics": "resource_metrics",
-    "logs": "resource_logs",
-}
 
 
 class ResourceProcessor(Component):
@@ -29,6 +22,6 @@ class ResourceProcessor(Component):
         self._actions.log_limits(self._log, self._where, "attributes")
 
     def consume(self, data: Any) -> None:
-        for entry in getattr(data, RESOURCE_ENTRIES[signal_of(data)]):
+        for entry in resource_entries(data):
             self._actions.apply_to_key_values(entry.resource.attributes)
         self._next.consume(data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from typing import Any
@@ -48,7 +49,7 @@ def _message(detail: dict) -> str:
 
 def _got(detail: dict) -> str:
     value = detail.get("input")
-    if value is None or isinstance(value, (dict, list)) or repr(value) in detail["msg"]:
+    if value is None or isinstance(value, (dict, list)) or re.search(rf"(?<![\w.]){re.escape(repr(value))}(?![\w.])", detail["msg"]):
         return ""
     return f" (got {_show(value)})"
 

@@ -6,13 +6,14 @@ that knows how to build, merge, count and read it.
 
 from pycollector.pdata.attributes import from_any_value, key_values, to_any_value, to_dict
 from pycollector.pdata.builder import ProfilesBuilder, merge
-from pycollector.pdata.counting import ITEM_NAMES, item_count, sample_count, signal_of
+from pycollector.pdata.counting import ITEM_NAMES, RESOURCE_FIELDS, item_count, resource_entries, sample_count, signal_of
 from pycollector.pdata.resolve import Frame, SampleView, frames_of, iter_samples, sample_type
 from pycollector.pdata.split import split_at
 from pycollector.pdata.validate import validate_indices
 
 __all__ = [
     "ITEM_NAMES",
+    "RESOURCE_FIELDS",
     "Frame",
     "ProfilesBuilder",
     "SampleView",
@@ -22,6 +23,7 @@ __all__ = [
     "iter_samples",
     "key_values",
     "merge",
+    "resource_entries",
     "sample_count",
     "sample_type",
     "signal_of",

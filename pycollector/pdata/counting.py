@@ -25,6 +25,14 @@ ITEM_NAMES = {
     "logs": "log_records",
 }
 
+# The repeated field that holds each signal's per-resource entries.
+RESOURCE_FIELDS = {
+    "profiles": "resource_profiles",
+    "traces": "resource_spans",
+    "metrics": "resource_metrics",
+    "logs": "resource_logs",
+}
+
 _SIGNALS: dict[type, str] = {
     profiles_pb2.ProfilesData: "profiles",
     profiles_service_pb2.ExportProfilesServiceRequest: "profiles",
@@ -35,6 +43,11 @@ _SIGNALS: dict[type, str] = {
     logs_pb2.LogsData: "logs",
     logs_service_pb2.ExportLogsServiceRequest: "logs",
 }
+
+
+def resource_entries(message: Message):
+    """The message's per-resource entries (``resource_profiles``, ``resource_spans``...)."""
+    return getattr(message, RESOURCE_FIELDS[signal_of(message)])
 
 
 def signal_of(message: Message) -> str:
