@@ -57,7 +57,7 @@ _said: set[tuple[Any, ...]] = set()
 _said_lock = threading.Lock()
 
 
-def log_once(logger: Any, key: tuple[Any, ...], level: str, event: str, **fields: Any) -> None:
+def log_once(logger: Any, key: tuple[Any, ...], level: str, event: str, /, **fields: Any) -> None:
     """Log ``event`` the first time ``key`` is seen in this process (deprecations, not-implemented keys)."""
     with _said_lock:
         if key in _said:

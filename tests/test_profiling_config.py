@@ -1,0 +1,59 @@
+"""Profiling receiver settings: the Go receiver's keys, its older CamelCase keys, and keys that
+are accepted but not implemented yet (logged once, never silently ignored)."""
+
+import pytest
+
+from pycollector.config.validate import build_plan
+from pycollector.registry import Registry
+from pycollector.config import ConfigError
+from pycollector.testing import CapturingConsumer, TestHost, make_settings
+
+from receivers.profiling.config import ProfilingConfig
+from receivers.profiling.factory import factory
+
+
+def test_go_defaults():
+    config = ProfilingConfig()
+    assert (config.samples_per_second, config.reporter_interval, config.reporter_jitter) == (20, 5.0, 0.2)
+    assert config.not_implemented() == [] and config.legacy_keys_used == []
+
+
+def test_legacy_camel_case_keys_map_to_todays_keys():
+    config = ProfilingConfig.model_validate({"SamplesPerSecond": 97, "Tracers": "perl,php", "BpfVerifierLogLevel": 1})
+    assert (config.samples_per_second, config.tracers, config.bpf_verifier_log_level) == (97, "perl,php", 1)
+    assert config.legacy_keys_used == ["SamplesPerSecond", "Tracers", "BpfVerifierLogLevel"]
+    assert config.not_implemented() == ["tracers"]
+
+
+@pytest.mark.parametrize(
+    "settings, problem",
+    [
+        ({"samples_per_second": 0}, "receivers::profiling::samples_per_second: input should be greater than or equal to 1 (got 0)"),
+        ({"map_scale_factor": 9}, "receivers::profiling::map_scale_factor: input should be less than or equal to 8 (got 9)"),
+        ({"off_cpu_threshold": 2}, "receivers::profiling::off_cpu_threshold: input should be less than or equal to 1 (got 2)"),
+        ({"reporter_interval": "5"}, "receivers::profiling::reporter_interval: invalid duration '5': use a number and a unit (ns, us, ms, s, m, h), e.g. '1m30s'"),
+        ({"error_mode": "panic"}, "receivers::profiling::error_mode: input should be 'propagate' or 'ignore' (got 'panic')"),
+    ],
+)
+def test_bad_values_name_their_key(settings, problem):
+    config = {"receivers": {"profiling": settings}, "exporters": {"debug": {}}, "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["debug"]}}}}
+    with pytest.raises(ConfigError) as raised:
+        build_plan(config, Registry())
+    assert raised.value.problems == [problem]
+
+
+@pytest.mark.bpf
+def test_deprecated_and_unimplemented_keys_are_logged_once_at_start(log_output):
+    config = ProfilingConfig.model_validate({"SamplesPerSecond": 49, "off_cpu_threshold": 0.5, "interpreters": {"python": {}}, "reporter_interval": "200ms"})
+    for _ in range(2):  # two receivers in one process: still one warning per key
+        receiver = factory.create(make_settings("receivers", "profiling"), config, CapturingConsumer())
+        receiver.start(TestHost())
+        receiver.shutdown()
+    lines = log_output.getvalue().splitlines()
+
+    def count(event, field):
+        return sum(1 for line in lines if event in line and field in line)
+
+    assert count("deprecated key; use the snake_case name", "key=SamplesPerSecond") == 1
+    for key in ("off_cpu_threshold", "interpreters"):
+        assert count("setting accepted but not implemented yet; it has no effect", f"key={key}") == 1
