@@ -1,0 +1,34 @@
+"""The forward connector joins two pipelines: a receiver's data reaches the second pipeline's
+exporter through the first pipeline's processor."""
+
+from pycollector.config.validate import build_plan
+from pycollector.pdata import to_dict
+from pycollector.service import Service
+from pycollector.testing import registry_with
+
+from tests.components import Journal, factories, one_profile
+
+
+def test_forward_connects_two_pipelines():
+    journal = Journal()
+    config = {
+        "receivers": {"recorder": {}},
+        "processors": {"tagger": {"value": "first"}},
+        "exporters": {"keeper": {}},
+        "connectors": {"forward": {}},
+        "service": {
+            "telemetry": {"metrics": {"level": "none"}},
+            "pipelines": {
+                "profiles/in": {"receivers": ["recorder"], "processors": ["tagger"], "exporters": ["forward"]},
+                "profiles/out": {"receivers": ["forward"], "exporters": ["keeper"]},
+            },
+        },
+    }
+    test_factories = factories(journal)
+    del test_factories["connectors"]  # the installed forward connector, not the test's
+    service = Service(build_plan(config, registry_with(**test_factories)))
+    service.start()
+    next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers").push(one_profile())
+    service.shutdown()
+    [received] = journal.received["keeper"]
+    assert to_dict(received.resource_profiles[0].resource.attributes)["tag.tagger"] == "first"
