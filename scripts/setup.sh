@@ -5,7 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv linux-headers-amd64 linux-perf bpftool golang-go)
+# golang-go: `go tool pprof` reads the pprof exporter's files in tests; chromium: the flame graph
+# page is tested headless.
+APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv linux-headers-amd64 linux-perf bpftool golang-go chromium)
+# npm fetches the flame graph renderer; Debian's npm only when no npm is installed at all, so a
+# Node.js installed another way is left alone.
+command -v npm >/dev/null || APT_PACKAGES+=(npm)
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 
@@ -54,4 +59,24 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ examples/pycollecto
         "$VENV/bin/python" -m pip install -e examples/pycollector-example-exporter
     } >"$VENV/pip.log" 2>&1 || { tail -n 30 "$VENV/pip.log" >&2; say "pip install failed"; exit 1; }
     touch "$stamp"
+fi
+
+# The flame graph exporter inlines d3 and d3-flame-graph into its page. `npm pack` fetches the
+# pinned releases (checked against the registry's integrity hashes) and only their built files
+# are kept, in a folder the exporter reads; the stamp makes a second run a no-op.
+D3_VERSION=7.9.0
+D3_FLAME_GRAPH_VERSION=5.0.0
+vendor=exporters/flamegraph/vendor
+wanted="d3@$D3_VERSION d3-flame-graph@$D3_FLAME_GRAPH_VERSION"
+if [ "$(cat "$vendor/.packages" 2>/dev/null)" != "$wanted" ]; then
+    say "fetching the flame graph renderer with npm: $wanted"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    # shellcheck disable=SC2086  # two package specs
+    (cd "$work" && npm pack --silent $wanted >/dev/null 2>npm.log) || { cat "$work/npm.log" >&2; say "npm pack failed"; exit 1; }
+    tar -xzf "$work/d3-$D3_VERSION.tgz" -C "$work" package/dist/d3.min.js package/LICENSE
+    mkdir -p "$vendor" && mv "$work/package/dist/d3.min.js" "$vendor/" && mv "$work/package/LICENSE" "$vendor/d3.LICENSE"
+    tar -xzf "$work/d3-flame-graph-$D3_FLAME_GRAPH_VERSION.tgz" -C "$work" package/dist/d3-flamegraph.umd.min.js package/LICENSE
+    mv "$work/package/dist/d3-flamegraph.umd.min.js" "$vendor/" && mv "$work/package/LICENSE" "$vendor/d3-flame-graph.LICENSE"
+    echo "$wanted" >"$vendor/.packages"
 fi

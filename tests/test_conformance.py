@@ -15,6 +15,12 @@ NEEDS_BPF = {("receivers", "profiling")}
 CONFIG_FOR_TEST = {
     ("exporters", "sample_counts"): lambda tmp_path: {"path": str(tmp_path / "counts.csv")},
     ("receivers", "profiling"): lambda tmp_path: {"reporter_interval": "200ms"},
+    ("processors", "k8s_attributes"): lambda tmp_path: {"auth_type": "none", "endpoint": "https://127.0.0.1:1", "wait_for_metadata": False},
+    ("processors", "k8sattributes"): lambda tmp_path: {"auth_type": "none", "endpoint": "https://127.0.0.1:1", "wait_for_metadata": False},
+    ("exporters", "pprof"): lambda tmp_path: {"directory": str(tmp_path / "pprof")},
+    ("exporters", "file"): lambda tmp_path: {"path": str(tmp_path / "out.jsonl")},
+    ("exporters", "flamegraph"): lambda tmp_path: {"endpoint": "localhost:0"},
+    ("extensions", "health_check"): lambda tmp_path: {"endpoint": "localhost:0"},
     ("receivers", "otlp"): lambda tmp_path: {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}},
 }
 

@@ -1,0 +1,69 @@
+"""Settings of the file exporter, with the Go ``file`` exporter's keys and defaults.
+
+As in Go, rotation is on when the ``rotation`` key is present, even with no value (``rotation:``
+alone rotates with the defaults below). Compression is ``gzip``: Go's ``zstd`` would need the
+``zstandard`` package, which pycollector does not depend on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+
+from pycollector.component import ComponentConfig
+from pycollector.config.types import Duration
+
+# Go has no default path (it is required); ours has one so that the defaults form a valid config.
+DEFAULT_PATH = "pycollector-data.jsonl"
+DEFAULT_FORMAT = "json"
+DEFAULT_FLUSH_INTERVAL = 1.0
+DEFAULT_MAX_MEGABYTES = 100
+DEFAULT_MAX_BACKUPS = 100
+
+
+class RotationConfig(ComponentConfig):
+    # The file is rotated before a write would take it past this size.
+    max_megabytes: int = pydantic.Field(DEFAULT_MAX_MEGABYTES, ge=1)
+    # Backups older than this many days (by the time in their name) are deleted; 0: kept.
+    max_days: int = pydantic.Field(0, ge=0)
+    # At most this many backups are kept, the newest; 0: all.
+    max_backups: int = pydantic.Field(DEFAULT_MAX_BACKUPS, ge=0)
+    # Backup names carry local time instead of UTC.
+    localtime: bool = False
+
+
+class FileConfig(ComponentConfig):
+    path: str = DEFAULT_PATH
+    # Keep what the file holds at start instead of truncating it.
+    append: bool = False
+    rotation: RotationConfig | None = None
+    # `json`: one OTLP/JSON message per line. `proto`: each OTLP protobuf message preceded by its
+    # length as 4 bytes big-endian, as the Go exporter writes it.
+    format: Literal["json", "proto"] = DEFAULT_FORMAT
+    # `gzip`: each flush is appended as one gzip member; `zcat` reads the file whole.
+    compression: Literal["", "gzip"] = ""
+    flush_interval: Duration = pydantic.Field(DEFAULT_FLUSH_INTERVAL, gt=0)
+    # Create the file's directory at start when it is missing.
+    create_directory: bool = False
+
+    @pydantic.field_validator("rotation", mode="before")
+    @classmethod
+    def _present_means_on(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @pydantic.model_validator(mode="after")
+    def _compatible(self) -> "FileConfig":
+        if self.append and self.compression:
+            raise ValueError("append and compression cannot be used together")
+        if self.append and self.rotation is not None:
+            raise ValueError("append and rotation cannot be used together")
+        return self
+
+    @pydantic.model_serializer(mode="wrap")
+    def _leave_out_rotation_when_off(self, handler: Any) -> dict[str, Any]:
+        # Printed as `rotation: null`, an absent section would read back as rotation turned on.
+        dumped = handler(self)
+        if self.rotation is None:
+            dumped.pop("rotation", None)
+        return dumped

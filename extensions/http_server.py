@@ -1,0 +1,118 @@
+"""A small HTTP server on its own thread, for components that answer GET requests on a local
+endpoint (health_check, the flame graph).
+
+The standard library's ThreadingHTTPServer is enough: these endpoints answer a handful of GETs,
+and no web framework has to be installed on every node that runs an agent. A component gives a
+function from the URL path to ``Response``; this module owns the socket, the thread and stopping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Annotated, Callable
+from urllib.parse import urlsplit
+
+import pydantic
+
+from pycollector.component import StartError
+
+# How often the serving thread checks for a stop; stopping waits up to this long.
+STOP_POLL_INTERVAL = 0.05
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:13133``; ``:13133`` for every interface) -> (host, port)."""
+    host, colon, port = endpoint.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected host:port, e.g. 'localhost:13133' (got {endpoint!r})")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def _check_endpoint(value: str) -> str:
+    split_endpoint(value)
+    return value
+
+
+# A config field holding ``host:port``, checked when the config is validated.
+Endpoint = Annotated[str, pydantic.AfterValidator(_check_endpoint)]
+
+
+@dataclasses.dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+# URL path -> what to answer.
+Handler = Callable[[str], Response]
+
+
+class HttpEndpoint:
+    """Serves ``handle`` for GET and HEAD on ``endpoint`` from ``start`` until ``stop``."""
+
+    def __init__(self, endpoint: str, handle: Handler, thread_name: str):
+        self.endpoint = endpoint
+        self._handle = handle
+        self._thread_name = thread_name
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        """Listen and serve; returns the URL, with the bound port when the config said port 0."""
+        host, port = split_endpoint(self.endpoint)
+        handler = _handler_class(self._handle)
+        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+        try:
+            server = server_class((host, port), handler)
+        except OSError as error:
+            raise StartError(f"endpoint: cannot listen on {self.endpoint}: {error.strerror or error}") from error
+        server.daemon_threads = True  # a slow client must not hold up shutdown
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, args=(STOP_POLL_INTERVAL,), name=self._thread_name, daemon=True)
+        self._thread.start()
+        shown_host = f"[{host}]" if ":" in host else (host or "0.0.0.0")
+        return f"http://{shown_host}:{server.server_address[1]}"
+
+    def stop(self) -> None:
+        """Stop serving; safe before ``start`` and safe twice."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+        self._server = self._thread = None
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _handler_class(handle: Handler) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._answer(include_body=True)
+
+        def do_HEAD(self) -> None:
+            self._answer(include_body=False)
+
+        def _answer(self, include_body: bool) -> None:
+            response = handle(urlsplit(self.path).path)
+            self.send_response(response.status)
+            self.send_header("Content-Type", response.content_type)
+            self.send_header("Content-Length", str(len(response.body)))
+            self.send_header("Cache-Control", "no-store")
+            for name, value in response.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            if include_body:
+                self.wfile.write(response.body)
+
+        def log_message(self, format: str, *args) -> None:
+            pass  # a request log on the collector's console would drown what it is there to show
+
+    return _Handler

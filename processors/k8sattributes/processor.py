@@ -1,0 +1,90 @@
+"""The k8sattributes processor: find each resource's pod in a watched copy of the cluster and
+add its metadata, for profiles, traces, metrics and logs alike (the resource is where it goes)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pycollector.component import Component, Consumer, StartError
+from pycollector.config.types import format_duration
+from pycollector.logs import log_once
+from pycollector.pdata import resource_entries, signal_of
+
+from processors.k8sattributes.association import Associations
+from processors.k8sattributes.auth import ApiAccess, AuthError, api_access
+from processors.k8sattributes.config import K8sAttributesConfig
+from processors.k8sattributes.enrich import Enricher, ResourceAttributes
+from processors.k8sattributes.rules import ExtractionRules
+from processors.k8sattributes.store import MetadataStore
+from processors.k8sattributes.telemetry import K8sTelemetry
+from processors.k8sattributes.watch import Watcher
+from processors.k8sattributes.watched import collections_to_watch
+
+class K8sAttributesProcessor(Component):
+    def __init__(self, settings, config: K8sAttributesConfig, next_consumer: Consumer):
+        self._log = settings.logger
+        self._config = config
+        self._next = next_consumer
+        self._rules = ExtractionRules(config.extract, [pod.name for pod in config.exclude.pods])
+        self._associations = Associations(config.pod_association)
+        self._telemetry = K8sTelemetry(settings.telemetry)
+        self._store = MetadataStore(self._rules, self._associations, self._telemetry)
+        self._enricher = Enricher(self._rules, self._store)
+        self._access: ApiAccess | None = None
+        self._watchers: list[Watcher] = []
+
+    def start(self, host) -> None:
+        if self._associations.uses_connection:
+            log_once(self._log, ("k8sattributes.connection", id(self)), "warning",
+                     "pod_association from: connection is not implemented: the client address does not reach processors yet; those rules never match")
+        if self._config.passthrough:
+            log_once(self._log, ("k8sattributes.passthrough", id(self)), "warning",
+                     "passthrough is not implemented: it tags the client's pod IP, which does not reach processors yet; data passes unchanged")
+            return
+        try:
+            self._access = api_access(self._config)
+        except AuthError as error:
+            raise StartError(str(error)) from None
+        self._watchers = [Watcher(collection, self._access, self._store, self._log) for collection in collections_to_watch(self._config, self._rules)]
+        for watcher in self._watchers:
+            watcher.start()
+        if self._config.wait_for_metadata:
+            self._wait_for_metadata()
+
+    def _wait_for_metadata(self) -> None:
+        timeout = self._config.wait_for_metadata_timeout
+        deadline = time.monotonic() + timeout
+        for watcher in self._watchers:
+            watcher.synced.wait(max(0.0, deadline - time.monotonic()))
+        pending = [watcher for watcher in self._watchers if not watcher.synced.is_set()]
+        if not pending:
+            return
+        server = self._access.server
+        reasons = "; ".join(f"{w.collection.kind}: {w.last_error or 'no answer yet'}" for w in pending)
+        self.shutdown()
+        raise StartError(
+            f"wait_for_metadata: Kubernetes metadata did not sync within {format_duration(timeout)} "
+            f"(wait_for_metadata_timeout) from {server}: {reasons}"
+        )
+
+    def consume(self, data: Any) -> None:
+        if not self._config.passthrough:
+            signal = signal_of(data)
+            for entry in resource_entries(data):
+                resource = ResourceAttributes(entry.resource.attributes)
+                identifier = self._associations.of_resource(resource.values)
+                pod = self._store.pod(identifier) if identifier else None
+                self._telemetry.association(pod is not None, signal)
+                self._enricher.enrich(resource, pod)
+        self._next.consume(data)
+
+    def shutdown(self) -> None:
+        for watcher in self._watchers:
+            watcher.stop()
+        for watcher in self._watchers:
+            watcher.join()
+        self._watchers = []
+        if self._access is not None:
+            self._access.close()
+            self._access = None
