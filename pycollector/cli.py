@@ -73,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             log_deprecated_names(plan, log)
             graph = Graph(plan, Telemetry())
-            print(f"{', '.join(args.config)}: valid ({len(plan.pipelines)} pipelines, {len(graph.nodes)} component instances)")
+            pipelines = len(plan.pipelines)
+            print(f"{', '.join(args.config)}: valid ({pipelines} pipeline{'s' * (pipelines != 1)}, {len(graph.nodes)} component instances)")
             return 0
     except ConfigError as error:
         print(str(error), file=sys.stderr)

@@ -51,15 +51,12 @@ def test_normal_lists_each_process_and_its_top_functions():
     assert 'process.executable.name="other app"' in text
 
 
-def test_normal_sums_unsymbolized_addresses_per_binary():
-    builder = ProfilesBuilder()
-    mapping = builder.mapping(0x1000, 0x9000, 0, "/usr/bin/python3.11")
-    profile = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 1})))
-    for address in (0x1100, 0x1200, 0x1300):
-        builder.sample(profile, builder.stack([builder.location(mapping, address)]), [2])
-    lines = render("normal", builder.data).splitlines()
-    assert lines[2].split() == ["6", "100.0%", "(no", "symbol)", "[python3.11]"]
-    assert len(lines) == 3
+def test_normal_lists_the_busiest_process_first():
+    data = two_process_profile()
+    light_first = type(data)(dictionary=data.dictionary, resource_profiles=reversed(data.resource_profiles))
+    headers = [line for line in render("normal", light_first).splitlines() if line.startswith("ResourceProfiles")]
+    assert headers[0].startswith("ResourceProfiles #1  process.pid=10")
+    assert headers[1].startswith("ResourceProfiles #0  process.pid=20")
 
 
 def test_detailed_prints_every_sample_and_its_stack_leaf_first():

@@ -100,13 +100,24 @@ def _render_resources(signal: str, data: Any) -> str:
 
 
 def _render_profiles(data: Any, config: DebugConfig) -> str:
-    """Group samples back under their resource and profile, as the message nests them."""
+    """Group samples back under their resource and profile, as the message nests them.
+
+    ``normal`` lists the busiest resources first, so the top of each block answers "what is using
+    the CPU"; ``detailed`` keeps the message's order. ``#N`` is always the position in the message.
+    """
     detailed = config.verbosity == "detailed"
     lines: list[str] = []
     by_profile: dict[int, list] = collections.defaultdict(list)
     for view in iter_samples(data):
         by_profile[id(view.profile)].append(view)
-    for r_index, resource_profiles in enumerate(data.resource_profiles):
+
+    def weight(resource_profiles) -> int:
+        return sum(sum(view.values) for scope in resource_profiles.scope_profiles for profile in scope.profiles for view in by_profile.get(id(profile), ()))
+
+    resources = list(enumerate(data.resource_profiles))
+    if not detailed:
+        resources.sort(key=lambda entry: weight(entry[1]), reverse=True)
+    for r_index, resource_profiles in resources:
         resource = to_dict(resource_profiles.resource.attributes)
         lines.append(f"ResourceProfiles #{r_index}  {_attributes_line(resource)}")
         for scope_profiles in resource_profiles.scope_profiles:
