@@ -6,7 +6,7 @@ import struct
 
 from google.protobuf.message import Message
 
-from pycollector.exporterhelper.otlp.json_codec import to_json
+from pycollector.otlp.json_codec import to_json
 
 _LENGTH = struct.Struct(">I")
 

@@ -7,7 +7,7 @@ import pydantic
 from pycollector.component import ComponentConfig
 from pycollector.config.types import Duration
 
-from extensions.http_server import Endpoint
+from pycollector.http_server import Endpoint
 
 DEFAULT_ENDPOINT = "localhost:13900"
 DEFAULT_WINDOW = 300.0

@@ -22,7 +22,7 @@ from exporters.flamegraph.config import FlamegraphConfig
 from exporters.flamegraph.page import PageTemplate, RendererMissing
 from exporters.flamegraph.tree import page_data
 from exporters.flamegraph.window import ProfileWindow
-from extensions.http_server import HttpEndpoint, Response
+from pycollector.http_server import HttpEndpoint, Response
 
 HTML = "text/html; charset=utf-8"
 

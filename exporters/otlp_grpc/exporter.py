@@ -16,8 +16,8 @@ from google.protobuf.message import Message
 
 from pycollector.component import PermanentError, Settings
 from pycollector.exporterhelper import RetryableSendError
-from pycollector.exporterhelper.otlp import OTLP_SIGNALS, retry_delay, status_from_trailers
-from pycollector.exporterhelper.otlp.exporter import OtlpExporter
+from pycollector.otlp import OTLP_SIGNALS, retry_delay, status_from_trailers
+from pycollector.exporterhelper.otlp_exporter import OtlpExporter
 from pycollector.logs import log_once
 
 from exporters.otlp_grpc.config import OtlpGrpcConfig

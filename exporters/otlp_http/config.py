@@ -15,7 +15,7 @@ import pydantic
 from pycollector.config.types import NonNegativeDuration
 from pycollector.component import ComponentConfig
 from pycollector.exporterhelper import QueueSettings, RetrySettings
-from pycollector.exporterhelper.otlp import OTLP_SIGNALS
+from pycollector.otlp import OTLP_SIGNALS
 from pycollector.exporterhelper.tls import ClientTLSSettings
 
 DEFAULT_ENDPOINT = "http://localhost:4318"

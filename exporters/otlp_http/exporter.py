@@ -18,8 +18,8 @@ from requests.adapters import HTTPAdapter
 
 from pycollector.component import PermanentError, Settings
 from pycollector.exporterhelper import RetryableSendError
-from pycollector.exporterhelper.otlp import ENCODINGS, OTLP_SIGNALS, encoding_of
-from pycollector.exporterhelper.otlp.exporter import OtlpExporter
+from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, encoding_of
+from pycollector.exporterhelper.otlp_exporter import OtlpExporter
 
 from exporters.otlp_http.config import OtlpHttpConfig
 from exporters.otlp_http.retry_after import parse_retry_after

@@ -6,7 +6,7 @@ import pydantic
 
 from pycollector.component import ComponentConfig
 
-from extensions.http_server import Endpoint
+from pycollector.http_server import Endpoint
 
 DEFAULT_ENDPOINT = "localhost:13133"
 DEFAULT_PATH = "/"

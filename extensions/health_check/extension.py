@@ -10,7 +10,7 @@ from pycollector.component import Component
 
 from extensions.health_check.config import HealthCheckConfig
 from extensions.health_check.status import StatusBoard
-from extensions.http_server import HttpEndpoint, Response
+from pycollector.http_server import HttpEndpoint, Response
 
 
 class HealthCheckExtension(Component):

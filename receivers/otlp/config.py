@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import pydantic
 
 from pycollector.component import ComponentConfig
-from pycollector.exporterhelper.otlp import OTLP_SIGNALS
+from pycollector.otlp import OTLP_SIGNALS
 
 DEFAULT_GRPC_ENDPOINT = "localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "localhost:4318"

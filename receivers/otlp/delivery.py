@@ -15,7 +15,7 @@ from google.rpc import status_pb2
 
 from pycollector.component import Consumer, PermanentError, RefusedError
 from pycollector.exporterhelper.failure_log import FailureLog
-from pycollector.exporterhelper.otlp import status_message
+from pycollector.otlp import status_message
 from pycollector.pdata import item_count
 
 

@@ -9,8 +9,8 @@ from typing import Callable, Iterable
 import grpc
 
 from pycollector.component import StartError
-from pycollector.exporterhelper.otlp import OTLP_SIGNALS, OtlpSignal
-from pycollector.exporterhelper.otlp.rpc_status import DETAILS_TRAILER
+from pycollector.otlp import OTLP_SIGNALS, OtlpSignal
+from pycollector.otlp.rpc_status import DETAILS_TRAILER
 
 from receivers.otlp.config import GrpcServerSettings, split_endpoint
 from receivers.otlp.delivery import Rejection, undecodable

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import grpc
 
 from pycollector.component import StartError
-from pycollector.exporterhelper.otlp import OTLP_SIGNALS, Encoding, OtlpSignal, encoding_of
+from pycollector.otlp import OTLP_SIGNALS, Encoding, OtlpSignal, encoding_of
 
 from receivers.otlp.config import HttpServerSettings, split_endpoint
 from receivers.otlp.delivery import Rejection, undecodable

@@ -2,9 +2,9 @@
 per signal its messages, gRPC method and HTTP path; the HTTP body encodings (protobuf, OTLP/JSON);
 google.rpc.Status with RetryInfo."""
 
-from pycollector.exporterhelper.otlp.encodings import ENCODINGS, Encoding, encoding_of
-from pycollector.exporterhelper.otlp.rpc_status import retry_delay, status_from_trailers, status_message
-from pycollector.exporterhelper.otlp.signals import OTLP_SIGNALS, OtlpSignal, rejected_count
+from pycollector.otlp.encodings import ENCODINGS, Encoding, encoding_of
+from pycollector.otlp.rpc_status import retry_delay, status_from_trailers, status_message
+from pycollector.otlp.signals import OTLP_SIGNALS, OtlpSignal, rejected_count
 
 __all__ = [
     "ENCODINGS",

@@ -9,7 +9,7 @@ from google.protobuf.message import Message
 
 from pycollector.component import Component, Settings
 from pycollector.exporterhelper.failure_log import FailureLog
-from pycollector.exporterhelper.otlp.signals import rejected_count
+from pycollector.otlp.signals import rejected_count
 from pycollector.exporterhelper.sender import QueuedRetryExporter
 from pycollector.pdata import signal_of
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 from google.protobuf.message import DecodeError, Message
 
-from pycollector.exporterhelper.otlp.json_codec import from_json, to_json
+from pycollector.otlp.json_codec import from_json, to_json
 
 
 @dataclasses.dataclass(frozen=True)
