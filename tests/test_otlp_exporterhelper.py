@@ -21,7 +21,7 @@ from pycollector.exporterhelper import QueuedRetryExporter, QueueSettings, Retry
 from pycollector.exporterhelper.backoff import ExponentialBackoff
 from pycollector.exporterhelper.bounded_queue import BoundedQueue
 from pycollector.exporterhelper.failure_log import FailureLog
-from pycollector.exporterhelper.otlp.json_codec import from_json, to_json
+from pycollector.otlp.json_codec import from_json, to_json
 from pycollector.registry import Registry
 from pycollector.telemetry import Telemetry
 from pycollector.testing import make_settings, sample_data

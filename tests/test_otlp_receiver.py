@@ -12,8 +12,8 @@ from google.rpc import status_pb2
 from structlog.testing import capture_logs
 
 from pycollector.component import PermanentError, RefusedError
-from pycollector.exporterhelper.otlp import OTLP_SIGNALS, retry_delay, status_from_trailers
-from pycollector.exporterhelper.otlp.json_codec import to_json
+from pycollector.otlp import OTLP_SIGNALS, retry_delay, status_from_trailers
+from pycollector.otlp.json_codec import to_json
 from pycollector.testing import CapturingConsumer, TestHost, make_settings, sample_data
 from receivers.otlp.factory import factory
 

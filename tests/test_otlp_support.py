@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 
 from pycollector.config.validate import build_plan
-from pycollector.exporterhelper.otlp import OTLP_SIGNALS, encoding_of, status_message
-from pycollector.exporterhelper.otlp.rpc_status import DETAILS_TRAILER
+from pycollector.otlp import OTLP_SIGNALS, encoding_of, status_message
+from pycollector.otlp.rpc_status import DETAILS_TRAILER
 from pycollector.pdata import ProfilesBuilder, iter_samples, signal_of
 from pycollector.registry import Registry
 from pycollector.service import Service
