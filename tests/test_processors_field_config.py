@@ -13,7 +13,11 @@ FIELD_CONFIG = Path(__file__).parent / "testdata" / "processors" / "pyroscope_fi
 def test_the_pyroscope_field_config_validates():
     plan = build_plan(pycollector.config.load([str(FIELD_CONFIG)]), Registry())
     pipeline = plan.pipelines["profiles"]
-    assert pipeline.processors == ["memory_limiter", "batch", "resource/pyroscope"]
+    assert pipeline.processors == ["memory_limiter", "k8sattributes", "batch", "resource/pyroscope"]
+    assert pipeline.exporters == ["otlphttp/pyroscope"]
+    # Both deprecated names resolve to today's components.
+    assert plan.component("processors", "k8sattributes").factory.type == "k8s_attributes"
+    assert plan.component("exporters", "otlphttp/pyroscope").factory.type == "otlp_http"
     batch = plan.component("processors", "batch").config
     assert (batch.timeout, batch.send_batch_size, batch.send_batch_max_size) == (10.0, 1024, 2048)
     limiter = plan.component("processors", "memory_limiter").config

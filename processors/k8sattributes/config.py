@@ -122,13 +122,6 @@ class FilterConfig(ComponentConfig):
     fields: list[FieldFilterConfig] = []
     labels: list[FieldFilterConfig] = []
 
-    @pydantic.field_validator("node_from_env_var")
-    @classmethod
-    def _variable_is_set(cls, name: str) -> str:
-        if name and name not in os.environ:
-            raise ValueError(f"environment variable {name!r} is not set (the downward API sets it from spec.nodeName)")
-        return name
-
     @pydantic.field_validator("fields")
     @classmethod
     def _field_ops(cls, fields: list[FieldFilterConfig]) -> list[FieldFilterConfig]:

@@ -3,6 +3,8 @@ add its metadata, for profiles, traces, metrics and logs alike (the resource is 
 
 from __future__ import annotations
 
+import os
+
 import time
 from typing import Any
 
@@ -42,6 +44,10 @@ class K8sAttributesProcessor(Component):
             log_once(self._log, ("k8sattributes.passthrough", id(self)), "warning",
                      "passthrough is not implemented: it tags the client's pod IP, which does not reach processors yet; data passes unchanged")
             return
+        node_variable = self._config.filter.node_from_env_var
+        if node_variable and not os.environ.get(node_variable):
+            # Read at start, not at validation: configs are validated outside the pod, too.
+            self._log.warning("filter::node_from_env_var names an unset variable; watching the pods of every node", variable=node_variable)
         try:
             self._access = api_access(self._config)
         except AuthError as error:
