@@ -6,11 +6,15 @@ from __future__ import annotations
 import datetime
 import gzip
 import json
+import os
+import shutil
 import struct
+import subprocess
 import threading
 import time
 
 import pytest
+import zstandard
 from opentelemetry.proto.logs.v1 import logs_pb2
 
 from pycollector.component import StartError
@@ -38,6 +42,11 @@ def proto_messages(content: bytes) -> list[bytes]:
         messages.append(content[position + 4:position + 4 + length])
         position += 4 + length
     return messages
+
+
+def unzstd(content: bytes) -> bytes:
+    """What any zstd reader gets from a file of frames back to back."""
+    return zstandard.ZstdDecompressor().stream_reader(content, read_across_frames=True).read()
 
 
 def big_log(size: int) -> logs_pb2.LogsData:
@@ -82,6 +91,24 @@ def test_gzip_files_read_whole_with_any_gzip_reader_even_while_written(tmp_path)
     exporter.consume(sample_data("logs"))
     exporter.shutdown()
     assert len(gzip.decompress(path.read_bytes()).splitlines()) == 2
+
+
+def test_zstd_files_hold_the_messages_sent_and_the_zstd_tool_reads_them(tmp_path):
+    path = tmp_path / "out.bin.zst"
+    exporter = started(path=str(path), format="proto", compression="zstd", flush_interval="50ms")
+    sent = [sample_data(signal) for signal in SIGNAL_CLASSES]
+    exporter.consume(sent[0])
+    time.sleep(0.3)  # flushed by the timer: one frame, then the rest in another
+    for message in sent[1:]:
+        exporter.consume(message)
+    exporter.shutdown()
+    assert zstandard.get_frame_parameters(path.read_bytes())  # a zstd file, not plain protobuf
+    contents = [unzstd(path.read_bytes())]
+    if shutil.which("zstd"):  # the command line tool, where the machine has it
+        contents.append(subprocess.run(["zstd", "-dc", str(path)], check=True, capture_output=True).stdout)
+    for content in contents:
+        decoded = [message_class.FromString(raw) for message_class, raw in zip(SIGNAL_CLASSES.values(), proto_messages(content))]
+        assert decoded == sent
 
 
 def test_held_messages_reach_the_file_every_flush_interval(tmp_path):
@@ -132,6 +159,23 @@ def test_rotation_keeps_size_and_backup_limits_under_a_sustained_stream(tmp_path
     assert all(name.startswith("stream-") and name.endswith(".json") for name in backups)
 
 
+def test_rotation_with_zstd_leaves_every_file_whole_frames(tmp_path):
+    path = tmp_path / "stream.json.zst"
+    exporter = started(path=str(path), rotation={"max_megabytes": 1, "max_backups": 0}, compression="zstd")
+    # Random text, so that even compressed the stream fills a megabyte several times over.
+    bodies = [os.urandom(10_000).hex() for _ in range(MESSAGES_PER_PRODUCER)]
+    for body in bodies:
+        message = sample_data("logs")
+        message.resource_logs[0].scope_logs[0].log_records[0].body.string_value = body
+        exporter.consume(message)
+    exporter.shutdown()
+
+    files = sorted(tmp_path.iterdir())  # oldest backup first ('-' sorts before '.'), stream.json.zst last
+    assert len(files) > 3 and all(f.stat().st_size <= MEGABYTE for f in files), {f.name: f.stat().st_size for f in files}
+    lines = [line for f in files for line in unzstd(f.read_bytes()).splitlines()]
+    assert [json.loads(line)["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0]["body"]["stringValue"] for line in lines] == bodies
+
+
 def test_rotation_deletes_backups_older_than_max_days_at_start(tmp_path):
     path = tmp_path / "data.json"
     old = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=10)
@@ -152,7 +196,8 @@ def test_rotation_key_alone_turns_rotation_on_with_the_defaults():
 @pytest.mark.parametrize("config, message", [
     ({"append": True, "compression": "gzip"}, "append and compression"),
     ({"append": True, "rotation": {}}, "append and rotation"),
-    ({"compression": "zstd"}, "compression"),
+    ({"append": True, "compression": "zstd"}, "append and compression"),
+    ({"compression": "lz4"}, "compression"),
 ])
 def test_invalid_combinations_are_refused(config, message):
     with pytest.raises(ValueError, match=message):

@@ -223,3 +223,5 @@ def test_a_go_gateway_config_is_valid_and_every_mistake_is_named_by_its_path():
             "exporters::otlp_http::encoding",
         ]
     )
+    # A Go config's zstd is told why it fails, not only what would work.
+    assert "exporters::otlp_grpc::compression: 'zstd' is not available for gRPC in Python" in "\n".join(error.value.problems)

@@ -81,6 +81,15 @@ def test_backend_down_then_up_within_the_retry_window_loses_nothing(exporter, ba
         assert failed(service, labels) == 0
 
 
+@pytest.mark.parametrize("compression, content_encoding", [("zstd", "zstd"), ("gzip", "gzip"), ("none", None)])
+def test_otlp_http_compresses_as_configured(compression, content_encoding):
+    with HttpBackend() as backend, running("otlp_http", backend_settings("otlp_http", backend.endpoint, compression=compression)) as (service, receiver, labels):
+        export_grpc(receiver, a_profile())
+        assert backend.wait_for(lambda b: len(b.messages) == 1), "the profile never arrived"
+    assert backend.content_encodings == [content_encoding]
+    assert sample_tuples(backend.messages[0]) == sample_tuples(a_profile())
+
+
 def test_http_503_retry_after_is_honoured():
     script = [Answer(status=503, headers={"Retry-After": "1"}), Answer()]
     with HttpBackend(script) as backend, running("otlp_http", backend_settings("otlp_http", backend.endpoint, retry_on_failure=FAST_RETRY)) as (service, receiver, labels):

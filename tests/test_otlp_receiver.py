@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import io
+import tracemalloc
 import zlib
+from email.message import Message
 
 import grpc
 import pytest
 import requests
+import zstandard
 from google.rpc import status_pb2
 from structlog.testing import capture_logs
 
@@ -16,6 +20,7 @@ from pycollector.otlp import OTLP_SIGNALS, retry_delay, status_from_trailers
 from pycollector.otlp.json_codec import to_json
 from pycollector.testing import CapturingConsumer, TestHost, make_settings, sample_data
 from receivers.otlp.factory import factory
+from receivers.otlp.http_body import BodyError, read_body
 
 from tests.test_otlp_support import a_profile, export_grpc, sample_tuples
 
@@ -93,16 +98,18 @@ def test_json_ids_are_hex_and_profiles_survive_json(started):
     assert consumer.messages[1] == profile
 
 
-def test_request_bodies_may_be_gzip_deflate_or_chunked(started):
+def test_request_bodies_may_be_gzip_deflate_zstd_or_chunked(started):
     receiver, consumer = started()
     body = a_profile().SerializeToString()
     url = http_url(receiver, "/v1development/profiles")
-    for encoding, compressed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+    half = len(body) // 2
+    two_zstd_frames = zstandard.compress(body[:half]) + zstandard.compress(body[half:])
+    for encoding, compressed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body)), ("zstd", two_zstd_frames)):
         response = requests.post(url, data=compressed, headers={**PROTOBUF, "Content-Encoding": encoding}, timeout=5)
         assert response.status_code == 200, response.content
     chunks = (body[i : i + 100] for i in range(0, len(body), 100))  # a generator: requests sends it chunked
     assert requests.post(url, data=chunks, headers=PROTOBUF, timeout=5).status_code == 200
-    assert [sample_tuples(message) for message in consumer.messages] == [sample_tuples(a_profile())] * 3
+    assert [sample_tuples(message) for message in consumer.messages] == [sample_tuples(a_profile())] * 4
 
 
 def _status(response) -> status_pb2.Status:
@@ -129,7 +136,14 @@ def test_bad_input_gets_its_status_and_the_receiver_keeps_serving(started):
     assert garbage.status_code == 400 and "cannot decompress" in _status(garbage).message
     cut_gzip = session.post(url, data=gzip.compress(good)[:-10], headers={**PROTOBUF, "Content-Encoding": "gzip"}, timeout=5)
     assert cut_gzip.status_code == 400
-    assert session.post(url, data=good, headers={**PROTOBUF, "Content-Encoding": "br"}, timeout=5).status_code == 400
+    zstd_bomb = zstandard.compress(b"\x00" * 100_000)
+    assert len(zstd_bomb) < 4096 and session.post(url, data=zstd_bomb, headers={**PROTOBUF, "Content-Encoding": "zstd"}, timeout=5).status_code == 413
+    garbage_zstd = session.post(url, data=b"this is not zstd", headers={**PROTOBUF, "Content-Encoding": "zstd"}, timeout=5)
+    assert garbage_zstd.status_code == 400 and "cannot decompress the zstd body" in _status(garbage_zstd).message
+    cut_zstd = session.post(url, data=zstandard.compress(good)[:-10], headers={**PROTOBUF, "Content-Encoding": "zstd"}, timeout=5)
+    assert cut_zstd.status_code == 400 and "truncated" in _status(cut_zstd).message
+    brotli = session.post(url, data=good, headers={**PROTOBUF, "Content-Encoding": "br"}, timeout=5)
+    assert brotli.status_code == 400 and "supported: gzip, deflate, zstd" in _status(brotli).message
     wrong_method = session.get(url, timeout=5)
     assert (wrong_method.status_code, wrong_method.headers["Allow"]) == (405, "POST")
     assert session.post(http_url(receiver, "/v1/nothing"), data=good, headers=PROTOBUF, timeout=5).status_code == 404
@@ -137,6 +151,20 @@ def test_bad_input_gets_its_status_and_the_receiver_keeps_serving(started):
 
     assert session.post(url, data=good, headers=PROTOBUF, timeout=5).status_code == 200
     assert len(consumer.messages) == 1
+
+
+def test_a_zstd_bomb_is_refused_without_being_inflated():
+    bomb = zstandard.compress(b"\x00" * 100_000_000)  # 3 kB that inflate to 100 MB
+    headers = Message()
+    headers["Content-Length"], headers["Content-Encoding"] = str(len(bomb)), "zstd"
+    tracemalloc.start()
+    try:
+        with pytest.raises(BodyError) as refused:
+            read_body(io.BytesIO(bomb), headers, 1_000_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert refused.value.status == 413 and peak < 5_000_000, peak
 
 
 def test_bad_grpc_input_is_invalid_argument_and_the_server_keeps_serving(started):

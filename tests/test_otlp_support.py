@@ -3,7 +3,8 @@
 ``GrpcBackend`` and ``HttpBackend`` are real servers that answer from a script (each request takes
 the next scripted answer, the last one repeating) and, like a CapturingConsumer, keep in
 ``messages`` what they accepted, decoded into the ``*Data`` message of its signal. ``gate`` holds
-requests until set (a slow backend).
+requests until set (a slow backend). ``HttpBackend`` reads bodies as the otlp receiver does (gzip,
+deflate or zstd) and keeps each request's ``Content-Encoding`` in ``content_encodings``.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ class GrpcBackend(_Recorder):
 class HttpBackend(_Recorder):
     def __init__(self, script: list[Answer] | None = None, port: int = 0):
         super().__init__(script)
+        self.content_encodings: list[str | None] = []
         recorder = self
         paths = {otlp.http_path: otlp for otlp in OTLP_SIGNALS.values()}
 
@@ -129,6 +131,7 @@ class HttpBackend(_Recorder):
 
             def do_POST(self):
                 otlp = paths[self.path]
+                recorder.content_encodings.append(self.headers["Content-Encoding"])
                 body = read_body(self.rfile, self.headers, 1 << 30)
                 data = encoding_of(self.headers["Content-Type"]).decode(body, otlp.data_type)
                 answer = recorder._arrived()

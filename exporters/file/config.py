@@ -1,8 +1,7 @@
 """Settings of the file exporter, with the Go ``file`` exporter's keys and defaults.
 
 As in Go, rotation is on when the ``rotation`` key is present, even with no value (``rotation:``
-alone rotates with the defaults below). Compression is ``gzip``: Go's ``zstd`` would need the
-``zstandard`` package, which pycollector does not depend on.
+alone rotates with the defaults below). Compression is Go's ``zstd``, or ``gzip``.
 """
 
 from __future__ import annotations
@@ -41,8 +40,10 @@ class FileConfig(ComponentConfig):
     # `json`: one OTLP/JSON message per line. `proto`: each OTLP protobuf message preceded by its
     # length as 4 bytes big-endian, as the Go exporter writes it.
     format: Literal["json", "proto"] = DEFAULT_FORMAT
-    # `gzip`: each flush is appended as one gzip member; `zcat` reads the file whole.
-    compression: Literal["", "gzip"] = ""
+    # Each flush is appended as one zstd frame (gzip member), so `zstd -dc` (`zcat`) reads the file
+    # whole, even while it is written. That is Go's `exporter.file.nativeCompression` gate (alpha);
+    # without it Go compresses each message alone behind its length, which no zstd tool reads.
+    compression: Literal["", "zstd", "gzip"] = ""
     flush_interval: Duration = pydantic.Field(DEFAULT_FLUSH_INTERVAL, gt=0)
     # Create the file's directory at start when it is missing.
     create_directory: bool = False

@@ -2,7 +2,7 @@
 exporter writes it.
 
 Messages are framed as they arrive and held in memory; every ``flush_interval`` (and whenever a
-chunk's worth is waiting) the held messages go to the file as one write, gzip-compressed when
+chunk's worth is waiting) the held messages go to the file as one write, compressed when
 asked. A chunk only ever holds whole messages, so rotation, which happens between writes, never
 splits a message, and a chunk is kept well under the rotation size so files stay under it.
 """
@@ -13,6 +13,8 @@ import gzip
 import threading
 from pathlib import Path
 
+import zstandard
+
 from pycollector.component import Component, PermanentError, StartError
 
 from exporters.file.config import FileConfig
@@ -22,6 +24,8 @@ from exporters.file.output_file import MEGABYTE, OutputFile
 # Largest chunk held before writing, and at most this fraction of the rotation size.
 MAX_CHUNK_BYTES = MEGABYTE
 CHUNKS_PER_FILE = 4
+# Each compresses one chunk into a whole frame (member), which decoders read back to back.
+COMPRESSORS = {"zstd": zstandard.compress, "gzip": gzip.compress}
 
 
 class FileExporter(Component):
@@ -85,8 +89,8 @@ class FileExporter(Component):
         chunk = b"".join(self._held)
         self._held.clear()
         self._held_bytes = 0
-        if self.config.compression == "gzip":
-            chunk = gzip.compress(chunk)
+        if self.config.compression:
+            chunk = COMPRESSORS[self.config.compression](chunk)
         try:
             self.output.write(chunk)
         except OSError as error:

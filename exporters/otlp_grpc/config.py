@@ -7,7 +7,7 @@ OpenTelemetry SDKs do. As in Go, TLS is on unless ``tls::insecure`` is set (or f
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 
@@ -20,13 +20,15 @@ DEFAULT_ENDPOINT = "localhost:4317"
 DEFAULT_COMPRESSION = "gzip"
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_BALANCER_NAME = "round_robin"
+# What Go's gRPC client offers and grpcio does not.
+_NOT_IN_GRPCIO = frozenset({"zstd", "snappy"})
 
 
 class OtlpGrpcConfig(ComponentConfig):
     endpoint: str = DEFAULT_ENDPOINT
     tls: ClientTLSSettings = ClientTLSSettings()
     headers: dict[str, str] = {}
-    # "" and "none" both send uncompressed, as in Go. gRPC in Python has no zstd or snappy.
+    # "" and "none" both send uncompressed, as in Go.
     compression: Literal["gzip", "deflate", "none", ""] = DEFAULT_COMPRESSION
     # How long one export call may take; 0 waits as long as it takes.
     timeout: NonNegativeDuration = DEFAULT_TIMEOUT
@@ -37,6 +39,14 @@ class OtlpGrpcConfig(ComponentConfig):
     authority: str = ""
     retry_on_failure: RetrySettings = RetrySettings()
     sending_queue: QueueSettings = QueueSettings()
+
+    @pydantic.field_validator("compression", mode="before")
+    @classmethod
+    def _offered_by_grpcio(cls, value: Any) -> Any:
+        # A Go config naming zstd is likely; say why it fails rather than only list what works.
+        if value in _NOT_IN_GRPCIO:
+            raise ValueError(f"{value!r} is not available for gRPC in Python (grpcio has gzip and deflate); use gzip, or otlp_http, which has zstd")
+        return value
 
     @pydantic.field_validator("endpoint")
     @classmethod

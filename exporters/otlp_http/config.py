@@ -33,7 +33,7 @@ class OtlpHttpConfig(ComponentConfig):
     tls: ClientTLSSettings = ClientTLSSettings()
     headers: dict[str, str] = {}
     # "" and "none" both send uncompressed, as in Go.
-    compression: Literal["gzip", "deflate", "none", ""] = DEFAULT_COMPRESSION
+    compression: Literal["gzip", "deflate", "zstd", "none", ""] = DEFAULT_COMPRESSION
     # How long one request may take; 0 waits as long as it takes.
     timeout: NonNegativeDuration = DEFAULT_TIMEOUT
     encoding: Literal["proto", "json"] = DEFAULT_ENCODING

@@ -12,6 +12,7 @@ import zlib
 from typing import Any
 
 import requests
+import zstandard
 from google.protobuf.message import Message
 from google.rpc import status_pb2
 from requests.adapters import HTTPAdapter
@@ -25,7 +26,7 @@ from exporters.otlp_http.config import OtlpHttpConfig
 from exporters.otlp_http.retry_after import parse_retry_after
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
-_COMPRESSORS = {"gzip": gzip.compress, "deflate": zlib.compress}
+_COMPRESSORS = {"gzip": gzip.compress, "deflate": zlib.compress, "zstd": zstandard.compress}
 # How much of an error body that is not a google.rpc.Status goes into the log line.
 _ERROR_TEXT_LIMIT = 200
 
