@@ -47,6 +47,7 @@ class Graph:
         self.telemetry = telemetry
         self.nodes: dict[NodeKey, Node] = {}
         self.edges: dict[NodeKey, list[NodeKey]] = defaultdict(list)
+        self._mutates_memo: dict[NodeKey, bool] = {}
         self._add_nodes_and_edges()
         self.order = self._topological_order()  # upstream first
 
@@ -57,9 +58,8 @@ class Graph:
             receivers = [self._node(self._kind_of(name, "receivers"), name) for name in pipeline.receivers]
             processors = [self._node("processors", name, pipeline.id) for name in pipeline.processors]
             exporters = [self._node(self._kind_of(name, "exporters"), name) for name in pipeline.exporters]
-            chain = processors or exporters
             for receiver in receivers:
-                self._edge(receiver, chain[0] if processors else exporters)
+                self._edge(receiver, processors[0] if processors else exporters)
             for upstream, downstream in zip(processors, processors[1:]):
                 self._edge(upstream, downstream)
             if processors:
@@ -135,8 +135,17 @@ class Graph:
         targets = [self.nodes[target] for target in self.edges[key]]
         if len(targets) == 1:
             return targets[0].consumer
-        mutates = any(target.spec.factory.mutates_data for target in targets)
+        mutates = any(self._mutates(target.key) for target in targets)
         return Fanout([target.consumer for target in targets], copy_for_each=mutates)
+
+    def _mutates(self, key: NodeKey) -> bool:
+        """Whether data handed to this node may be edited by it or anything after it.
+
+        A fan-out must copy when any branch edits *anywhere* downstream, not only right after the
+        split: ``[memory_limiter, resource]`` edits in its second processor."""
+        if key not in self._mutates_memo:
+            self._mutates_memo[key] = self.nodes[key].spec.factory.mutates_data or any(self._mutates(target) for target in self.edges[key])
+        return self._mutates_memo[key]
 
     def _router(self, key: NodeKey) -> SignalRouter:
         """For a receiver or connector: per signal, fan out to the start of each pipeline it feeds."""
@@ -153,7 +162,7 @@ class Graph:
                     per_signal[pipeline.signal].append(entry)
         routes = {}
         for signal, entries in per_signal.items():
-            mutates = any(entry.spec.factory.mutates_data for entry in entries)
+            mutates = any(self._mutates(entry.key) for entry in entries)
             routes[signal] = entries[0].consumer if len(entries) == 1 else Fanout([e.consumer for e in entries], copy_for_each=mutates)
         return SignalRouter(routes)
 

@@ -107,6 +107,18 @@ def factories(journal: Journal) -> dict[str, dict[str, Factory]]:
         def create(self, settings, config, next_consumer):
             return Tagger(journal, f"{settings.id}", config, next_consumer)
 
+    class PasserFactory(Factory):
+        """A processor that passes data on untouched (and says it does not edit it)."""
+
+        type = "passer"
+
+        def create(self, settings, config, next_consumer):
+            class Passer(Component):
+                def consume(self, data):
+                    next_consumer.consume(data)
+
+            return Passer()
+
     class KeeperFactory(Factory):
         type = "keeper"
 
@@ -131,7 +143,7 @@ def factories(journal: Journal) -> dict[str, dict[str, Factory]]:
 
     return {
         "receivers": {"recorder": RecorderFactory()},
-        "processors": {"tagger": TaggerFactory()},
+        "processors": {"tagger": TaggerFactory(), "passer": PasserFactory()},
         "exporters": {"keeper": KeeperFactory(), "profiles_only": ProfilesOnlyFactory()},
         "connectors": {"forward_like": ForwardLikeFactory()},
         "extensions": {"noop": NoopExtensionFactory()},

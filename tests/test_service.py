@@ -58,6 +58,27 @@ def test_shared_receiver_fans_out_and_each_pipeline_gets_its_own_copy():
     assert len(journal.received["keeper/other"]) == 1
 
 
+def test_an_edit_deep_in_one_pipeline_never_reaches_another():
+    journal = Journal()
+    config = {
+        "receivers": {"recorder": {}},
+        "processors": {"passer": {}, "tagger": {}},
+        "exporters": {"keeper": {}, "keeper/other": {}},
+        "service": {
+            "pipelines": {
+                "profiles/edits": {"receivers": ["recorder"], "processors": ["passer", "tagger"], "exporters": ["keeper"]},
+                "profiles/plain": {"receivers": ["recorder"], "exporters": ["keeper/other"]},
+            }
+        },
+    }
+    service = service_for(config, journal)
+    service.start()
+    receiver(service, "recorder").push(one_profile())
+    service.shutdown()
+    [plain] = journal.received["keeper/other"]
+    assert not any(key.startswith("tag.") for key in to_dict(plain.resource_profiles[0].resource.attributes))
+
+
 def test_start_is_sinks_first_and_shutdown_is_sources_first():
     journal = Journal()
     service = service_for(shared_config(), journal)
