@@ -20,13 +20,13 @@ HZ = 97
 
 
 class RefusingExporter(Factory):
-    """Refuses the first ``refusals`` exports, then keeps what it gets."""
+    """Fails the first ``refusals`` exports with ``error``, then keeps what it gets."""
 
     type = "refusing"
     signals = frozenset({"profiles"})
 
-    def __init__(self, refusals: int):
-        self.refusals, self.calls, self.kept = refusals, 0, []
+    def __init__(self, refusals: int, error=lambda: RefusedError("memory limit reached")):
+        self.refusals, self.error, self.calls, self.kept = refusals, error, 0, []
 
     def create(self, settings, config, next_consumer):
         factory = self
@@ -35,7 +35,7 @@ class RefusingExporter(Factory):
             def consume(self, data):
                 factory.calls += 1
                 if factory.calls <= factory.refusals:
-                    raise RefusedError("memory limit reached")
+                    raise factory.error()
                 factory.kept.append(data)
 
         return Exporter()
@@ -91,3 +91,10 @@ def test_refusing_for_ever_drops_held_samples_and_counts_them(known_split):
     exporter = RefusingExporter(refusals=10**6)
     service, _, _ = profile_with(exporter, known_split, 2.5, until=dropped)
     assert exporter.kept == [] and dropped(service) > 0
+
+
+def test_a_bug_downstream_does_not_stop_profiling(known_split):
+    exporter = RefusingExporter(refusals=1, error=lambda: ValueError("a bug in some exporter"))
+    service, pid, _ = profile_with(exporter, known_split, 2.0, until=lambda service: len(exporter.kept) >= 2)
+    assert len(exporter.kept) >= 2, "reports must keep coming after a downstream bug"
+    assert service.telemetry.sample("otelcol_receiver_failed_profile_samples_total", {"receiver": "profiling"}) > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from typing import Any
 
 from pycollector.component import Component, PermanentError, RefusedError, StartError
@@ -32,6 +33,9 @@ BASE_COUNT_MAP_SIZE = 10_240
 BASE_STACK_STORAGE_SIZE = 16_384
 MAX_HELD_REPORTS = 3
 EVENT_POLL_MS = 100
+# How long shutdown waits for the threads after the last report was handed downstream; a pipeline
+# still blocked after that (e.g. a full queue with block_on_overflow) is abandoned, not waited for.
+SHUTDOWN_JOIN_TIMEOUT = 30.0
 
 
 class ProfilingReceiver(Component):
@@ -82,9 +86,15 @@ class ProfilingReceiver(Component):
 
     def shutdown(self) -> None:
         self._stop.set()
+        deadline = time.monotonic() + SHUTDOWN_JOIN_TIMEOUT
         for thread in self._threads:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                self.log.error("a profiling thread did not stop in time; abandoning it", thread=thread.name, seconds=SHUTDOWN_JOIN_TIMEOUT)
         self._threads.clear()
+        if self._held is not None:  # the last report was refused: nothing will take it now
+            self._drop(self._held, "shutdown", "the pipeline refused the last report while stopping")
+            self._held = None
         if self._sampler is not None:
             self._sampler.close()
             self._sampler = None
@@ -114,10 +124,10 @@ class ProfilingReceiver(Component):
     def _report(self) -> None:
         try:
             interval = self._sampler.collect()
-            data = self.reports.build(interval)
-        except Exception as error:  # keep profiling; one bad interval must not stop the agent
-            self.log.exception("could not build this interval's profile", error=str(error))
+        except Exception as error:  # keep profiling; one bad read must not stop the agent
+            self.log.exception("could not read this interval's counts from the kernel", error=str(error))
             return
+        data = self.reports.build(interval, on_error=self._process_failed)
         self._record_counters(interval.counters)
         for pid in self.processes.forget_exited():
             self._sampler.forget_process(pid)
@@ -135,16 +145,26 @@ class ProfilingReceiver(Component):
             self._held_intervals = 0
         except RefusedError as error:
             self._hold(data, error)
-        except PermanentError as error:
-            self.log.error("pipeline rejected this interval's profile; dropped", samples=sample_count(data), reason=str(error))
+        except Exception as error:  # rejected, or a bug downstream: the thread must live on
+            # The engine counts these samples as otelcol_receiver_failed_profile_samples.
+            self._held_intervals = 0
+            self.log.error("pipeline failed this interval's profile; dropped", samples=sample_count(data), reason=str(error), permanent=isinstance(error, PermanentError))
+
+    def _process_failed(self, tgid: int, samples: int, error: Exception) -> None:
+        """One process's stacks could not be turned into a profile (e.g. an unreadable ELF file)."""
+        self._dropped.labels(reason="build_error").inc(samples)
+        log_once(self.log, ("build-error", tgid), "error", "could not build this process's profile; its samples are dropped", pid=tgid, samples=samples, error=repr(error))
+
+    def _drop(self, data, reason: str, why: str) -> None:
+        dropped = sample_count(data)
+        self._dropped.labels(reason=reason).inc(dropped)
+        self.log.warning(f"{why}; dropped the held samples", samples=dropped)
 
     def _hold(self, data, error: RefusedError) -> None:
         """Keep a refused report for the next interval, unless it has grown past the bound."""
         self._held_intervals += 1
         if self._held_intervals > MAX_HELD_REPORTS:
-            dropped = sample_count(data)
-            self._dropped.labels(reason="refused").inc(dropped)
-            self.log.warning("downstream kept refusing; dropped the held samples", samples=dropped, intervals=self._held_intervals, reason=str(error))
+            self._drop(data, "refused", f"downstream refused {self._held_intervals} intervals in a row ({error})")
             self._held_intervals = 0
             return
         self.log.info("downstream refused; holding this interval for the next one", samples=sample_count(data), reason=str(error))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import socket
+from typing import Callable
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
@@ -32,20 +33,34 @@ class ReportBuilder:
         self.symbolizer = symbolizer
         self.host_name = host_name or socket.gethostname()
 
-    def build(self, interval: Interval) -> profiles_pb2.ProfilesData:
+    def build(self, interval: Interval, on_error: Callable[[int, int, Exception], None] | None = None) -> profiles_pb2.ProfilesData:
+        """One ResourceProfiles per process. A process whose stacks cannot be symbolized is left
+        out and reported to ``on_error(tgid, samples, error)``; the others are still built."""
         builder = ProfilesBuilder()
+        locations: dict[Frame, int] = {}  # the same frame recurs across stacks and threads
         by_process: dict[int, list[StackCount]] = collections.defaultdict(list)
         for stack in interval.stacks:
             by_process[stack.tgid].append(stack)
         for tgid, stacks in sorted(by_process.items()):
-            info = self.processes.lookup(tgid)
-            for stack in stacks:
-                self.processes.observe_thread(tgid, stack.tid, stack.comm)
-            self._add_process(builder, interval, tgid, info, stacks)
+            try:
+                symbolized = [(stack, self._frames(tgid, stack)) for stack in stacks]
+            except Exception as error:  # one bad file or process must not cost the whole interval
+                if on_error is None:
+                    raise
+                on_error(tgid, sum(stack.count for stack in stacks), error)
+                continue
+            self._add_process(builder, interval, tgid, symbolized, locations)
         return builder.data
 
-    def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, info: ProcessInfo | None, stacks: list[StackCount]) -> None:
-        resource = builder.resource_profiles(self._resource_attributes(tgid, info, stacks))
+    def _frames(self, tgid: int, stack: StackCount) -> list[Frame]:
+        frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
+        if stack.user_addrs:
+            frames += self.symbolizer.symbolize_user(tgid, stack.user_addrs)
+        return frames
+
+    def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, symbolized: list, locations: dict) -> None:
+        stacks = [stack for stack, _ in symbolized]
+        resource = builder.resource_profiles(self._resource_attributes(tgid, self.processes.lookup(tgid), stacks))
         profile = builder.profile(
             builder.scope_profiles(resource, name=SCOPE_NAME, version=SCOPE_VERSION),
             sample_type=("samples", "count"),
@@ -54,16 +69,13 @@ class ReportBuilder:
             time_unix_nano=interval.start_wall_ns,
             duration_nano=max(0, interval.end_wall_ns - interval.start_wall_ns),
         )
-        for stack in stacks:
-            frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
-            if stack.user_addrs:
-                frames += self.symbolizer.symbolize_user(tgid, stack.user_addrs)
-            thread_name = self.processes.thread_name(tgid, stack.tid) or stack.comm
+        for stack, frames in symbolized:
             builder.sample(
                 profile,
-                builder.stack([self._location(builder, frame) for frame in frames]),
+                builder.stack([self._location(builder, frame, locations) for frame in frames]),
                 [stack.count],
-                attributes={"thread.id": stack.tid, "thread.name": thread_name},
+                # The comm in the sample is the thread's name when it was sampled.
+                attributes={"thread.id": stack.tid, "thread.name": stack.comm},
             )
 
     def _resource_attributes(self, tgid: int, info: ProcessInfo | None, stacks: list[StackCount]) -> dict:
@@ -82,7 +94,9 @@ class ReportBuilder:
         return attributes
 
     @staticmethod
-    def _location(builder: ProfilesBuilder, frame: Frame) -> int:
+    def _location(builder: ProfilesBuilder, frame: Frame, memo: dict[Frame, int]) -> int:
+        if frame in memo:
+            return memo[frame]
         mapping = 0
         if frame.file:
             mapping = builder.mapping(
@@ -93,4 +107,5 @@ class ReportBuilder:
                 attributes={"process.executable.build_id.gnu": frame.build_id} if frame.build_id else None,
             )
         lines = [(builder.function(frame.name, system_name=frame.name), 0, 0)] if frame.name else ()
-        return builder.location(mapping, frame.address, lines, attributes={"profile.frame.type": frame.kind})
+        memo[frame] = builder.location(mapping, frame.address, lines, attributes={"profile.frame.type": frame.kind})
+        return memo[frame]
