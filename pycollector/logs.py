@@ -7,6 +7,7 @@ so a message can be traced back to the YAML that caused it.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from typing import Any, TextIO
@@ -24,11 +25,27 @@ def current_format() -> str:
     return _format
 
 
+_stderr_copy: TextIO | None = None
+
+
+def _log_stream() -> TextIO:
+    """Standard error through a descriptor of its own. While BCC compiles, the profiling receiver
+    redirects descriptor 2 to capture clang's messages; logs of other threads must not vanish
+    into that capture."""
+    global _stderr_copy
+    if _stderr_copy is None:
+        try:
+            _stderr_copy = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+        except (AttributeError, OSError, ValueError):  # no real descriptor (e.g. captured in tests)
+            return sys.stderr
+    return _stderr_copy
+
+
 def configure(log_format: str = "console", level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog once for the process. ``log_format`` is ``console`` or ``json``."""
     global _format
     _format = log_format
-    stream = stream or sys.stderr
+    stream = stream or _log_stream()
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

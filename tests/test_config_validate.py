@@ -97,3 +97,17 @@ def test_bad_duration_names_its_key():
         "exporters::otlp_grpc/backend::retry_on_failure::max_interval: invalid duration '30': use a number and a unit (ns, us, ms, s, m, h), e.g. '1m30s'",
         "exporters::otlp_grpc/backend::retry_on_failure::max_intervall: unknown key (did you mean 'max_interval'?)",
     ]
+
+
+def test_metrics_address_without_host_listens_on_every_interface():
+    from pycollector.config.service_model import MetricsTelemetry
+
+    assert MetricsTelemetry(address=":8888").listen_address() == ("0.0.0.0", 8888)
+    assert MetricsTelemetry().listen_address() == ("localhost", 8888)
+    assert MetricsTelemetry(readers=[{"pull": {"exporter": {"prometheus": {"host": "127.0.0.1", "port": 9000}}}}]).listen_address() == ("127.0.0.1", 9000)
+
+
+def test_a_bad_prometheus_reader_port_is_a_config_error_with_its_path():
+    with pytest.raises(ConfigError) as raised:
+        build_plan({"service": {"pipelines": {}, "telemetry": {"metrics": {"readers": [{"pull": {"exporter": {"prometheus": {"port": "abc"}}}}]}}}}, registry_with())
+    assert "service::telemetry::metrics::readers: readers[0]: pull::exporter::prometheus::port must be a port number (got 'abc')" in raised.value.problems

@@ -37,21 +37,39 @@ class MetricsTelemetry(ComponentConfig):
             return None
         if self.readers:
             for reader in self.readers:
-                prometheus = ((reader.get("pull") or {}).get("exporter") or {}).get("prometheus")
+                prometheus = _prometheus_of(reader)
                 if prometheus is not None:
                     return str(prometheus.get("host", "localhost")), int(prometheus.get("port", 8888))
             return None
         host, _, port = (self.address or DEFAULT_METRICS_ADDRESS).rpartition(":")
-        return host or "localhost", int(port)
+        # ":8888" means every interface, as in Go.
+        return host.strip("[]") or "0.0.0.0", int(port)
 
     @pydantic.field_validator("address")
     @classmethod
     def _check_address(cls, value: str | None) -> str | None:
         if value is not None:
             host, colon, port = value.rpartition(":")
-            if not colon or not port.isdigit():
+            if not colon or not port.isdigit() or int(port) > 65535:
                 raise ValueError(f"expected host:port, e.g. '{DEFAULT_METRICS_ADDRESS}'")
         return value
+
+    @pydantic.field_validator("readers")
+    @classmethod
+    def _check_readers(cls, readers: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for index, reader in enumerate(readers or ()):
+            prometheus = _prometheus_of(reader)
+            port = None if prometheus is None else prometheus.get("port", 8888)
+            if prometheus is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
+                raise ValueError(f"readers[{index}]: pull::exporter::prometheus::port must be a port number (got {port!r})")
+        return readers
+
+
+def _prometheus_of(reader: Any) -> dict | None:
+    """The ``pull: {exporter: {prometheus: {...}}}`` settings of a reader, if it is one."""
+    if not isinstance(reader, dict):
+        return None
+    return ((reader.get("pull") or {}).get("exporter") or {}).get("prometheus")
 
 
 class TelemetrySettings(ComponentConfig):

@@ -44,7 +44,6 @@ class ProfilingConfig(ComponentConfig):
     # Map sizes grow by 2**map_scale_factor, for hosts with many distinct stacks per interval.
     map_scale_factor: int = pydantic.Field(0, ge=0, le=MAX_MAP_SCALE_FACTOR)
     bpf_verifier_log_level: int = pydantic.Field(0, ge=0, le=2)
-    # Samples of the idle task (the CPU had nothing to run) are left out unless asked for.
     send_idle_frames: bool = False
     verbose_mode: bool = False
     # `propagate`: a profiler that cannot start stops the collector. `ignore`: log and go on.
@@ -116,4 +115,17 @@ NOT_IMPLEMENTED = (
     "go_labels_map_scale_factor",
     "obi_process_ctx",
     "filter_min_process_age",
+    # The BPF program always leaves out the idle task; sampling always uses the software
+    # cpu-clock (this machine class has no PMU); no separate frame cache, BPF filesystem pinning,
+    # clock sync or gRPC transport of the Go agent exists here.
+    "send_idle_frames",
+    "verbose_mode",
+    "enable_sw_cpu_clock",
+    "monitor_interval",
+    "clock_sync_interval",
+    "frame_cache_size",
+    "bpf_fs_root",
+    "max_grpc_retries",
+    "max_rpc_msg_size",
+    "no_kernel_version_check",
 )
