@@ -372,3 +372,25 @@ def test_counter_names_come_from_the_header_and_warnings_name_the_setting():
     assert counter_warnings(after, after) == []
     few = {**before, "samples": 1000, "kernel_stack_collision": 3}  # 0.3%: normal, no warning
     assert counter_warnings(before, few) == []
+
+
+@pytest.mark.bpf
+def test_stacks_of_samples_dropped_for_a_full_count_map_are_freed(tmp_path):
+    """A sample dropped because the count map is full leaves its stack in the stack map with no
+    key referring to it; collect() must free those, or their buckets collide for ever."""
+    require_bpf()
+    binary = build(tmp_path, "known_split", KNOWN_SPLIT, "-O2", "-fno-omit-frame-pointer")
+    sampler = Sampler(997, stack_storage_size=4096, count_map_size=4)
+    sampler.start()
+    workloads = [subprocess.Popen([str(binary), "2"], stdout=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        time.sleep(1.0)
+        sampler.collect()
+        assert sampler.counters()["map_full"] > 0, "the tiny count map should have overflowed"
+        remaining = {key.value for key in sampler._stacks.keys()}
+        referenced = sampler._referenced_stack_ids(sampler._count_maps[sampler._slot])
+        assert len(remaining - referenced) <= 2  # ids BPF created between our snapshot and the sweep
+    finally:
+        for workload in workloads:
+            workload.wait()
+        sampler.close()

@@ -311,6 +311,7 @@ class Sampler:
         self._user = dict.fromkeys(USER_COUNTERS, 0)
         self._user_lock = threading.Lock()
         self._stack_fallback: dict[int, list[int]] = {}
+        self._map_full_seen = 0
         self._batch_ok = True
         self._interval_start = (0, 0)
         self._final_counters: dict[str, int] = {}  # BPF counters as of close()
@@ -577,6 +578,7 @@ class Sampler:
                 del self._stacks[self._stacks.Key(sid)]
             if stacks[sid] is not None:
                 fallback[sid] = stacks[sid]
+        self._sweep_orphan_stacks(used | still_used, fallback)
         self._stack_fallback = fallback
         with self._user_lock:
             self._user["missing_stacks"] += missing
@@ -588,6 +590,27 @@ class Sampler:
         return Interval(stacks=out, start_monotonic_ns=start_mono, end_monotonic_ns=end_mono,
                         start_wall_ns=start_wall, end_wall_ns=end_wall,
                         frequency_hz=self.frequency_hz, counters=self.counters())
+
+    def _sweep_orphan_stacks(self, referenced: set[int], fallback: dict[int, list[int]]) -> None:
+        """Delete stack ids no count map refers to, after the count map was full.
+
+        BPF stores a stack before it counts the sample; when the count map is full the sample is
+        dropped and its stack id is referenced by nobody, so the drain above never frees it. Left
+        there, it makes every other stack hashing to its bucket fail with -EEXIST for good. Only
+        done when map_full moved, as it walks the whole stack map."""
+        map_full = self.counters().get("map_full", 0)
+        if map_full == self._map_full_seen:
+            return
+        self._map_full_seen = map_full
+        orphans = [key.value for key in self._stacks.keys() if key.value not in referenced]
+        for sid in orphans:
+            addrs = self._read_stack(sid)  # kept for the race described in the class docstring
+            with contextlib.suppress(KeyError):
+                del self._stacks[self._stacks.Key(sid)]
+            if addrs is not None:
+                fallback[sid] = addrs
+        with self._user_lock:
+            self._user["stacks_freed"] += len(orphans)
 
     def counters(self) -> dict[str, int]:
         """Cumulative counts since start(): the BPF per-CPU counters summed, plus user-side ones
