@@ -388,10 +388,12 @@ def test_stacks_of_samples_dropped_for_a_full_count_map_are_freed(tmp_path):
         before = {key.value for key in sampler._stacks.keys()}
         sampler.collect()
         assert sampler.counters()["map_full"] > 0, "the tiny count map should have overflowed"
-        # While the map stays full, new orphans keep appearing; the ones from before must be gone.
+        # While the map stays full, new orphans keep appearing, and a recurring stack is re-created
+        # under the same id (the id hashes the stack); the orphans from before must be gone but
+        # for those few.
         survivors = before & {key.value for key in sampler._stacks.keys()}
         referenced = sampler._referenced_stack_ids(sampler._count_maps[sampler._slot])
-        assert len(before) > 8 and len(survivors - referenced) <= 2, (len(before), survivors - referenced)
+        assert len(before) > 8 and len(survivors - referenced) <= max(2, len(before) // 10), (len(before), survivors - referenced)
     finally:
         for workload in workloads:
             workload.wait()
