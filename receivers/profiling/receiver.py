@@ -53,6 +53,9 @@ class ProfilingReceiver(Component):
         self._bpf_counters = telemetry.counter("pycollector_profiling_bpf_events", "Events counted by the profiling receiver's BPF program and its reader.", ("event",))
         self._dropped = telemetry.counter("pycollector_profiling_dropped_samples", "Samples the profiling receiver dropped after downstream kept refusing them.", ("reason",))
         self._processes_gauge = telemetry.gauge("pycollector_profiling_known_processes", "Processes whose /proc snapshot the receiver holds.")
+        # Cumulative counts kept by the symbolizer and the process table, read at scrape time:
+        # an ELF file that will not parse or a snapshot that came back partial costs names.
+        self._stats = telemetry.gauge("pycollector_profiling_symbolization", "Symbolizer and /proc snapshot counts since start.", ("stat",))
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -62,6 +65,9 @@ class ProfilingReceiver(Component):
         self.processes = ProcessTable(self.config.env_var_names())
         self.symbolizer = Symbolizer(self.processes)
         self.reports = ReportBuilder(self.processes, self.symbolizer)
+        for owner, names in ((self.symbolizer, ("files_parsed", "files_failed", "files_unreadable")), (self.processes, ("snapshots", "partial_snapshots"))):
+            for name in names:
+                self._stats.labels(stat=name).set_function(lambda owner=owner, name=name: owner.stats.get(name, 0))
         sampler = Sampler(
             frequency_hz=self.config.samples_per_second,
             stack_storage_size=BASE_STACK_STORAGE_SIZE * scale,
