@@ -563,3 +563,13 @@ def test_item_names():
         "metrics": "metric_points",
         "logs": "log_records",
     }
+
+
+def test_a_message_without_a_dictionary_reads_index_0_as_none():
+    """Index 0 is "none" even when a sender left the tables out."""
+    data = profiles_pb2.ProfilesData()
+    profile = data.resource_profiles.add().scope_profiles.add().profiles.add()
+    profile.samples.add(values=[7])
+    assert validate_indices(data) == []
+    [view] = iter_samples(data)
+    assert (view.frames, view.values, view.attributes) == ([], [7], {})

@@ -14,6 +14,8 @@ from typing import Any
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
+from pycollector.pdata.zero_entries import with_zero_entries
+
 from pycollector.pdata.attributes import from_any_value, to_dict
 
 # Semantic-convention attribute keys the frames expose.
@@ -125,7 +127,7 @@ class _Resolver:
 
 def iter_samples(data: profiles_pb2.ProfilesData) -> Iterator[SampleView]:
     """Every sample of ``data`` in message order, resolved."""
-    resolver = _Resolver(data.dictionary)
+    resolver = _Resolver(with_zero_entries(data.dictionary))
     for resource_profiles in data.resource_profiles:
         resource = to_dict(resource_profiles.resource.attributes)
         for scope_profiles in resource_profiles.scope_profiles:
@@ -151,4 +153,4 @@ def sample_type(data: profiles_pb2.ProfilesData, profile: profiles_pb2.Profile) 
 
 def frames_of(data: profiles_pb2.ProfilesData, stack_index: int) -> list[Frame]:
     """The frames of one stack, leaf first. For many samples use ``iter_samples``, which caches."""
-    return _Resolver(data.dictionary).frames(stack_index)
+    return _Resolver(with_zero_entries(data.dictionary)).frames(stack_index)
