@@ -1,0 +1,73 @@
+"""`make bench`: python -m bench [--quick] [--output PATH].
+
+Runs every scenario (the workload under each profiler, round after round; then the pipeline),
+writes the table, and stops every process it started, even when interrupted. Needs root: BPF,
+perf on every CPU, and the bpf_stats sysctl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import agent_cost, bpf_stats, children, overhead, pipeline, procfs, report, rounds, side_by_side, sizes, truth, workload
+from bench.settings import FULL, QUICK
+from bench.sink import ProfilesSink
+
+RESULTS = Path(__file__).resolve().with_name("RESULTS.md")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one round on tiny durations: a smoke test of every step, not figures to read")
+    parser.add_argument("--output", type=Path, default=RESULTS, help=f"where to write the table (default {RESULTS})")
+    return parser
+
+
+def _stop_on_signals() -> dict:
+    """SIGTERM unwinds like Ctrl-C, so the cleanup runs. A Python handler for SIGINT is also
+    reset to the default in children, where an inherited "ignore" (a shell's background job)
+    would keep perf and profile-bpfcc from ever hearing our SIGINT. Returns what to restore."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    return before
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    if os.geteuid() != 0:
+        print("bench: needs root (BPF, perf -a, the bpf_stats sysctl)", file=sys.stderr)
+        return 2
+    handlers = _stop_on_signals()
+    began = time.monotonic()
+    loads = [procfs.load_average()]
+    try:
+        with tempfile.TemporaryDirectory(prefix="pycollector-bench-") as scratch, bpf_stats.enabled():
+            workdir = Path(scratch)
+            binary = workload.build_known_split(workdir)
+            with ProfilesSink(keep_requests=True) as sink:
+                runs = rounds.run_rounds(settings, binary, workdir, sink)
+                side_by_side_runs = side_by_side.run_rounds(settings, binary, workdir, sink)
+            pipeline_dir = workdir / "pipeline"
+            pipeline_dir.mkdir()
+            pipeline_results, pipeline_shape = pipeline.run_rounds(pipeline_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
+    finally:
+        children.kill_all()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    loads += [run.load for run in runs + side_by_side_runs] + [procfs.load_average()]
+    rows = overhead.rows(runs) + agent_cost.rows(runs) + truth.rows(side_by_side_runs) + pipeline.rows(pipeline_results) + sizes.rows(side_by_side_runs)
+    report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape)
+    print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

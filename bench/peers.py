@@ -1,0 +1,128 @@
+"""The profilers under test, each launched as a user would run it, at the same frequency:
+
+pycollector     the installed console script with the profiling receiver, exporting OTLP/gRPC to
+                the bench's sink (so building, encoding and sending each report is included)
+perf            `perf record -F HZ -a -g -o FILE`
+profile-bpfcc   BCC's profile tool, `profile-bpfcc -F HZ`, its output to a file
+
+Each knows when it is sampling, so the bench can measure start-up (launch to first sample) apart
+from the steady state.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from bench import children, procfs
+
+PYCOLLECTOR = Path(sys.executable).with_name("pycollector")
+PROFILE_BPFCC = "/usr/sbin/profile-bpfcc"
+STARTUP_TIMEOUT_S = 120.0
+POLL_S = 0.01
+
+
+class Profiler:
+    """One launch of a profiler: ``launch``, ``wait_until_sampling``, then ``stop(profiler)``."""
+
+    name = ""
+
+    def __init__(self, workdir: Path, hz: int) -> None:
+        self.workdir = workdir
+        self.hz = hz
+        self.process: subprocess.Popen | None = None
+        self.log_path = workdir / f"{self.name}.log"
+        self._launched_at = 0.0
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def sampling(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def launch(self) -> None:
+        with self.log_path.open("w") as log:
+            self.process = children.start(self.argv(), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        self._launched_at = time.monotonic()
+
+    def wait_until_sampling(self) -> tuple[float, float]:
+        """(seconds, CPU seconds) from launch to the first sample."""
+        deadline = self._launched_at + STARTUP_TIMEOUT_S
+        while not self.sampling():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode} before sampling:\n{self.log_path.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start sampling within {STARTUP_TIMEOUT_S:g} s")
+            time.sleep(POLL_S)
+        return time.monotonic() - self._launched_at, procfs.tree_cpu_seconds(self.pid)
+
+    def sampling_program_id(self) -> int | None:
+        """The id of the BPF program that takes the samples, for a BPF profiler."""
+        programs = procfs.sampling_bpf_programs(self.pid)
+        return programs[0]["prog_id"] if programs else None
+
+
+class _BpfProfiler(Profiler):
+    def sampling(self) -> bool:
+        # The program's run count moves once it is attached and a CPU has ticked (bpf stats on).
+        return any(program["run_cnt"] > 0 for program in procfs.sampling_bpf_programs(self.pid))
+
+
+class PycollectorAgent(_BpfProfiler):
+    name = "pycollector"
+
+    def __init__(self, workdir: Path, hz: int, sink_endpoint: str, reporter_interval_s: float) -> None:
+        super().__init__(workdir, hz)
+        self.config_path = workdir / "pycollector-bench.yaml"
+        config = {
+            "receivers": {"profiling": {"samples_per_second": hz, "reporter_interval": f"{reporter_interval_s:g}s"}},
+            "exporters": {"otlp_grpc": {"endpoint": sink_endpoint, "tls": {"insecure": True}}},
+            "service": {
+                "pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["otlp_grpc"]}},
+                "telemetry": {"metrics": {"address": "127.0.0.1:0"}},  # a free port: runs may overlap others'
+            },
+        }
+        self.config_path.write_text(yaml.safe_dump(config))
+
+    def argv(self) -> list[str]:
+        return [str(PYCOLLECTOR), "--config", str(self.config_path)]
+
+
+class ProfileBpfcc(_BpfProfiler):
+    name = "profile-bpfcc"
+
+    def argv(self) -> list[str]:
+        return [PROFILE_BPFCC, "-F", str(self.hz)]
+
+
+class PerfRecord(Profiler):
+    name = "perf"
+
+    def __init__(self, workdir: Path, hz: int) -> None:
+        super().__init__(workdir, hz)
+        self.data_path = workdir / "perf.data"
+
+    def argv(self) -> list[str]:
+        return [shutil.which("perf") or "perf", "record", "-F", str(self.hz), "-a", "-g", "-o", str(self.data_path)]
+
+    def sampling(self) -> bool:
+        # perf maps a ring buffer per CPU once its events are open, right before enabling them.
+        return procfs.perf_event_mappings(self.pid) >= procfs.online_cpus()
+
+
+def stop(*profilers: Profiler) -> None:
+    """Interrupt them together, so that profilers run side by side stop sampling at once."""
+    codes = children.stop(*(profiler.process for profiler in profilers))
+    for profiler, code in zip(profilers, codes):
+        if code not in (0, -signal.SIGINT):  # perf re-raises SIGINT once its file is written
+            raise RuntimeError(f"{profiler.name} exited with {code} when stopped:\n{profiler.log_path.read_text()[-3000:]}")

@@ -1,0 +1,104 @@
+"""bench/RESULTS.md: the machine and conditions of the run, then one table of every figure
+against its peer, then how each figure was measured."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import textwrap
+from pathlib import Path
+
+from bench import procfs
+from bench.figures import Row
+from bench.settings import Settings
+
+WIDTH = 100
+HEADER = ["Section", "Figure", "pycollector", "Peer", "Peer's figure", "Ratio (pycollector / peer)", "Target"]
+
+METHOD = """\
+- **Rounds.** Each round runs the workload with no profiler, then under pycollector, perf and
+  profile-bpfcc, in an order rotated by one each round; every profiler samples all CPUs at {hz} Hz
+  with user and kernel stacks. A cell is the median over the rounds with [min–max]; a ratio is
+  pycollector's figure over the peer's *in the same round*, then median [min–max].
+- **Workload.** One copy of `shared/workloads/known_split.c` per CPU (`gcc -O2
+  -fno-omit-frame-pointer`), each running {workload_seconds:g} s and printing its iterations. A
+  profiler's window starts {settle_seconds:g} s after its first sample, the workload running
+  meanwhile too (steady state): by then pycollector has made its first report, which symbolizes
+  every binary on the host with cold caches; that CPU is the start-up row "CPU from first sample
+  to the steady-state window". Iterations per CPU second divide by the CPU time the copies got
+  (wait4), which removes CPU the profiler's own process took and keeps what each sample costs the
+  workload.
+- **pycollector** is the installed `pycollector` command with the profiling receiver
+  (`reporter_interval: {reporter_interval_s:g}s`) exporting OTLP/gRPC (gzip, its default) to a
+  sink in the bench, so building, encoding and sending reports is in the window. **perf** is `perf
+  record -F {hz} -a -g`; **profile-bpfcc** is BCC's tool, `-F {hz}`.
+- **Agent cost.** CPU: time on CPU of every thread of the profiler's process tree
+  (/proc/PID/task/TID/schedstat, ns resolution) over the window, per second of window. Peak RSS:
+  VmHWM at the end of the window. BPF: `kernel.bpf_stats_enabled=1` for the run (restored after),
+  `bpftool prog show` run_time_ns / run_cnt of the perf_event program the profiler holds, over the
+  window. perf has no BPF program.
+- **Start-up.** From launch to the first sample: for the BPF tools, the first run of their program
+  (run_cnt > 0); for perf, its ring buffers mapped on every CPU. CPU is the process tree's over
+  the same span (BCC tools compile their C program with clang in-process).
+- **Truth** and **Sizes** come from rounds of their own in which pycollector and perf profile the
+  same {side_by_side_seconds:g} s of workload at the same time and are stopped together.
+  spin_heavy's share: leaf frames of the workload processes' samples, from the OTLP pycollector
+  exported and from `perf script` of perf.data. Named frames: samples of any process (idle and
+  the two profilers excluded) having user frames, counting those whose every user frame has a
+  symbol. Sizes: the bytes of pycollector's OTLP requests (and each request gzipped at level 6)
+  per sampled tick (sum of sample counts), against perf.data's size (and gzipped) per perf sample
+  record.
+- **Pipeline.** A `pycollector` process runs otlp receiver (gRPC) → batch (defaults) → otlp_grpc
+  exporter (uncompressed) → a sink in the bench. {senders} client threads send {payloads_per_burst}
+  host reports (ProfilesBuilder: {processes} processes, stacks 8–64 frames deep through shared
+  libraries and the kernel, one shared dictionary; about {samples_per_payload} samples and
+  {payload_kib} KiB each) per burst, timed until the sink has every sample; CPU is the collector's.
+  The peer decodes and re-encodes the same payloads in one Python process (`python -m
+  bench.raw_codec`). A sample is one `Sample` message.
+"""
+
+
+def write(path: Path, rows: list[Row], settings: Settings, loads: list[str], seconds: float, pipeline_shape: dict) -> None:
+    lines = ["# pycollector benchmarks", "", f"Written by `make bench` (`python -m bench`, {settings.name} mode, {settings.rounds} rounds) in {seconds / 60:.1f} minutes.", ""]
+    lines += _table(["Machine", ""], _machine(loads))
+    lines += ["", "## Results", ""]
+    lines += _table(HEADER, [row.cells() for row in rows])
+    lines += ["", "## How each figure is measured", "", *_rewrapped(METHOD.format(**vars(settings) | pipeline_shape))]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _rewrapped(bullets: str) -> list[str]:
+    """Each bullet refilled, since the values put into the text change its line lengths."""
+    lines = []
+    for bullet in bullets.split("\n- "):
+        text = " ".join(bullet.removeprefix("- ").split())
+        lines += textwrap.wrap(text, WIDTH, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+    return lines
+
+
+def _machine(loads: list[str]) -> list[list[str]]:
+    one_minute = [float(load.split()[0]) for load in loads]
+    uname = os.uname()
+    return [
+        ["host", uname.nodename],
+        ["CPU", f"{_cpu_model()}, {procfs.online_cpus()} CPUs, {'hardware PMU' if Path('/sys/bus/event_source/devices/cpu').exists() else 'no hardware PMU (software cpu-clock only)'}"],
+        ["kernel", f"{uname.sysname} {uname.release} {uname.version}"],
+        ["Python", platform.python_version()],
+        ["date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")],
+        ["load (1, 5, 15 min)", f"before: {loads[0]}; after: {loads[-1]}; 1-min load at the start of each window: {min(one_minute):.2f}–{max(one_minute):.2f} (the workload alone makes {procfs.online_cpus()}; the rest is other work on the host)"],
+    ]
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    def line(cells):
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+    return [line(header), line(["---"] * len(header)), *map(line, body)]

@@ -1,0 +1,29 @@
+"""How long and how often each scenario runs: the full bench (`make bench`) and the quick
+smoke run (`python -m bench --quick`), which goes through every step on tiny durations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    name: str
+    rounds: int  # each round runs every profiler once, in a rotated order
+    workload_seconds: float  # the steady-state window
+    # Time between a profiler's first sample and the window, the workload already running:
+    # pycollector's first report symbolizes every binary running on the host with cold caches
+    # (a few tenths of a CPU second on a quiet host, seconds on a busy one), which is start-up
+    # work, not steady state.
+    settle_seconds: float
+    reporter_interval_s: float  # pycollector's; the window holds at least one report
+    side_by_side_seconds: float  # pycollector and perf at once: truth and sizes
+    distinct_payloads: int  # pipeline: host reports built for the bursts
+    payloads_per_burst: int
+    hz: int = 97
+
+
+# The receiver's default reporter_interval (5 s): the settling pause holds the first report
+# (intervals are jittered by up to 20%), and the 10 s window about two more.
+FULL = Settings("full", rounds=5, workload_seconds=10.0, settle_seconds=7.0, reporter_interval_s=5.0, side_by_side_seconds=5.0, distinct_payloads=6, payloads_per_burst=16)
+QUICK = Settings("quick", rounds=1, workload_seconds=1.0, settle_seconds=0.7, reporter_interval_s=0.5, side_by_side_seconds=1.0, distinct_payloads=1, payloads_per_burst=2)
