@@ -142,6 +142,9 @@ class ProfilingReceiver(Component):
             data = merge(self._held, data)
             self._held = None
         if not data.resource_profiles:
+            # The idle task is never reported, so an idle host sends nothing; say so once, or a
+            # person watching the console would think the profiler is broken.
+            log_once(self.log, ("idle", id(self)), "info", "no process used the CPU in this interval; nothing to report until one does")
             return
         self._push(data)
 
