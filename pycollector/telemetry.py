@@ -7,7 +7,6 @@ A component adds its own through ``settings.telemetry``.
 
 from __future__ import annotations
 
-import os
 import resource
 import threading
 import time
@@ -16,6 +15,8 @@ from typing import Iterable
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from pycollector.process_memory import resident_bytes
 
 # The Go collector does not expose `_created` series; dashboards built for it do not expect them.
 prometheus_client.disable_created_metrics()
@@ -134,13 +135,8 @@ class _ProcessCollector(Collector):
         cpu.add_metric([], usage.ru_utime + usage.ru_stime)
         yield cpu
         rss = GaugeMetricFamily("otelcol_process_memory_rss", "Total physical memory (resident set size)", unit="bytes")
-        rss.add_metric([], _rss_bytes())
+        try:
+            rss.add_metric([], resident_bytes())
+        except OSError:  # no /proc: leave the series out rather than report 0
+            pass
         yield rss
-
-
-def _rss_bytes() -> float:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0.0

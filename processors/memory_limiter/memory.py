@@ -7,18 +7,13 @@ the kernel's OOM killer and a container's memory limit count too.
 
 from __future__ import annotations
 
-import ctypes
 import gc
-import os
 from pathlib import Path
+
+from pycollector.process_memory import resident_bytes, trim_heap  # noqa: F401  (the limiter reads both from here)
 
 # What cgroup v1 reports as the limit when none is set (the largest page-aligned int64).
 CGROUP_V1_UNLIMITED = 9223372036854771712
-
-
-def resident_bytes(statm: str = "/proc/self/statm") -> int:
-    with open(statm) as stream:
-        return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def available_bytes(
@@ -83,23 +78,3 @@ def collect_garbage() -> None:
     freed heap to the kernel."""
     gc.collect()
     trim_heap()
-
-
-def trim_heap() -> None:
-    """Give freed heap pages back to the kernel, so the resident size shows memory that is free.
-
-    glibc keeps freed memory mapped for reuse, so without this RSS would stay high after the
-    data downstream held is gone, and the limiter would go on refusing. Not glibc: nothing to do.
-    """
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-def _find_malloc_trim():
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_malloc_trim = _find_malloc_trim()
