@@ -19,7 +19,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from pycollector.component import KINDS, SIGNALS, ComponentID, Settings
+from pycollector.component import KINDS, SIGNALS, Component, ComponentID, Factory, Settings
 from pycollector.logs import get_logger
 from pycollector.pdata import ProfilesBuilder, item_count, signal_of
 from pycollector.pdata.attributes import key_values
@@ -64,6 +64,25 @@ class CapturingConsumer:
                     return False
                 self._changed.wait(remaining)
             return True
+
+
+class CapturingExporterFactory(Factory):
+    """An exporter type (``capture``) whose instances hand everything to ``self.consumer``:
+    run a real pipeline and read what reached its end."""
+
+    type = "capture"
+
+    def __init__(self) -> None:
+        self.consumer = CapturingConsumer()
+
+    def create(self, settings: Settings, config: Any, next_consumer: Any) -> Component:
+        consumer = self.consumer
+
+        class CapturingExporter(Component):
+            def consume(self, data: Any) -> None:
+                consumer.consume(data)
+
+        return CapturingExporter()
 
 
 class TestHost:

@@ -8,11 +8,10 @@ import grpc
 import pytest
 import requests
 
-from pycollector.component import Component, Factory
 from pycollector.config.validate import build_plan
 from pycollector.pdata import sample_count
-from pycollector.registry import Registry
 from pycollector.service import Service
+from pycollector.testing import CapturingExporterFactory, registry_with
 from processors.memory_limiter import memory
 
 from tests.conftest import WORKLOADS
@@ -20,30 +19,9 @@ from tests.test_otlp_support import a_profile, component, export_grpc
 from tests.test_processors_memory_limiter import HEADROOM_MIB, MIB, SPIKE_MIB, SlowBackendFactory, big_profile
 
 
-class CaptureFactory(Factory):
-    type = "capture"
-
-    def __init__(self):
-        self.kept = []
-
-    def create(self, settings, config, next_consumer):
-        kept = self.kept
-
-        class Capture(Component):
-            def consume(self, data):
-                kept.append(data)
-
-        return Capture()
-
-
-def registry_plus(**factories_by_kind):
-    """The installed plugins plus this test's factories (``registry_with`` does the same)."""
-    return Registry(extra=factories_by_kind)
-
-
 @pytest.mark.bpf
 def test_batch_turns_many_receiver_pushes_into_fewer_larger_exports(tmp_path):
-    capture = CaptureFactory()
+    capture = CapturingExporterFactory()
     config = {
         "receivers": {
             "profiling": {"samples_per_second": 97, "reporter_interval": "200ms", "reporter_jitter": 0},
@@ -56,7 +34,7 @@ def test_batch_turns_many_receiver_pushes_into_fewer_larger_exports(tmp_path):
             "pipelines": {"profiles": {"receivers": ["profiling", "otlp"], "processors": ["batch"], "exporters": ["capture"]}},
         },
     }
-    service = Service(build_plan(config, registry_plus(exporters={"capture": capture})))
+    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
     service.start()
     binary = tmp_path / "known_split"
     subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(binary), str(WORKLOADS / "known_split.c")], check=True)
@@ -72,10 +50,10 @@ def test_batch_turns_many_receiver_pushes_into_fewer_larger_exports(tmp_path):
     sample = service.telemetry.sample
     accepted = sample("otelcol_receiver_accepted_profile_samples_total", {"receiver": "profiling"}) + sample("otelcol_receiver_accepted_profile_samples_total", {"receiver": "otlp"})
     pushes = sample("pycollector_profiling_bpf_events_total", {"receiver": "profiling", "event": "intervals"}) + 5
-    exported = sum(sample_count(message) for message in capture.kept)
-    print(f"\n{pushes:.0f} receiver pushes -> {len(capture.kept)} exports; {accepted:.0f} samples in, {exported} out")
+    exported = sum(sample_count(message) for message in capture.consumer.messages)
+    print(f"\n{pushes:.0f} receiver pushes -> {len(capture.consumer.messages)} exports; {accepted:.0f} samples in, {exported} out")
     assert exported == accepted  # nothing lost, nothing duplicated
-    assert 1 <= len(capture.kept) < pushes, "batch should send fewer, larger messages"
+    assert 1 <= len(capture.consumer.messages) < pushes, "batch should send fewer, larger messages"
     labels = {"processor": "batch"}
     assert sample("otelcol_processor_batch_timeout_trigger_send_total", labels) >= 1
     assert (sample("otelcol_processor_batch_batch_size_trigger_send_total", labels) or 0) == 0
@@ -95,7 +73,7 @@ def test_memory_limiter_backpressure_reaches_real_otlp_clients():
             "pipelines": {"profiles": {"receivers": ["otlp"], "processors": ["memory_limiter"], "exporters": ["slow_backend"]}},
         },
     }
-    service = Service(build_plan(config, registry_plus(exporters={"slow_backend": backend})))
+    service = Service(build_plan(config, registry_with(exporters={"slow_backend": backend})))
     service.start()
     receiver = component(service, "receivers", "otlp")
     http_url = "http://%s:%d/v1development/profiles" % receiver.http_address

@@ -22,8 +22,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2
 from pycollector.config.validate import build_plan
 from pycollector.pdata import iter_samples, validate_indices
 from pycollector.service import Service
-from pycollector.testing import CapturingConsumer, registry_with
-from pycollector.component import Component, Factory
+from pycollector.testing import CapturingExporterFactory, registry_with
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason
 
@@ -74,23 +73,6 @@ def compile_c(directory: Path, name: str, source: str | Path, *flags: str) -> Pa
     return binary
 
 
-class _Capture(Factory):
-    type = "capture"
-    signals = frozenset({"profiles"})
-
-    def __init__(self, consumer: CapturingConsumer):
-        self.consumer = consumer
-
-    def create(self, settings, config, next_consumer):
-        consumer = self.consumer
-
-        class Exporter(Component):
-            def consume(self, data):
-                consumer.consume(data)
-
-        return Exporter()
-
-
 def make_pod_cgroup() -> Path:
     """A cgroup laid out as containerd's under Kubernetes with the systemd driver (cgroup v2)."""
     pod = f"kubepods-burstable-pod{uuid.uuid4().hex}.slice"
@@ -123,13 +105,13 @@ def profiled(tmp_path_factory):
         shutil.copy(spinner, copy)
         short_lived.append(copy)
 
-    captured = CapturingConsumer()
+    capture = CapturingExporterFactory()
     config = {
         "receivers": {"profiling": {"samples_per_second": HZ, "reporter_interval": "1s"}},
         "exporters": {"capture": {}},
         "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
     }
-    service = Service(build_plan(config, registry_with(exporters={"capture": _Capture(captured)})))
+    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
     service.start()
     pod_cgroup = make_pod_cgroup()
     try:
@@ -152,7 +134,7 @@ def profiled(tmp_path_factory):
     finally:
         service.shutdown()  # reports the last partial interval
         remove_pod_cgroup(pod_cgroup)
-    return {"messages": captured.messages, "pids": {name: p.pid for name, p in processes.items()}, "cpu_seconds": cpu_seconds, "contained": contained.pid}
+    return {"messages": capture.consumer.messages, "pids": {name: p.pid for name, p in processes.items()}, "cpu_seconds": cpu_seconds, "contained": contained.pid}
 
 
 def samples_of(messages, pid):
@@ -208,7 +190,7 @@ def test_syscall_workload_has_kernel_frames_above_user_frames(profiled):
     types = [frame.frame_type for frame in view.frames]
     # leaf first: kernel frames, then (never again kernel) the user frames that made the call
     first_native = types.index("native")
-    assert set(types[:first_native]) == {"kernel"} and set(types[first_native:]) == {"native"}
+    assert set(types[:first_native]) == {"kernel"} and set(types[first_native:]) == {"native"}, [(f.frame_type, f.function, hex(f.address), f.mapping_filename) for f in view.frames]
     kernel_names = {frame.function for v in in_kernel for frame in v.frames if frame.frame_type == "kernel"}
     assert kernel_names & {"do_syscall_64", "ksys_write", "vfs_write", "entry_SYSCALL_64_after_hwframe"}, kernel_names
     assert "write_zeros" in [frame.function for frame in view.frames[first_native:]]
