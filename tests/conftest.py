@@ -34,6 +34,13 @@ def bpf_unavailable_reason() -> str | None:
     return None
 
 
+def share_tolerance(samples: float, share: float = 0.75, floor: float = 0.05) -> float:
+    """How far a sampled share may stray from the true ``share``: three standard deviations of a
+    binomial proportion over ``samples`` samples, and never less than ``floor``. A busy CI host
+    gives a workload little CPU time, and with 120 samples one standard deviation is 4 points."""
+    return max(floor, 3 * (share * (1 - share) / max(samples, 1.0)) ** 0.5)
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("bpf") is None:
         return
