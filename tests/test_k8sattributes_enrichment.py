@@ -11,6 +11,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from pycollector.client import ClientInfo, client_context
 from pycollector.pdata import key_values
 
 from processors.k8sattributes.config import ExtractConfig
@@ -142,6 +143,26 @@ def test_association_rules(cluster, rules, attributes):
     with running({"auth_type": "none", "endpoint": cluster.url, "wait_for_metadata": True, "pod_association": rules}) as processor:
         [resource] = processor.resources(profile(**attributes))
     assert resource["k8s.pod.name"] == "checkout-6f7c9d8b4d-x2x9q"
+
+
+@pytest.mark.parametrize("rules", [[{"sources": [{"from": "connection"}]}], []], ids=["connection-rule", "no-rules"])
+def test_the_sending_clients_address_finds_its_pod_and_is_written_down(cluster, rules):
+    with running({"auth_type": "none", "endpoint": cluster.url, "wait_for_metadata": True, "pod_association": rules}) as processor:
+        with client_context(ClientInfo("10.244.1.17")):
+            [resource] = processor.resources(profile(**{"process.pid": 7}))
+        [unknown] = processor.resources(profile(**{"process.pid": 8}))  # no client: no pod
+    assert resource["k8s.pod.name"] == "checkout-6f7c9d8b4d-x2x9q" and resource["k8s.pod.ip"] == "10.244.1.17"
+    assert unknown == {"process.pid": 8}
+
+
+def test_passthrough_only_tags_the_clients_pod_ip_and_needs_no_api_server():
+    # As an agent in Go's passthrough mode: the gateway behind it finds the pod by k8s.pod.ip.
+    with running({"auth_type": "none", "endpoint": "https://127.0.0.1:9", "passthrough": True}) as processor:
+        with client_context(ClientInfo("10.244.1.17")):
+            [resource] = processor.resources(profile(**{"process.pid": 7}))
+            [kept] = processor.resources(profile(**{"process.pid": 7, "k8s.pod.ip": "10.0.0.1"}))
+    assert resource == {"process.pid": 7, "k8s.pod.ip": "10.244.1.17"}
+    assert kept["k8s.pod.ip"] == "10.0.0.1"  # what the sender set stays
 
 
 def test_namespace_and_node_labels_the_cluster_uid_and_key_regex_templates(cluster):

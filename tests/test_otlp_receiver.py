@@ -13,8 +13,8 @@ import pytest
 import requests
 import zstandard
 from google.rpc import status_pb2
-from structlog.testing import capture_logs
 
+import pycollector.client
 from pycollector.component import PermanentError, RefusedError
 from pycollector.otlp import OTLP_SIGNALS, retry_delay, status_from_trailers
 from pycollector.otlp.json_codec import to_json
@@ -244,8 +244,34 @@ def test_a_port_in_use_is_a_clear_start_error(started):
     second.shutdown()
 
 
-def test_include_metadata_is_accepted_and_said_to_be_not_implemented_yet(started):
-    with capture_logs() as logged:
-        started(protocols={"grpc": {"endpoint": "127.0.0.1:0", "include_metadata": True}})
-    [said] = [entry for entry in logged if entry["event"].startswith("not implemented yet")]
-    assert said["setting"] == "protocols::grpc::include_metadata"
+class ClientRecorder(CapturingConsumer):
+    """Keeps, for each message, the client the receiver said sent it."""
+
+    def __init__(self):
+        super().__init__()
+        self.clients = []
+
+    def consume(self, data):
+        self.clients.append(pycollector.client.current())
+        super().consume(data)
+
+
+@pytest.mark.parametrize("include_metadata", [True, False])
+def test_the_client_address_and_with_include_metadata_its_metadata_reach_the_pipeline(started, include_metadata):
+    protocols = {name: {**settings, "include_metadata": include_metadata} for name, settings in LOOPBACK.items()}
+    receiver, consumer = started(ClientRecorder(), protocols)
+    data = sample_data("profiles")
+    with grpc.insecure_channel(grpc_endpoint(receiver)) as channel:
+        export = channel.unary_unary(OTLP_SIGNALS["profiles"].grpc_method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+        export(data, metadata=[("x-tenant", "acme"), ("x-team", "a"), ("x-team", "b")], timeout=5)
+    response = requests.post(http_url(receiver, "/v1development/profiles"), data=data.SerializeToString(), headers={**PROTOBUF, "X-Tenant": "acme"}, timeout=5)
+    assert response.status_code == 200
+    by_grpc, by_http = consumer.clients
+    assert by_grpc.address == by_http.address == "127.0.0.1"
+    if include_metadata:
+        assert (by_grpc.get("X-Tenant"), by_grpc.get("x-team")) == (("acme",), ("a", "b"))
+        assert by_http.get("x-tenant") == ("acme",) and by_http.get("content-type") == (PROTOBUF["Content-Type"],)
+    else:
+        assert by_grpc.metadata == by_http.metadata == {}
+    assert pycollector.client.current() == pycollector.client.NO_CLIENT  # set only around the call
+

@@ -8,10 +8,14 @@ import pytest
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
+import requests
 from structlog.testing import capture_logs
 
+from pycollector.client import ClientInfo, client_context
+from pycollector.config.validate import build_plan
 from pycollector.pdata import ProfilesBuilder, iter_samples, key_values, to_dict, validate_indices
-from pycollector.testing import CapturingConsumer, TestHost, make_settings
+from pycollector.service import Service
+from pycollector.testing import CapturingConsumer, CapturingExporterFactory, TestHost, make_settings, registry_with
 
 from processors.attraction.actions import AttributeActions
 from processors.attraction.config import ActionConfig
@@ -148,12 +152,39 @@ def test_each_invalid_action_is_reported_on_its_index_and_key(action, problem):
     assert validation_problems("attributes", {"actions": [action]}) == [f"processors::attributes::actions::0::{problem}"]
 
 
-def test_from_context_is_accepted_and_logged_once_as_not_implemented():
-    config = {"actions": [{"key": "tenant", "from_context": "metadata.x-tenant", "action": "insert"}]}
-    with capture_logs() as logged:
-        out = run(attributes_factory, config, trace_pb2.TracesData(resource_spans=[{"scope_spans": [{"spans": [{"name": "s"}]}]}]))
-    assert "actions::from_context" in [entry.get("setting") for entry in logged]
-    assert not out.resource_spans[0].scope_spans[0].spans[0].attributes
+def test_from_context_reads_the_client_that_sent_the_data():
+    actions = [
+        {"key": "tenant", "from_context": "metadata.x-tenant", "action": "insert"},
+        {"key": "teams", "from_context": "X-Team", "action": "insert"},  # a bare key is metadata too
+        {"key": "client", "from_context": "client.address", "action": "upsert"},
+        {"key": "user", "from_context": "auth.subject", "action": "insert"},  # no authenticator: nothing
+    ]
+    client = ClientInfo("10.0.0.7", {"x-tenant": ("acme",), "x-team": ("a", "b")})
+    with client_context(client):
+        assert act(actions, {"client": "old"}) == {"tenant": "acme", "teams": ["a", "b"], "client": "10.0.0.7"}
+    assert act(actions, {"client": "old"}) == {"client": "old"}  # no client: nothing to read
+
+
+def test_request_metadata_reaches_the_resource_processor_through_the_otlp_receiver():
+    capture = CapturingExporterFactory()
+    config = {
+        "receivers": {"otlp": {"protocols": {"http": {"endpoint": "127.0.0.1:0", "include_metadata": True}}}},
+        "processors": {"resource": {"attributes": [{"key": "tenant", "from_context": "metadata.x-tenant", "action": "insert"}]}},
+        "exporters": {"capture": {}},
+        "service": {"pipelines": {"traces": {"receivers": ["otlp"], "processors": ["resource"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
+    }
+    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
+    service.start()
+    try:
+        receiver = next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers")
+        host, port = receiver.http_address
+        spans = trace_pb2.TracesData(resource_spans=[{"scope_spans": [{"spans": [{"name": "s"}]}]}])
+        response = requests.post(f"http://{host}:{port}/v1/traces", data=spans.SerializeToString(), headers={"Content-Type": "application/x-protobuf", "X-Tenant": "acme"}, timeout=5)
+        assert response.status_code == 200
+    finally:
+        service.shutdown()
+    [out] = capture.consumer.messages
+    assert to_dict(out.resource_spans[0].resource.attributes) == {"tenant": "acme"}
 
 
 # -- the attributes processor on each signal's items --------------------------------------------

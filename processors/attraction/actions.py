@@ -14,7 +14,7 @@ from typing import Any
 
 from opentelemetry.proto.common.v1 import common_pb2
 
-from pycollector.logs import log_once
+import pycollector.client
 from pycollector.pdata import key_values, to_dict
 
 from processors.attraction import values
@@ -27,24 +27,14 @@ Step = Callable[[dict[str, Any]], bool]
 class AttributeActions:
     def __init__(self, actions: Sequence[ActionConfig]) -> None:
         self._steps = [_compile(action) for action in actions]
-        self._reads_context = any(action.from_context for action in actions)
 
     def __bool__(self) -> bool:
         return bool(self._steps)
 
-    def log_limits(self, logger: Any, where: tuple[str, ...], setting: str) -> None:
-        """Say at start what these actions will not do: anything at all, or read request metadata."""
+    def log_limits(self, logger: Any, setting: str) -> None:
+        """Say at start when these actions will do nothing at all."""
         if not self._steps:
             logger.warning(f"no {setting} configured; data passes through unchanged")
-        if self._reads_context:
-            log_once(
-                logger,
-                (*where, "from_context"),
-                "warning",
-                "from_context is not implemented: request metadata does not reach processors yet;"
-                " actions reading it find no value",
-                setting=f"{setting}::from_context",
-            )
 
     def apply(self, attributes: dict[str, Any]) -> bool:
         changed = False
@@ -78,9 +68,13 @@ def _writer(action: ActionConfig) -> Step:
     def write(attributes: dict[str, Any]) -> bool:
         if action.value is not None:
             value = action.value
+        elif action.from_context:
+            value = context_value(action.from_context)
+            if value is None:
+                return False
         elif action.from_attribute in attributes:
             value = attributes[action.from_attribute]
-        else:  # the source attribute is absent, or from_context (which finds nothing yet)
+        else:
             return False
         present = action.key in attributes
         if (action.action == "insert" and present) or (action.action == "update" and not present):
@@ -90,6 +84,22 @@ def _writer(action: ActionConfig) -> Step:
         return True
 
     return write
+
+
+def context_value(key: str) -> Any:
+    """What ``from_context`` names, from the client that sent the data being handled (Go's
+    semantics): ``client.address``, ``metadata.<key>`` or a bare metadata key. One value is a
+    string, several a list. ``auth.*`` finds nothing: no authenticator sets it here."""
+    client = pycollector.client.current()
+    if key == "client.address":
+        found = (client.address,) if client.address else ()
+    elif key.startswith("auth."):
+        found = ()
+    else:
+        found = client.get(key.removeprefix("metadata."))
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else list(found)
 
 
 def _keys_named(attributes: dict[str, Any], key: str, pattern: re.Pattern | None) -> list[str]:

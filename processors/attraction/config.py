@@ -32,8 +32,8 @@ class ActionConfig(ComponentConfig):
     key: str | None = pydantic.Field(None, validate_default=True)
     # Where a written value comes from: exactly one of these three.
     from_attribute: str = ""
-    # Request metadata (client.address, metadata.*, auth.*) does not reach processors yet: an
-    # action reading from it is accepted, logged once at start, and finds nothing.
+    # The client that sent the data: `client.address`, `metadata.<key>` (the otlp receiver keeps
+    # request metadata with include_metadata: true); `auth.*` finds nothing (no authenticators).
     from_context: str = ""
     converted_type: Literal["int", "double", "string"] | None = pydantic.Field(None, validate_default=True)
     value: Any = pydantic.Field(None, validate_default=True)

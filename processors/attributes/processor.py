@@ -40,7 +40,7 @@ class AttributesProcessor(Component):
         self._next = next_consumer
 
     def start(self, host) -> None:
-        self._actions.log_limits(self._log, self._where, "actions")
+        self._actions.log_limits(self._log, "actions")
         for block in ("include", "exclude"):
             properties = getattr(self._config, block)
             for key in properties.not_implemented() if properties else ():

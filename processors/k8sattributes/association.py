@@ -3,7 +3,8 @@
 Each rule is a list of sources that must all be present on the resource; the first rule whose
 sources are all present decides, and its values must then match a pod exactly (a later rule is not
 tried when that pod is unknown, as in Go). Without rules, the pod IP is read from `k8s.pod.ip`,
-`ip` or an IP-valued `host.name`.
+`ip`, the address of the client that sent the data, or an IP-valued `host.name`, in that order.
+A `connection` source is the client's address (`pycollector.client`), as Go's.
 
 Both sides are reduced to the same key, an *identifier*: ((from, name, value), ...). The store
 indexes every pod under the identifiers its rules can produce, so a lookup is one dict access.
@@ -26,32 +27,26 @@ HOST_NAME = "host.name"
 # Resource attributes whose value is a pod IP. host.name and k8s.pod.ip as in Go; `ip` (what Go
 # reads without rules) and net.host.ip are ours, so rules naming them match the pod IP too.
 POD_IP_ATTRIBUTES = frozenset({POD_IP, HOST_NAME, "ip", "net.host.ip"})
-# Read, in this order, when no rules are configured.
-DEFAULT_IP_ATTRIBUTES = (POD_IP, "ip", HOST_NAME)
+# Read, in this order, when no rules are configured (the client's address goes before host.name).
+DEFAULT_IP_ATTRIBUTES = (POD_IP, "ip")
 
 
 class Associations:
     def __init__(self, rules: list[PodAssociationConfig]):
         self.rules = [[(getattr(source, "from"), source.name if getattr(source, "from") == FROM_RESOURCE_ATTRIBUTE else "") for source in rule.sources] for rule in rules]
 
-    @property
-    def uses_connection(self) -> bool:
-        return any(source == FROM_CONNECTION for rule in self.rules for source, _ in rule)
-
-    def of_resource(self, attributes: dict[str, Any]) -> Identifier | None:
-        """The identifier a resource's attributes give, or None when no rule can apply."""
+    def of_resource(self, attributes: dict[str, Any], client_address: str = "") -> Identifier | None:
+        """The identifier a resource's attributes and the sending client's address give, or None
+        when no rule can apply."""
         if not self.rules:
-            for name in DEFAULT_IP_ATTRIBUTES:
-                value = _string(attributes, name)
-                if value and (name != HOST_NAME or _is_ip(value)):
-                    return ((FROM_CONNECTION, "", value),)
-            return None
+            host_name = _string(attributes, HOST_NAME)
+            candidates = [_string(attributes, name) for name in DEFAULT_IP_ATTRIBUTES] + [client_address, host_name if _is_ip(host_name) else ""]
+            value = next(filter(None, candidates), "")
+            return ((FROM_CONNECTION, "", value),) if value else None
         for rule in self.rules:
             identifier = []
             for source, name in rule:
-                # The client address of the request does not reach processors yet, so a
-                # connection source never resolves.
-                value = _string(attributes, name) if source == FROM_RESOURCE_ATTRIBUTE else ""
+                value = _string(attributes, name) if source == FROM_RESOURCE_ATTRIBUTE else client_address
                 if not value or (name == HOST_NAME and not _is_ip(value)):
                     break
                 identifier.append((source, name, value))

@@ -8,14 +8,14 @@ import os
 import time
 from typing import Any
 
+import pycollector.client
 from pycollector.component import Component, Consumer, StartError
 from pycollector.config.types import format_duration
-from pycollector.logs import log_once
 from pycollector.pdata import resource_entries, signal_of
 
-from processors.k8sattributes.association import Associations
+from processors.k8sattributes.association import POD_IP, Associations
 from processors.k8sattributes.auth import ApiAccess, AuthError, api_access
-from processors.k8sattributes.config import K8sAttributesConfig
+from processors.k8sattributes.config import FROM_CONNECTION, K8sAttributesConfig
 from processors.k8sattributes.enrich import Enricher, ResourceAttributes
 from processors.k8sattributes.rules import ExtractionRules
 from processors.k8sattributes.store import MetadataStore
@@ -37,13 +37,8 @@ class K8sAttributesProcessor(Component):
         self._watchers: list[Watcher] = []
 
     def start(self, host) -> None:
-        if self._associations.uses_connection:
-            log_once(self._log, ("k8sattributes.connection", id(self)), "warning",
-                     "pod_association from: connection is not implemented: the client address does not reach processors yet; those rules never match")
         if self._config.passthrough:
-            log_once(self._log, ("k8sattributes.passthrough", id(self)), "warning",
-                     "passthrough is not implemented: it tags the client's pod IP, which does not reach processors yet; data passes unchanged")
-            return
+            return  # an agent only tags the pod IP; the gateway it sends to does the rest
         node_variable = self._config.filter.node_from_env_var
         if node_variable and not os.environ.get(node_variable):
             # Read at start, not at validation: configs are validated outside the pod, too.
@@ -75,14 +70,20 @@ class K8sAttributesProcessor(Component):
         )
 
     def consume(self, data: Any) -> None:
-        if not self._config.passthrough:
-            signal = signal_of(data)
-            for entry in resource_entries(data):
-                resource = ResourceAttributes(entry.resource.attributes)
-                identifier = self._associations.of_resource(resource.values)
-                pod = self._store.pod(identifier) if identifier else None
-                self._telemetry.association(pod is not None, signal)
-                self._enricher.enrich(resource, pod)
+        signal = signal_of(data)
+        client_address = pycollector.client.current().address
+        for entry in resource_entries(data):
+            resource = ResourceAttributes(entry.resource.attributes)
+            identifier = self._associations.of_resource(resource.values, client_address)
+            # As Go: a pod IP found by the connection rules is written down, so the gateway this
+            # data goes on to (where the client is an agent, not the pod) can still find the pod.
+            pod_ip = next((value for source, _, value in identifier or () if source == FROM_CONNECTION), "")
+            resource.fill(POD_IP, pod_ip)
+            if self._config.passthrough:
+                continue
+            pod = self._store.pod(identifier) if identifier else None
+            self._telemetry.association(pod is not None, signal)
+            self._enricher.enrich(resource, pod)
         self._next.consume(data)
 
     def shutdown(self) -> None:

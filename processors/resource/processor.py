@@ -14,12 +14,11 @@ from processors.resource.config import ResourceConfig
 class ResourceProcessor(Component):
     def __init__(self, settings, config: ResourceConfig, next_consumer: Consumer):
         self._log = settings.logger
-        self._where = (settings.kind, str(settings.id))
         self._actions = AttributeActions(config.attributes)
         self._next = next_consumer
 
     def start(self, host) -> None:
-        self._actions.log_limits(self._log, self._where, "attributes")
+        self._actions.log_limits(self._log, "attributes")
 
     def consume(self, data: Any) -> None:
         for entry in resource_entries(data):

@@ -40,8 +40,8 @@ class ServerTLSSettings(ComponentConfig):
 class _ServerSettings(ComponentConfig):
     endpoint: str
     tls: ServerTLSSettings | None = None
-    # Go hands client metadata to processors through the request context; the engine has no such
-    # context yet, so this is accepted and logged as not implemented when set.
+    # Hand the request's metadata (gRPC metadata, HTTP headers) to the processors downstream, as
+    # pycollector.client.current().metadata. The client's address is handed down always.
     include_metadata: bool = False
 
     @pydantic.field_validator("endpoint")

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from google.rpc import status_pb2
 
+from pycollector.client import NO_CLIENT, ClientInfo, client_context
 from pycollector.component import Consumer, PermanentError, RefusedError
 from pycollector.exporterhelper.failure_log import FailureLog
 from pycollector.otlp import status_message
@@ -41,13 +42,14 @@ class Delivery:
         self.next_consumer = next_consumer
         self._failures = FailureLog(logger)
 
-    def __call__(self, data: Any) -> Rejection | None:
+    def __call__(self, data: Any, client: ClientInfo = NO_CLIENT) -> Rejection | None:
         count = item_count(data)
         if count == 0:
             # As the Go receiver: an empty request is answered, not pushed through the pipeline.
             return None
         try:
-            self.next_consumer.consume(data)
+            with client_context(client):
+                self.next_consumer.consume(data)
         except RefusedError as error:
             return Rejection(grpc.StatusCode.UNAVAILABLE, 503, str(error), error.retry_after)
         except PermanentError as error:

@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 
 import grpc
 
+from pycollector.client import ClientInfo, address_from_grpc_peer, metadata_from_pairs
 from pycollector.component import StartError
 from pycollector.otlp import OTLP_SIGNALS, OtlpSignal
 from pycollector.otlp.rpc_status import DETAILS_TRAILER
@@ -67,6 +68,12 @@ class OtlpGrpcServer:
             raise StartError(f"protocols::grpc::tls: cannot read {error.filename}: {error.strerror}") from error
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
+    def _client(self, context: grpc.ServicerContext) -> ClientInfo:
+        address = address_from_grpc_peer(context.peer())
+        if not self.settings.include_metadata:
+            return ClientInfo(address)
+        return ClientInfo(address, metadata_from_pairs(context.invocation_metadata()))
+
     def _export_handler(self, otlp: OtlpSignal) -> grpc.RpcMethodHandler:
         def export(request: bytes, context: grpc.ServicerContext):
             # Decoded here rather than by gRPC, so a bad message is INVALID_ARGUMENT that says why.
@@ -75,7 +82,7 @@ class OtlpGrpcServer:
             except Exception as error:  # protobuf's DecodeError, or anything its parser raises
                 rejection = undecodable(otlp.signal, error)
             else:
-                rejection = self._deliver(data)
+                rejection = self._deliver(data, self._client(context))
             if rejection is not None:
                 if rejection.retry_after is not None:
                     context.set_trailing_metadata([(DETAILS_TRAILER, rejection.status().SerializeToString())])

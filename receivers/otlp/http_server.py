@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from pycollector.client import ClientInfo, metadata_from_pairs
 from pycollector.component import StartError
 from pycollector.otlp import OTLP_SIGNALS, Encoding, OtlpSignal, encoding_of
 
@@ -101,10 +102,16 @@ class OtlpHttpServer:
             data = encoding.decode(body, otlp.data_type)
         except ValueError as error:
             return self._reject(request, encoding, undecodable(otlp.signal, error))
-        rejection = self._deliver(data)
+        rejection = self._deliver(data, self._client(request))
         if rejection is not None:
             return self._reject(request, encoding, rejection)
         request.reply(200, encoding.content_type, encoding.encode(otlp.response_type()))
+
+    def _client(self, request: "_Handler") -> ClientInfo:
+        address = request.client_address[0] if request.client_address else ""
+        if not self.settings.include_metadata:
+            return ClientInfo(address)
+        return ClientInfo(address, metadata_from_pairs(request.headers.items()))
 
     def _reject(self, request: "_Handler", encoding: Encoding, rejection: Rejection, close: bool = False) -> None:
         extra = {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from pycollector.component import Component, Consumer, Settings
-from pycollector.logs import log_once
 
 from receivers.otlp.config import OtlpReceiverConfig
 from receivers.otlp.delivery import Delivery
@@ -38,9 +37,6 @@ class OtlpReceiver(Component):
         self.http_address: tuple[str, int] | None = None
 
     def start(self, host: Any) -> None:
-        for name, settings in (("grpc", self.config.protocols.grpc), ("http", self.config.protocols.http)):
-            if settings is not None and settings.include_metadata:
-                log_once(self.log, ("include_metadata", self.id, name), "warning", "not implemented yet: client metadata is not passed downstream", setting=f"protocols::{name}::include_metadata")
         try:
             if self.grpc is not None:
                 self.grpc_address = self.grpc.start()
