@@ -1,16 +1,20 @@
 /* CPU profiler: a perf_event program run by the software cpu-clock event on every CPU.
  *
  * Compiled by BCC.  Settings arrive as cflags (receivers/profiling/sampler.py passes them):
- *   -DSTACK_STORAGE_SIZE=n     entries in the shared stack map
+ *   -DSTACK_STORAGE_SIZE=n     entries in each of the two stack maps
  *   -DCOUNT_MAP_SIZE=n         entries in each of the two count maps
  *   -DKNOWN_PROCESSES_SIZE=n   entries in the LRU of tgids already announced to user space
  *   -I<this directory>         for profile.h
  *
- * Double buffering: samples are counted in counts_0 or counts_1, chosen by active_slot[0].
- * Every reporter interval user space flips active_slot, then reads and deletes the other map
- * (BPF_MAP_LOOKUP_AND_DELETE_BATCH).  A program that read the old slot just before the flip
- * finishes within microseconds; if it still adds to the map being drained after the batch passed
- * its bucket, the entry stays in that map and is read on its next drain, not lost.
+ * Double buffering: samples are counted in counts_0 or counts_1, chosen by active_slot[0], and
+ * their stacks stored in the stack map of the same slot (stack_traces_0 or stack_traces_1).
+ * Every reporter interval user space flips active_slot, then reads and deletes the other count
+ * map (BPF_MAP_LOOKUP_AND_DELETE_BATCH), reads the stacks it refers to, and empties that slot's
+ * stack map.  A stack id is only a hash bucket: were one stack map shared, emptying a bucket the
+ * drained map used could pull it from under a key just counted in the active map, and a new
+ * stack stored there would give that key the wrong frames.  With a stack map per slot, nothing
+ * writes to the drained slot's maps until the next flip.  A program that read the old slot just
+ * before the flip finishes within microseconds, long before user space drains it.
  */
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
@@ -33,7 +37,8 @@
 BPF_HASH(counts_0, struct sample_key, u64, COUNT_MAP_SIZE);
 BPF_HASH(counts_1, struct sample_key, u64, COUNT_MAP_SIZE);
 BPF_ARRAY(active_slot, u32, 1);
-BPF_STACK_TRACE(stack_traces, STACK_STORAGE_SIZE);
+BPF_STACK_TRACE(stack_traces_0, STACK_STORAGE_SIZE);
+BPF_STACK_TRACE(stack_traces_1, STACK_STORAGE_SIZE);
 BPF_PERCPU_ARRAY(counters, u64, PROFILE_NR_COUNTERS);
 BPF_TABLE("lru_hash", u32, u8, known_tgids, KNOWN_PROCESSES_SIZE);
 BPF_PERF_OUTPUT(new_processes);
@@ -151,8 +156,19 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     key.tgid = tgid;
     key.pid = pid;
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
-    key.kernel_stack_id = stack_traces.get_stackid(&ctx->regs, 0);
-    key.user_stack_id = stack_traces.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+
+    /* Read the slot once, before storing the stacks: the key must land in the count map whose
+     * stack map holds its stack ids, even if user space flips the slot meanwhile. */
+    u32 zero = 0;
+    u32 *active = active_slot.lookup(&zero);
+    u32 slot = active ? *active : 0;
+    if (slot == 1) {
+        key.kernel_stack_id = stack_traces_1.get_stackid(&ctx->regs, 0);
+        key.user_stack_id = stack_traces_1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+    } else {
+        key.kernel_stack_id = stack_traces_0.get_stackid(&ctx->regs, 0);
+        key.user_stack_id = stack_traces_0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+    }
     if (key.user_stack_id >= 0) {
         key.user_leaf_return = user_leaf_return(ctx);
         if (key.user_leaf_return)
@@ -163,10 +179,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     count_stack_error(key.user_stack_id, COUNTER_USER_STACK_EFAULT,
                       COUNTER_USER_STACK_COLLISION, COUNTER_USER_STACK_ERROR_OTHER);
 
-    u32 zero = 0;
-    u32 *slot = active_slot.lookup(&zero);
     int err;
-    if (slot && *slot == 1)
+    if (slot == 1)
         err = add_sample_1(&key);
     else
         err = add_sample_0(&key);

@@ -16,8 +16,8 @@
 struct sample_key {
     u32 tgid;              /* process id (user-space "pid") */
     u32 pid;               /* thread id (user-space "tid") */
-    s32 kernel_stack_id;   /* id in stack_traces, or -errno from bpf_get_stackid() */
-    s32 user_stack_id;     /* id in stack_traces, or -errno from bpf_get_stackid() */
+    s32 kernel_stack_id;   /* id in stack_traces_N (N: this count map's slot), or -errno */
+    s32 user_stack_id;     /* id in stack_traces_N, or -errno from bpf_get_stackid() */
     /* The word at the user stack pointer when it looks like a return address (it follows a
      * call instruction), else 0.  Frame-pointer unwinding skips the caller of a function that
      * has not set up a frame (gcc leaves leaf functions frameless even with

@@ -40,10 +40,11 @@ BPF_HEADER = BPF_DIR / "profile.h"
 
 PROGRAM_NAME = b"on_cpu_sample"
 
-# How long collect() waits after flipping the active map before draining the old one.  The BPF
+# How long collect() waits after flipping the active slot before draining the old one.  The BPF
 # program runs in the cpu-clock hrtimer interrupt and finishes in microseconds; a program that
-# read the old slot just before the flip is done long before this.  (Even if one were not, its
-# increment would land in the drained map after the batch delete and be read next time.)
+# read the old slot just before the flip is done long before this.  One that were not could count
+# a key after the drain whose stack collect() then deletes: that key would come out two intervals
+# later with its stack missing, or with whatever other stack took the bucket meanwhile.
 FLIP_GRACE_S = 0.002
 
 # Counters kept in user space, next to the ones read from the BPF per-CPU array.
@@ -252,17 +253,17 @@ def _tail(text: str, lines: int = 40) -> str:
 class Sampler:
     """Loads the profiler into the kernel and reads its double-buffered counts.
 
-    Stack-id lifetime.  Both count maps refer to ids in the one shared stack map, and a stack id is
-    the hash bucket of the stack's contents, so the same stack gets the same id whichever map
-    counts it.  After draining map A, collect() deletes the ids A referenced *except* those the
-    active map B references at that moment (read with a batch lookup right after the drain).
-    That keeps the stack map from filling up (a full bucket makes bpf_get_stackid() fail with
-    -EEXIST for every other stack hashing there) without deleting stacks B still needs.
-    One race remains: between our snapshot of B and the delete, BPF can count into B a key
-    whose stack id we are about to delete.  So the contents of every deleted stack are kept in
-    user space until the next collect(), which drains B: a B key whose id is gone from the map is
-    resolved from that copy.  (If the stack recurs, BPF re-creates it under the same id anyway.)
-    Clearing the whole stack map every N intervals instead would drop every stack B refers to.
+    Stack-id lifetime.  Each slot has a count map and a stack map of its own (counts_N and
+    stack_traces_N), and the BPF program stores a sample's stacks in the stack map of the slot it
+    counts the sample in, so every id in stack_traces_N belongs to the interval counts_N holds.
+    collect() flips the slot, waits FLIP_GRACE_S, drains the old count map, reads the stacks it
+    refers to, then empties the old stack map entirely.  Nothing writes to that slot until the
+    next flip, so no stack can be deleted from under a key, nor a bucket reused by another stack
+    while a key still points at it.  Emptying it also frees the stacks of samples dropped for a
+    full count map, which no key refers to; left there, they would make every other stack
+    hashing to their bucket fail with -EEXIST.  (A stack id is the hash bucket of the stack's
+    contents; with one stack map shared by both slots, deleting A's ids raced with B counting
+    keys that used them, and a later stack in the same bucket gave those keys wrong frames.)
     """
 
     def __init__(
@@ -305,13 +306,11 @@ class Sampler:
         self._closed = False
         self._slot = 0
         self._count_maps: list = []
-        self._stacks = None
+        self._stack_maps: list = []  # stack_traces_N, indexed like _count_maps
         self._counters_map = None
         self._known = None
         self._user = dict.fromkeys(USER_COUNTERS, 0)
         self._user_lock = threading.Lock()
-        self._stack_fallback: dict[int, list[int]] = {}
-        self._map_full_seen = 0
         self._batch_ok = True
         self._interval_start = (0, 0)
         self._final_counters: dict[str, int] = {}  # BPF counters as of close()
@@ -424,7 +423,7 @@ class Sampler:
                 ) from e
 
             self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
-            self._stacks = bpf[b"stack_traces"]
+            self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
             self._counters_map = bpf[b"counters"]
             self._known = bpf[b"known_tgids"]
             self._active = bpf[b"active_slot"]
@@ -509,29 +508,37 @@ class Sampler:
                 del table[k]
         return out
 
-    def _referenced_stack_ids(self, table) -> set[int]:
-        ids: set[int] = set()
+    @staticmethod
+    def _read_stack(table, stack_id: int) -> list[int] | None:
         try:
-            entries = table.items_lookup_batch() if self._batch_ok else table.items()
-            for k, _v in entries:
-                ids.add(k.kernel_stack_id)
-                ids.add(k.user_stack_id)
-        except Exception:
-            for k in table.keys():
-                ids.add(k.kernel_stack_id)
-                ids.add(k.user_stack_id)
-        return ids
-
-    def _read_stack(self, stack_id: int) -> list[int] | None:
-        try:
-            trace = self._stacks[self._stacks.Key(stack_id)]
+            trace = table[table.Key(stack_id)]
         except KeyError:
-            return self._stack_fallback.get(stack_id)
+            return None
         ips = list(trace.ip)
         try:
             return ips[: ips.index(0)]
         except ValueError:
             return ips
+
+    @staticmethod
+    def _empty_stack_map(table, known: set[int]) -> int:
+        """Delete every stack in an inactive stack map; return how many were deleted.
+
+        BCC's StackTrace.clear() does nothing and stack maps have no batch delete, so each stack
+        costs a syscall.  The ids the drained keys used are deleted directly; the walk after that
+        only finds the stacks no key refers to (samples dropped for a full count map), so it
+        costs one get_next_key in the usual case instead of one per stack."""
+        freed = 0
+        for sid in known:
+            with contextlib.suppress(KeyError):
+                del table[table.Key(sid)]
+                freed += 1
+        # Listed before deleting, so the walk never continues from a key deleted under it.
+        for sid in [key.value for key in table.keys()]:
+            with contextlib.suppress(KeyError):
+                del table[table.Key(sid)]
+                freed += 1
+        return freed
 
     def collect(self) -> Interval:
         """Flip the active count map, drain the other one and resolve its stacks."""
@@ -543,8 +550,11 @@ class Sampler:
         time.sleep(FLIP_GRACE_S)
         rows = self._drain(self._count_maps[drained_slot])
 
+        stack_map = self._stack_maps[drained_slot]
         used = {sid for r in rows for sid in (r[3], r[4]) if sid >= 0}
-        stacks = {sid: self._read_stack(sid) for sid in used}
+        stacks = {sid: self._read_stack(stack_map, sid) for sid in used}
+        # Every id in this map belongs to the interval just drained (see the class docstring).
+        freed = self._empty_stack_map(stack_map, used)
         missing = 0
         out = []
         for tgid, pid, comm, kid, uid, leaf_return, count in rows:
@@ -570,19 +580,9 @@ class Sampler:
                 kernel_stack_error=kerr, user_stack_error=uerr,
             ))
 
-        # Free the stacks only the drained map used (see the class docstring).
-        still_used = self._referenced_stack_ids(self._count_maps[self._slot])
-        fallback = {}
-        for sid in used - still_used:
-            with contextlib.suppress(KeyError):
-                del self._stacks[self._stacks.Key(sid)]
-            if stacks[sid] is not None:
-                fallback[sid] = stacks[sid]
-        self._sweep_orphan_stacks(used | still_used, fallback)
-        self._stack_fallback = fallback
         with self._user_lock:
             self._user["missing_stacks"] += missing
-            self._user["stacks_freed"] += len(fallback)
+            self._user["stacks_freed"] += freed
             self._user["intervals"] += 1
 
         start_mono, start_wall = self._interval_start
@@ -590,27 +590,6 @@ class Sampler:
         return Interval(stacks=out, start_monotonic_ns=start_mono, end_monotonic_ns=end_mono,
                         start_wall_ns=start_wall, end_wall_ns=end_wall,
                         frequency_hz=self.frequency_hz, counters=self.counters())
-
-    def _sweep_orphan_stacks(self, referenced: set[int], fallback: dict[int, list[int]]) -> None:
-        """Delete stack ids no count map refers to, after the count map was full.
-
-        BPF stores a stack before it counts the sample; when the count map is full the sample is
-        dropped and its stack id is referenced by nobody, so the drain above never frees it. Left
-        there, it makes every other stack hashing to its bucket fail with -EEXIST for good. Only
-        done when map_full moved, as it walks the whole stack map."""
-        map_full = self.counters().get("map_full", 0)
-        if map_full == self._map_full_seen:
-            return
-        self._map_full_seen = map_full
-        orphans = [key.value for key in self._stacks.keys() if key.value not in referenced]
-        for sid in orphans:
-            addrs = self._read_stack(sid)  # kept for the race described in the class docstring
-            with contextlib.suppress(KeyError):
-                del self._stacks[self._stacks.Key(sid)]
-            if addrs is not None:
-                fallback[sid] = addrs
-        with self._user_lock:
-            self._user["stacks_freed"] += len(orphans)
 
     def counters(self) -> dict[str, int]:
         """Cumulative counts since start(): the BPF per-CPU counters summed, plus user-side ones
@@ -635,7 +614,8 @@ class Sampler:
         if bpf is not None:
             bpf.cleanup()
         self._count_maps = []
-        self._stacks = self._counters_map = self._known = None
+        self._stack_maps = []
+        self._counters_map = self._known = None
 
     def _require_started(self) -> None:
         if self._bpf is None:
