@@ -153,10 +153,12 @@ def test_rotation_keeps_size_and_backup_limits_under_a_sustained_stream(tmp_path
     assert all(f.stat().st_size <= MEGABYTE for f in files), {f.name: f.stat().st_size for f in files}
     lines = [line for f in files for line in f.read_bytes().splitlines()]
     assert all(json.loads(line)["resourceLogs"] for line in lines)  # no message split by a rotation
-    assert 3 * MEGABYTE * 0.7 < sum(f.stat().st_size for f in files)
     assert len(lines) < 2 * MESSAGES_PER_PRODUCER
-    backups = [f.name for f in files if f.name != "stream.json"]
-    assert all(name.startswith("stream-") and name.endswith(".json") for name in backups)
+    backups = [f for f in files if f.name != "stream.json"]
+    assert all(f.name.startswith("stream-") and f.name.endswith(".json") for f in backups)
+    # A file is rotated only when the next write (at most a quarter of the limit) would not fit,
+    # so a backup is never rotated away half empty. (The current file may hold anything.)
+    assert all(f.stat().st_size > 0.7 * MEGABYTE for f in backups), {f.name: f.stat().st_size for f in backups}
 
 
 def test_rotation_with_zstd_leaves_every_file_whole_frames(tmp_path):

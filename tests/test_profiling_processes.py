@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -180,9 +181,9 @@ def test_deleted_executable_is_marked(tmp_path):
     try:
         exe.unlink()
         info = ProcessTable().on_new_process(child.pid, child.pid, "sleeper")
-        assert info.exe_path == str(exe) and info.exe_deleted
+        assert info.exe_path == str(exe) and info.exe_deleted, (info, os.readlink(f"/proc/{child.pid}/exe"))
         main = [m for m in info.mappings if m.path == str(exe)]
-        assert main and all(m.deleted for m in main)
+        assert main and all(m.deleted for m in main), (info.mappings, Path(f"/proc/{child.pid}/maps").read_text())
     finally:
         child.kill()
         child.wait()
