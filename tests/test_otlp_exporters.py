@@ -13,6 +13,7 @@ from google.rpc import status_pb2
 from structlog.testing import capture_logs
 
 from exporters.otlp_grpc.factory import factory as grpc_factory
+from pycollector.component import RefusedError
 from pycollector.registry import Registry
 from pycollector.testing import CapturingConsumer, TestHost, make_settings
 from receivers.otlp.factory import factory as receiver_factory
@@ -179,23 +180,33 @@ def test_without_a_queue_the_outcome_reaches_the_sender():
         assert failed(service, labels) == 2 * SAMPLES
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory):
-    """A self-signed certificate for the name otlp.test (the tests dial 127.0.0.1 and override it)."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "server.crt", folder / "server.key"
+def self_signed(folder, name: str) -> tuple[str, str]:
+    """A self-signed certificate (its own CA) for ``name``, and its key."""
+    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-         "-subj", "/CN=otlp.test", "-addext", "subjectAltName=DNS:otlp.test", "-keyout", str(key), "-out", str(cert)],
+         "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}", "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True,
     )
     return str(cert), str(key)
 
 
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    """The server's certificate for the name otlp.test (the tests dial 127.0.0.1 and override it)."""
+    return self_signed(tmp_path_factory.mktemp("tls"), "otlp.test")
+
+
+@pytest.fixture(scope="module")
+def client_certificate(tmp_path_factory):
+    return self_signed(tmp_path_factory.mktemp("client-tls"), "agent.otlp.test")
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["server-tls", "mutual-tls"])
 @pytest.mark.parametrize("exporter", ["otlp_grpc", "otlp_http"])
-def test_tls_with_a_private_ca_and_server_name_override(certificate, exporter):
+def test_tls_with_a_private_ca_and_server_name_override(certificate, client_certificate, exporter, mutual):
     cert, key = certificate
-    tls = {"cert_file": cert, "key_file": key}
+    tls = {"cert_file": cert, "key_file": key, **({"client_ca_file": client_certificate[0]} if mutual else {})}
     config = receiver_factory.config_model.model_validate({"protocols": {"grpc": {"endpoint": "127.0.0.1:0", "tls": tls}, "http": {"endpoint": "127.0.0.1:0", "tls": tls}}})
     consumer = CapturingConsumer()
     receiver = receiver_factory.create(make_settings("receivers", "otlp"), config, consumer)
@@ -204,12 +215,26 @@ def test_tls_with_a_private_ca_and_server_name_override(certificate, exporter):
         address = receiver.grpc_address if exporter == "otlp_grpc" else receiver.http_address
         endpoint = "{}:{}".format(*address) if exporter == "otlp_grpc" else "https://{}:{}".format(*address)
         exporter_factory = Registry().load("exporters", exporter).factory
-        settings = exporter_factory.config_model.model_validate({"endpoint": endpoint, "tls": {"ca_file": cert, "server_name_override": "otlp.test"}})
-        instance = exporter_factory.create(make_settings("exporters", exporter), settings, None)
-        instance.start(TestHost())
-        instance.consume(a_profile())
+
+        def send(client_tls: dict) -> None:
+            tls = {"ca_file": cert, "server_name_override": "otlp.test", **client_tls}
+            settings = exporter_factory.config_model.model_validate({"endpoint": endpoint, "tls": tls, "retry_on_failure": {"enabled": False}, "sending_queue": {"enabled": False}})
+            instance = exporter_factory.create(make_settings("exporters", exporter), settings, None)
+            instance.start(TestHost())
+            try:
+                instance.consume(a_profile())
+            finally:
+                instance.shutdown()
+
+        if mutual:
+            with pytest.raises(RefusedError):  # the server asks for a certificate this client lacks
+                send({})
+            assert consumer.messages == []
+            client_cert, client_key = client_certificate
+            send({"cert_file": client_cert, "key_file": client_key})
+        else:
+            send({})
         assert consumer.wait_for(lambda c: len(c.messages) == 1, timeout=10)
-        instance.shutdown()
     finally:
         receiver.shutdown()
     assert sample_tuples(consumer.messages[0]) == sample_tuples(a_profile())
