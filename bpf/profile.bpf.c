@@ -42,6 +42,11 @@ BPF_STACK_TRACE(stack_traces_1, STACK_STORAGE_SIZE);
 BPF_PERCPU_ARRAY(counters, u64, PROFILE_NR_COUNTERS);
 BPF_TABLE("lru_hash", u32, u8, known_tgids, KNOWN_PROCESSES_SIZE);
 BPF_PERF_OUTPUT(new_processes);
+/* Samples whose stack collided in the stack map, with both stacks by value (see on_cpu_sample).
+ * The event is too big for the 512-byte BPF stack: it is built in a per-CPU scratch slot (this
+ * program does not nest with itself on a CPU). */
+BPF_PERF_OUTPUT(stack_overflow);
+BPF_PERCPU_ARRAY(overflow_scratch, struct stack_overflow_event, 1);
 
 static __always_inline void count(u32 index)
 {
@@ -142,6 +147,46 @@ static __always_inline u64 user_leaf_return(struct bpf_perf_event_data *ctx)
     return 0;
 }
 
+/* A stack that get_stackid() could not store (-EEXIST) or stored (id >= 0), read again by value
+ * into ips; any other error is passed on.  Return the bytes used (0 on error, set in *error). */
+static __always_inline u32 stack_by_value(struct bpf_perf_event_data *ctx, s32 stack_id, u64 *ips,
+                                          u64 flags, s32 *error)
+{
+    *error = 0;
+    if (stack_id < 0 && stack_id != -PROFILE_EEXIST) {
+        *error = stack_id;
+        return 0;
+    }
+    long n = bpf_get_stack(ctx, ips, PROFILE_MAX_STACK_DEPTH * sizeof(u64), flags);
+    if (n < 0) {
+        *error = n;
+        return 0;
+    }
+    return n;
+}
+
+/* Send a sample whose kernel or user stack collided, with both stacks by value, through the
+ * stack_overflow perf buffer.  Return 0 if sent. */
+static __always_inline int send_overflow(struct bpf_perf_event_data *ctx, struct sample_key *key)
+{
+    u32 zero = 0;
+    struct stack_overflow_event *event = overflow_scratch.lookup(&zero);
+    if (!event)
+        return -1;
+    event->tgid = key->tgid;
+    event->pid = key->pid;
+    __builtin_memcpy(event->comm, key->comm, sizeof(event->comm));
+    event->user_len = stack_by_value(ctx, key->user_stack_id, event->user_ips,
+                                     BPF_F_USER_STACK, &event->user_error);
+    event->user_leaf_return = event->user_len ? key->user_leaf_return : 0;
+    u32 klen = stack_by_value(ctx, key->kernel_stack_id, event->kernel_ips, 0,
+                              &event->kernel_error);
+    event->kernel_len = klen;
+    klen &= 1023;  /* for the verifier: klen <= 1016 already, and kernel_ips has 1024 bytes */
+    return stack_overflow.perf_submit(ctx, event,
+                                      __builtin_offsetof(struct stack_overflow_event, kernel_ips) + klen);
+}
+
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -169,7 +214,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
         key.kernel_stack_id = stack_traces_0.get_stackid(&ctx->regs, 0);
         key.user_stack_id = stack_traces_0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
     }
-    if (key.user_stack_id >= 0) {
+    if (key.user_stack_id >= 0 || key.user_stack_id == -PROFILE_EEXIST) {
         key.user_leaf_return = user_leaf_return(ctx);
         if (key.user_leaf_return)
             count(COUNTER_LEAF_RETURN_FOUND);
@@ -179,8 +224,27 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     count_stack_error(key.user_stack_id, COUNTER_USER_STACK_EFAULT,
                       COUNTER_USER_STACK_COLLISION, COUNTER_USER_STACK_ERROR_OTHER);
 
-    int err;
-    if (slot == 1)
+    /* A stack map is a hash table without chaining: a stack whose bucket holds another stack is
+     * not stored (-EEXIST).  Rather than lose that stack for this sample (and, as the bucket stays
+     * taken, for every sample with that stack until the slot is drained: a bias, not noise),
+     * send the sample to user space with both stacks by value instead of counting it here.  Only
+     * if that fails is it counted here, without the collided stack. */
+    int overflow = 0;
+    if (key.kernel_stack_id == -PROFILE_EEXIST || key.user_stack_id == -PROFILE_EEXIST) {
+        if (send_overflow(ctx, &key) == 0) {
+            overflow = 1;
+            count(COUNTER_STACK_OVERFLOW_SENT);
+        } else {
+            count(COUNTER_STACK_OVERFLOW_ERRORS);
+            if (key.user_stack_id < 0)
+                key.user_leaf_return = 0;
+        }
+    }
+
+    int err = 0;
+    if (overflow)
+        ;
+    else if (slot == 1)
         err = add_sample_1(&key);
     else
         err = add_sample_0(&key);

@@ -36,6 +36,27 @@ struct new_process_event {
     char comm[TASK_COMM_LEN];
 };
 
+/* Sent through the stack_overflow perf buffer instead of counting the sample in a count map when
+ * a stack did not fit in the stack map (get_stackid() returned -EEXIST: its bucket holds another
+ * stack).  Both stacks travel by value, so the sample keeps them.  user_ips comes first so that
+ * only the used part of kernel_ips needs to be sent: the event is
+ * offsetof(kernel_ips) + kernel_len bytes long (read no further). */
+#define PROFILE_MAX_STACK_DEPTH 127  /* PERF_MAX_STACK_DEPTH, as in BPF_STACK_TRACE */
+/* One spare slot, so that the event size the verifier sees, kernel_len & 1023, stays inside. */
+#define PROFILE_STACK_SLOTS 128
+struct stack_overflow_event {
+    u32 tgid;
+    u32 pid;
+    u64 user_leaf_return;  /* as in sample_key; 0 when there is no user stack */
+    s32 kernel_error;      /* 0, or the negative errno of the kernel stack (as a stack id) */
+    s32 user_error;
+    u32 kernel_len;        /* bytes used in kernel_ips (leaf first) */
+    u32 user_len;          /* bytes used in user_ips */
+    char comm[TASK_COMM_LEN];
+    u64 user_ips[PROFILE_STACK_SLOTS];
+    u64 kernel_ips[PROFILE_STACK_SLOTS];
+};
+
 /* Indices into the per-CPU `counters` array.  Cumulative since load; user space sums the CPUs. */
 enum profile_counter {
     COUNTER_SAMPLES = 0,                 /* non-idle samples seen */
@@ -50,7 +71,10 @@ enum profile_counter {
     COUNTER_PERF_OUTPUT_ERRORS = 9,      /* perf_submit failed (buffer full): event lost */
     COUNTER_EXEC_EVENTS = 10,            /* execve() seen: tgid forgotten so it is re-announced */
     COUNTER_LEAF_RETURN_FOUND = 11,      /* samples with a user_leaf_return */
-    PROFILE_NR_COUNTERS = 12,
+    COUNTER_STACK_OVERFLOW_SENT = 12,    /* collided samples sent with their stacks by value */
+    COUNTER_STACK_OVERFLOW_ERRORS = 13,  /* that perf_submit failed (buffer full): the sample was
+                                          * counted in the count map, without the collided stack */
+    PROFILE_NR_COUNTERS = 14,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

@@ -110,10 +110,10 @@ def build(tmp: Path, name: str, source: str | Path, *flags: str) -> Path:
 class Profiler:
     """A started Sampler + ProcessTable + Symbolizer, polled on a background thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, stack_storage_size: int = 16384) -> None:
         self.processes = ProcessTable(include_env_vars=["PYCOLLECTOR_TEST_MARK"])
         self.symbolizer = Symbolizer(self.processes)
-        self.sampler = Sampler(HZ, stack_storage_size=16384, count_map_size=16384,
+        self.sampler = Sampler(HZ, stack_storage_size=stack_storage_size, count_map_size=16384,
                                on_new_process=self.processes.on_new_process)
         self.sampler.start()
         self._stop = threading.Event()
@@ -370,6 +370,11 @@ def test_counter_names_come_from_the_header_and_warnings_name_the_setting():
              "lost_events": 1}
     text = " | ".join(counter_warnings(before, after))
     assert text.count("map_scale_factor") == 2 and "1 new-process" in text
+    assert "2 of 100 samples hit a stack map hash collision" in text and "rather than lost" in text
+    full = {**after, "stack_overflow_errors": 2}  # the overflow perf buffer was full
+    text = " | ".join(counter_warnings(after, full))
+    assert "2 samples lost a stack" in text and "perf buffer was full" in text
+    assert "map_scale_factor" in text
     assert counter_warnings(after, after) == []
     few = {**before, "samples": 1000, "kernel_stack_collision": 3}  # 0.3%: normal, no warning
     assert counter_warnings(before, few) == []
@@ -468,3 +473,69 @@ def test_stacks_stay_with_their_interval_under_a_changing_workload(profiler, tmp
     print(f"\n{intervals} intervals, {kernel_stacks} kernel and {user_stacks} user stacks checked")
     assert intervals > 20 and kernel_stacks > 10 and user_stacks > 20, (intervals, kernel_stacks,
                                                                        user_stacks)
+
+
+@pytest.mark.bpf
+def test_stack_map_collisions_lose_no_sample_and_bias_no_share(tmp_path):
+    """A stack map is a hash table without chaining: a stack whose bucket holds another stack is
+    not stored (-EEXIST), and as the bucket stays taken until the slot is drained, every later
+    sample with that stack lost it too: a bias, not noise.  Such samples now travel to user
+    space with their stacks by value (the stack_overflow perf buffer).  With a stack map far too
+    small for the stacks of known_split and of the other processes running next to it, nearly
+    every stack collides, yet known_split must get every sample, each with its stack, in its
+    true 75/25 split."""
+    require_bpf()
+    split = build(tmp_path, "known_split", KNOWN_SPLIT, "-O2", "-fno-omit-frame-pointer")
+    syscalls = build(tmp_path, "syscall_loop", SYSCALL_LOOP_C, "-O2", "-fno-omit-frame-pointer")
+    short = build(tmp_path, "short_lived", SHORT_LIVED_C, "-O2", "-fno-omit-frame-pointer")
+    try:
+        p = Profiler(stack_storage_size=8)
+    except SamplerError as e:
+        bpf_unavailable(f"{type(e).__name__}: {e}")
+    try:
+        sampler = p.sampler
+        sampler.collect()
+        before = sampler.counters()
+        others = [subprocess.Popen([str(syscalls), "3.5"], stdout=subprocess.DEVNULL)]
+        proc = subprocess.Popen([str(split), "3"], stdout=subprocess.DEVNULL)
+        intervals = []
+        _pid, status, usage = 0, None, None
+        while True:  # several intervals, and short-lived processes coming and going meanwhile
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            others.append(subprocess.Popen([str(short), "0.05"], stdout=subprocess.DEVNULL))
+            time.sleep(0.4)
+            intervals.append(sampler.collect())
+        assert os.waitstatus_to_exitcode(status) == 0
+        for other in others:
+            other.wait()
+        time.sleep(0.05)
+        intervals.append(sampler.collect())
+        after = sampler.counters()
+    finally:
+        p.close()
+    d = {k: after[k] - before[k] for k in after}
+    cpu_s = usage.ru_utime + usage.ru_stime
+    mine = [s for i in intervals for s in i.stacks if s.tgid == proc.pid]
+    total = sum(s.count for s in mine)
+    expected = HZ * cpu_s
+    by_leaf: collections.Counter = collections.Counter()
+    for s in mine:
+        by_leaf[leaf_name(p.symbolizer.symbolize_user(proc.pid, s.user_addrs))] += s.count
+    share = by_leaf["spin_heavy"] / max(total, 1)
+    print(f"\ncollisions: kernel {d['kernel_stack_collision']}, user {d['user_stack_collision']} "
+          f"of {d['samples']} samples; overflow sent {d['stack_overflow_sent']}, received "
+          f"{d['stack_overflow_received']}; known_split {total} samples, expected "
+          f"{expected:.0f}, spin_heavy {share:.1%}")
+    # (a) the stack map was far too small, (b) the collided samples came through the perf buffer
+    assert d["user_stack_collision"] > 0 and d["kernel_stack_collision"] > 0, d
+    assert d["stack_overflow_sent"] > 0, d
+    assert d["stack_overflow_received"] == d["stack_overflow_sent"], d
+    assert d["stack_overflow_errors"] == 0 and d["stack_overflow_lost"] == 0, d
+    assert d["map_full"] == 0 and d["missing_stacks"] == 0, d
+    # (c) no sample lost, no stack lost, no bias
+    assert abs(total - expected) <= max(0.05 * expected, 3 * expected ** 0.5) + 3, (total, cpu_s)
+    lost_stack = sum(s.count for s in mine if not s.user_addrs or s.user_stack_error)
+    assert lost_stack == 0, [s for s in mine if not s.user_addrs][:3]
+    assert abs(share - 0.75) <= share_tolerance(total), by_leaf

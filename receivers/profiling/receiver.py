@@ -1,7 +1,9 @@
 """The profiling receiver at run time: two threads around one BPF program.
 
-events thread   drains the perf buffer, so a new process is snapshotted (name, path, maps,
-                cgroup) the moment it is first sampled, before it can exit.
+events thread   drains the perf buffers, so a new process is snapshotted (name, path, maps,
+                cgroup) the moment it is first sampled, before it can exit, and the samples whose
+                stack collided in the stack map (sent with their stacks by value) are kept for the
+                report thread's next collect().
 report thread   every reporter_interval (+/- jitter): flip the count maps, symbolize, build one
                 ProfilesData and push it down the pipeline. On shutdown it reports once more, so
                 the last partial interval is not lost.

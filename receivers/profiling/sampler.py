@@ -6,13 +6,16 @@ One `Sampler` owns one BPF program instance:
                       on_new_process=processes.on_new_process)
     sampler.start()                 # compile, load, attach to cpu-clock on every CPU
     while running:
-        sampler.poll(100)           # new-process events -> on_new_process(tgid, pid, comm)
+        sampler.poll(100)           # new-process events -> on_new_process(tgid, pid, comm),
+                                    # and samples whose stack collided (kept for collect())
         if interval_elapsed:
             interval = sampler.collect()   # counts since the previous collect(), stacks resolved
     sampler.close()
 
-Threading: `poll()` and `collect()` touch different kernel objects (perf buffer vs maps) and may run
-on different threads, but neither may run concurrently with itself.  `counters()` may be called
+Threading: `poll()` and `collect()` may run on different threads, but neither may run
+concurrently with itself.  collect() makes sure the perf buffers were read after its flip (it polls
+them itself, or waits for the poll under way on the other thread to end and the next one to
+complete), so the collided samples of an interval are in that interval.  `counters()` may be called
 from any thread.  `bcc` is imported by `start()` only, so importing this module (for `Interval`)
 does not need BCC.
 """
@@ -49,7 +52,10 @@ FLIP_GRACE_S = 0.002
 
 # Counters kept in user space, next to the ones read from the BPF per-CPU array.
 USER_COUNTERS = ("lost_events", "late_announcements", "missing_stacks", "stacks_freed",
-                 "intervals", "callback_errors")
+                 "intervals", "callback_errors", "stack_overflow_received", "stack_overflow_lost")
+
+# How long collect() waits for the other thread's poll of the perf buffers to end.
+POLL_WAIT_S = 1.0
 
 # A new-process event handled this long after the sample that raised it is counted as late: a
 # process that lives shorter than that may be gone before /proc/<pid> is read (the reader thread
@@ -106,7 +112,8 @@ class StackCount:
     user_addrs: list[int]  # leaf first; empty for kernel threads
     count: int
     # 0, or the negative errno bpf_get_stackid() returned (-EFAULT: no such stack, -EEXIST:
-    # collision in the stack map), or -ENOENT when the stack id could not be read back.
+    # collision in the stack map and the perf buffer was full, so the stack could not be sent by
+    # value either), or -ENOENT when the stack id could not be read back.
     kernel_stack_error: int = 0
     user_stack_error: int = 0
 
@@ -155,8 +162,14 @@ def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]
     coll = d.get("kernel_stack_collision", 0) + d.get("user_stack_collision", 0)
     # A stack id is a hash bucket, so a few collisions happen at any size; warn past 1%.
     if coll and coll > 0.01 * d.get("samples", 0):
-        out.append(f"{coll} of {d.get('samples', 0)} samples lost a stack to stack map hash "
-                   "collisions; consider raising map_scale_factor")
+        out.append(f"{coll} of {d.get('samples', 0)} samples hit a stack map hash collision; "
+                   "they were sent to user space with their stacks through the perf buffer "
+                   "(about 2 KiB each) rather than lost; consider raising map_scale_factor to "
+                   "cut that cost")
+    if d.get("stack_overflow_errors"):
+        out.append(f"{d['stack_overflow_errors']} samples lost a stack to a stack map hash "
+                   "collision: the perf buffer was full, so they were counted without it; "
+                   "consider raising map_scale_factor")
     lost = d.get("lost_events", 0) + d.get("perf_output_errors", 0)
     if lost:
         out.append(f"{lost} new-process events lost (perf buffer full); those processes are "
@@ -245,6 +258,18 @@ def _int(value) -> int:
     return value if isinstance(value, int) else value.value
 
 
+def _stack_count(tgid, pid, comm: bytes, kaddrs, uaddrs, leaf_return: int, count: int,
+                 kerr: int, uerr: int) -> StackCount:
+    uaddrs = list(uaddrs or ())
+    if leaf_return and uaddrs and (len(uaddrs) < 2 or uaddrs[1] != leaf_return):
+        uaddrs.insert(1, leaf_return)  # the caller frame-pointer unwinding skipped
+    return StackCount(
+        tgid=tgid, tid=pid, comm=comm.decode("utf-8", "replace"),
+        kernel_addrs=list(kaddrs or ()), user_addrs=uaddrs, count=count,
+        kernel_stack_error=kerr, user_stack_error=uerr,
+    )
+
+
 def _tail(text: str, lines: int = 40) -> str:
     kept = text.strip().splitlines()[-lines:]
     return "\n".join(kept)
@@ -314,6 +339,15 @@ class Sampler:
         self._batch_ok = True
         self._interval_start = (0, 0)
         self._final_counters: dict[str, int] = {}  # BPF counters as of close()
+        # Samples whose stack collided in the stack map, sent by value: {(tgid, tid, comm,
+        # kernel addrs, user addrs, user_leaf_return, kernel error, user error): count}
+        self._overflow: dict[tuple, int] = {}
+        self._overflow_lock = threading.Lock()
+        # Who is reading the perf buffers, and how many reads started / ended (see collect()).
+        self._poll_cond = threading.Condition()
+        self._poll_busy = False
+        self._polls_started = 0
+        self._polls_finished = 0
 
     # ---------------------------------------------------------------------------------------
 
@@ -436,6 +470,14 @@ class Sampler:
             events.open_perf_buffer(self._on_event, page_cnt=self.perf_buffer_pages,
                                     lost_cb=self._on_lost)
             del events
+            overflow = bpf[b"stack_overflow"]
+            overflow_type = bcc.table._get_event_class(overflow)
+            self._overflow_header = overflow_type.user_ips.offset
+            self._overflow_kernel_offset = overflow_type.kernel_ips.offset
+            self._overflow_type = overflow_type
+            overflow.open_perf_buffer(self._on_overflow, page_cnt=self.perf_buffer_pages,
+                                      lost_cb=self._on_overflow_lost)
+            del overflow
         except BaseException:
             if bpf is not None:
                 with contextlib.suppress(Exception):
@@ -471,10 +513,68 @@ class Sampler:
         with self._user_lock:
             self._user["lost_events"] += lost
 
+    def _on_overflow(self, cpu: int, data, size: int) -> None:
+        """A sample whose kernel or user stack collided in the stack map, both stacks by value."""
+        if size < self._overflow_kernel_offset:
+            return
+        event = ct.cast(data, ct.POINTER(self._overflow_type)).contents
+        # The event ends after the used part of kernel_ips: read no further than `size`.
+        klen = min(event.kernel_len, size - self._overflow_kernel_offset) // 8
+        ulen = min(event.user_len, self._overflow_kernel_offset - self._overflow_header) // 8
+        kaddrs = tuple((ct.c_uint64 * klen).from_address(data + self._overflow_kernel_offset))
+        uaddrs = tuple((ct.c_uint64 * ulen).from_address(data + self._overflow_header))
+        key = (event.tgid, event.pid, event.comm, kaddrs, uaddrs, event.user_leaf_return,
+               event.kernel_error, event.user_error)
+        with self._overflow_lock:
+            self._overflow[key] = self._overflow.get(key, 0) + 1
+        with self._user_lock:
+            self._user["stack_overflow_received"] += 1
+
+    def _on_overflow_lost(self, lost: int) -> None:
+        # The BPF program saw perf_submit fail for these and counted them in the count map
+        # without the collided stack (stack_overflow_errors): the samples themselves are kept.
+        with self._user_lock:
+            self._user["stack_overflow_lost"] += lost
+
     def poll(self, timeout_ms: int = 0) -> None:
-        """Wait up to timeout_ms for new-process events and run on_new_process for each."""
+        """Wait up to timeout_ms for perf buffer events: run on_new_process for each new-process
+        event, and keep each collided sample for the next collect()."""
         self._require_started()
-        self._bpf.perf_buffer_poll(timeout=timeout_ms)
+        with self._poll_cond:
+            while self._poll_busy:  # collect() reading the buffers: a poll(0), short
+                self._poll_cond.wait()
+            self._poll_busy = True
+            self._polls_started += 1
+            mine = self._polls_started
+        self._read_perf_buffers(mine, timeout_ms)
+
+    def _read_perf_buffers(self, number: int, timeout_ms: int) -> None:
+        try:
+            self._bpf.perf_buffer_poll(timeout=timeout_ms)
+        finally:
+            with self._poll_cond:
+                self._poll_busy = False
+                self._polls_finished = max(self._polls_finished, number)
+                self._poll_cond.notify_all()
+
+    def _read_perf_buffers_now(self) -> None:
+        """Make sure the perf buffers are read after this call began: poll them here, or, when
+        another thread is polling, wait for a poll that started after this call to end."""
+        deadline = time.monotonic() + POLL_WAIT_S
+        with self._poll_cond:
+            target = self._polls_started + 1
+            while True:
+                if self._polls_finished >= target:
+                    return
+                if not self._poll_busy:
+                    self._poll_busy = True
+                    self._polls_started += 1
+                    mine = self._polls_started
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._poll_cond.wait(remaining):
+                    return  # this interval's last collided samples go in the next one
+        self._read_perf_buffers(mine, 0)
 
     def forget_process(self, tgid: int) -> None:
         """Drop tgid from the kernel's known set, so its next sample announces it again
@@ -549,6 +649,10 @@ class Sampler:
         self._active[ct.c_int(0)] = ct.c_uint32(self._slot)
         time.sleep(FLIP_GRACE_S)
         rows = self._drain(self._count_maps[drained_slot])
+        # Collided samples sent before the flip are in the perf buffer by now.
+        self._read_perf_buffers_now()
+        with self._overflow_lock:
+            overflow, self._overflow = self._overflow, {}
 
         stack_map = self._stack_maps[drained_slot]
         used = {sid for r in rows for sid in (r[3], r[4]) if sid >= 0}
@@ -571,14 +675,11 @@ class Sampler:
                 if uaddrs is None:
                     uerr = -errno.ENOENT
                     missing += 1
-            uaddrs = list(uaddrs or ())
-            if leaf_return and uaddrs and (len(uaddrs) < 2 or uaddrs[1] != leaf_return):
-                uaddrs.insert(1, leaf_return)  # the caller frame-pointer unwinding skipped
-            out.append(StackCount(
-                tgid=tgid, tid=pid, comm=comm.decode("utf-8", "replace"),
-                kernel_addrs=list(kaddrs or ()), user_addrs=uaddrs, count=count,
-                kernel_stack_error=kerr, user_stack_error=uerr,
-            ))
+            out.append(_stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count,
+                                    kerr, uerr))
+        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr), count in overflow.items():
+            out.append(_stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count,
+                                    kerr, uerr))
 
         with self._user_lock:
             self._user["missing_stacks"] += missing
