@@ -23,9 +23,9 @@ class BatchConfig(ComponentConfig):
     send_batch_size: int = pydantic.Field(DEFAULT_SEND_BATCH_SIZE, ge=0, le=_UINT32)
     # Larger batches are cut into batches of at most this many items; 0 means no limit.
     send_batch_max_size: int = pydantic.Field(DEFAULT_SEND_BATCH_MAX_SIZE, ge=0, le=_UINT32)
-    # Go keeps one batcher per distinct combination of these request metadata values. Request
-    # metadata (gRPC/HTTP headers) does not reach processors in this engine yet, so the keys are
-    # accepted and logged once as not implemented; one batcher serves all data.
+    # One batch per distinct combination of these keys' values in the sender's request metadata
+    # (the otlp receiver keeps it with include_metadata: true), at most metadata_cardinality_limit
+    # combinations; data bringing one more is refused for good.
     metadata_keys: list[str] = []
     metadata_cardinality_limit: int = pydantic.Field(
         DEFAULT_METADATA_CARDINALITY_LIMIT, ge=0, le=_UINT32

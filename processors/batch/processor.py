@@ -3,7 +3,10 @@
 As in Go: a batch goes out as soon as it holds ``send_batch_size`` items, cut into batches of at
 most ``send_batch_max_size``; what is left goes out ``timeout`` after the previous send; shutdown
 sends everything still held. With ``timeout: 0`` or ``send_batch_size: 0`` every message goes out
-at once (still cut to ``send_batch_max_size``). Each signal is batched on its own.
+at once (still cut to ``send_batch_max_size``). Each signal is batched on its own, and with
+``metadata_keys`` each distinct combination of those keys' values in the sender's request metadata
+(``pycollector.client``) is batched on its own too, up to ``metadata_cardinality_limit``
+combinations; a batch goes downstream with only that metadata as its client, as Go's does.
 
 Threads: ``consume`` runs on the caller's thread and sends the batches it fills, so a RefusedError
 from downstream reaches the caller and its receiver applies backpressure. Then the caller's own
@@ -20,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+import pycollector.client
 from pycollector.component import Component, Consumer, PermanentError, RefusedError
 from pycollector.logs import log_once
 from pycollector.pdata import item_count, signal_of
@@ -29,6 +33,11 @@ from processors.batch.pending import Pending
 from processors.batch.telemetry import SIZE_TRIGGER, TIMEOUT_TRIGGER, BatchTelemetry
 
 
+# (lower-cased metadata key, its values) for each of metadata_keys, in their order.
+Metadata = tuple[tuple[str, tuple[str, ...]], ...]
+BatchKey = tuple[str, Metadata]  # (signal, metadata)
+
+
 class BatchProcessor(Component):
     def __init__(self, settings, config: BatchConfig, next_consumer: Consumer):
         self._log = settings.logger
@@ -36,21 +45,13 @@ class BatchProcessor(Component):
         self._config = config
         self._next = next_consumer
         self._telemetry = BatchTelemetry(settings.telemetry, settings.logger)
-        self._pending: dict[str, Pending] = {}
-        self._deadlines: dict[str, float] = {}  # per signal: when its batch times out
+        self._pending: dict[BatchKey, Pending] = {}
+        self._deadlines: dict[BatchKey, float] = {}  # per batch: when it times out
         self._changed = threading.Condition()
         self._timer: threading.Thread | None = None
         self._batching = False  # False before start, after shutdown, and when nothing is timed
 
     def start(self, host) -> None:
-        if self._config.metadata_keys:
-            log_once(
-                self._log,
-                (*self._where, "metadata_keys"),
-                "warning",
-                "batching by metadata is not implemented; one batcher serves all data",
-                setting="metadata_keys",
-            )
         if self._config.timeout > 0 and self._config.send_batch_size > 0:
             self._batching = True
             self._timer = threading.Thread(
@@ -62,7 +63,8 @@ class BatchProcessor(Component):
         if item_count(data) == 0:
             return  # nothing to batch, as in Go
         with self._changed:
-            pending = self._pending_for(signal_of(data))
+            key = (signal_of(data), self._metadata_of_sender())
+            pending = self._pending_for(*key)
             accepted_before = pending.count
             try:
                 pending.add(data)
@@ -71,7 +73,7 @@ class BatchProcessor(Component):
             sent = 0
             while self._due(pending):
                 try:
-                    sent += self._send_front(pending, SIZE_TRIGGER, refusals_to_caller=True)
+                    sent += self._send_front(key, SIZE_TRIGGER, refusals_to_caller=True)
                 except RefusedError:
                     pending.keep_front(max(0, accepted_before - sent))
                     raise
@@ -84,17 +86,30 @@ class BatchProcessor(Component):
             self._timer.join()
             self._timer = None
         with self._changed:
-            for pending in self._pending.values():
+            for key, pending in self._pending.items():
                 while pending.count:
-                    self._send_front(pending, TIMEOUT_TRIGGER, refusals_to_caller=False)
+                    self._send_front(key, TIMEOUT_TRIGGER, refusals_to_caller=False)
 
     # -- helpers, called with self._changed held ------------------------------------------------
 
-    def _pending_for(self, signal: str) -> Pending:
-        pending = self._pending.get(signal)
+    def _metadata_of_sender(self) -> Metadata:
+        """The values of ``metadata_keys`` in the sender's request metadata: the batch key."""
+        client = pycollector.client.current()
+        return tuple((key.lower(), client.get(key)) for key in self._config.metadata_keys)
+
+    def _pending_for(self, signal: str, metadata: Metadata) -> Pending:
+        key = (signal, metadata)
+        pending = self._pending.get(key)
         if pending is None:
-            pending = self._pending[signal] = Pending(signal)
-            self._deadlines[signal] = time.monotonic() + self._config.timeout
+            combinations = sum(1 for known_signal, _ in self._pending if known_signal == signal)
+            if self._config.metadata_keys and combinations >= self._config.metadata_cardinality_limit:
+                log_once(self._log, (*self._where, "metadata_cardinality_limit", signal), "error",
+                         "too many metadata value combinations; data with a new one is refused for good",
+                         setting="metadata_cardinality_limit", limit=self._config.metadata_cardinality_limit)
+                raise PermanentError(f"too many batcher metadata-value combinations (metadata_cardinality_limit {self._config.metadata_cardinality_limit})")
+            pending = self._pending[key] = Pending(signal)
+            self._deadlines[key] = time.monotonic() + self._config.timeout
+            self._telemetry.batchers(len(self._pending))
         return pending
 
     def _due(self, pending: Pending) -> bool:
@@ -103,12 +118,17 @@ class BatchProcessor(Component):
             return pending.count > 0
         return pending.count >= self._config.send_batch_size
 
-    def _send_front(self, pending: Pending, trigger: str, refusals_to_caller: bool) -> int:
-        """Send one batch off the front of ``pending``; returns how many items left it."""
+    def _send_front(self, key: BatchKey, trigger: str, refusals_to_caller: bool) -> int:
+        """Send one batch off the front of the batch held under ``key``; returns how many items
+        left it. Downstream sees the batch's metadata as its client, nothing else of the senders'."""
+        pending = self._pending[key]
         size = min(pending.count, self._config.send_batch_max_size or pending.count)
         batch, rest = pending.cut(size)
+        signal, metadata = key
+        client = pycollector.client.ClientInfo(metadata={name: values for name, values in metadata if values})
         try:
-            self._next.consume(batch)
+            with pycollector.client.client_context(client):
+                self._next.consume(batch)
         except Exception as error:  # any downstream failure; the timer thread must survive it
             if refusals_to_caller and isinstance(error, RefusedError):
                 raise
@@ -116,7 +136,7 @@ class BatchProcessor(Component):
         else:
             self._telemetry.sent(trigger, size)
         pending.keep(rest, pending.count - size)
-        self._deadlines[pending.signal] = time.monotonic() + self._config.timeout
+        self._deadlines[key] = time.monotonic() + self._config.timeout
         return size
 
     def _send_timed_out(self) -> None:
@@ -124,11 +144,11 @@ class BatchProcessor(Component):
         with self._changed:
             while self._batching:
                 now = time.monotonic()
-                for signal, deadline in self._deadlines.items():
+                for key, deadline in self._deadlines.items():
                     if deadline <= now:
-                        pending = self._pending[signal]
+                        pending = self._pending[key]
                         while pending.count:
-                            self._send_front(pending, TIMEOUT_TRIGGER, refusals_to_caller=False)
-                        self._deadlines[signal] = now + self._config.timeout
+                            self._send_front(key, TIMEOUT_TRIGGER, refusals_to_caller=False)
+                        self._deadlines[key] = now + self._config.timeout
                 next_deadline = min(self._deadlines.values(), default=now + self._config.timeout)
                 self._changed.wait(max(0.0, next_deadline - time.monotonic()))

@@ -40,11 +40,11 @@ class BatchTelemetry:
                 "Number of times the batch was sent due to a timeout trigger",
             ),
         }
-        # One batcher while batching by metadata is not implemented.
-        telemetry.gauge(
+        self._cardinality = telemetry.gauge(
             "otelcol_processor_batch_metadata_cardinality",
             "Number of distinct metadata value combinations being processed",
-        ).set(1)
+        )
+        self._cardinality.set(1)  # Go's value for the single batcher, before anything arrives
         self._dropped = item_counters(
             telemetry, "dropped", "the batch processor dropped because downstream failed"
         )
@@ -52,6 +52,10 @@ class BatchTelemetry:
         self._lock = threading.Lock()
         self._failures_unlogged = 0
         self._next_log = 0.0
+
+    def batchers(self, count: int) -> None:
+        """How many (signal, metadata values) batches are held."""
+        self._cardinality.set(max(1, count))
 
     def sent(self, trigger: str, items: int) -> None:
         self._triggers[trigger].inc()
