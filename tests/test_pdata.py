@@ -32,6 +32,8 @@ from pycollector.pdata import (
     to_dict,
     validate_indices,
 )
+from pycollector.pdata import merging
+from pycollector.pdata.zero_entries import TABLES, with_zero_entries
 
 FRAME_TYPE = "profile.frame.type"
 BUILD_ID = "process.executable.build_id.gnu"
@@ -573,3 +575,165 @@ def test_a_message_without_a_dictionary_reads_index_0_as_none():
     assert validate_indices(data) == []
     [view] = iter_samples(data)
     assert (view.frames, view.values, view.attributes) == ([], [7], {})
+
+
+# -- append: the batch processor's merge, tables concatenated and indices shifted ------------------
+
+
+def _with_links(data: profiles_pb2.ProfilesData, seed: int) -> profiles_pb2.ProfilesData:
+    """Links on some samples (the generated inputs have none)."""
+    builder = ProfilesBuilder(data)
+    samples = [s for rp in data.resource_profiles for sp in rp.scope_profiles for p in sp.profiles for s in p.samples]
+    for number, sample in enumerate(samples):
+        if (number + seed) % 3:
+            sample.link_index = builder.link(bytes([number % 4 + 1]) * 16, bytes([seed % 7 + 1]) * 8)
+    return data
+
+
+def _leave_out(data: profiles_pb2.ProfilesData, tables: list[str]) -> profiles_pb2.ProfilesData:
+    """Drop those of ``tables`` that hold only their zero entry, as a sender may."""
+    for name in tables:
+        table = getattr(data.dictionary, name)
+        if len(table) == 1:
+            del table[:]
+    return data
+
+
+def _completed(data: profiles_pb2.ProfilesData) -> profiles_pb2.ProfilesData:
+    """A copy with every table's zero entry, to read samples from (sample_type wants strings)."""
+    copy = profiles_pb2.ProfilesData()
+    copy.CopyFrom(data)
+    copy.dictionary.CopyFrom(with_zero_entries(data.dictionary))
+    return copy
+
+
+def _serialized_samples(data: profiles_pb2.ProfilesData) -> list[tuple]:
+    """Each sample resolved, with its link and the fields append copies as they are."""
+    links = with_zero_entries(data.dictionary).link_table
+    return [
+        (*resolved, (links[view.sample.link_index].trace_id, links[view.sample.link_index].span_id), view.profile.profile_id)
+        for resolved, view in zip(_actual_samples(_completed(data)), iter_samples(data), strict=True)
+    ]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    inputs=_inputs,
+    left_out=st.lists(st.sampled_from(TABLES), unique=True),
+    into_empty=st.booleans(),
+)
+def test_appended_messages_resolve_to_the_same_samples_and_every_index_is_valid(inputs, left_out, into_empty):
+    parts = [_leave_out(_with_links(_build(resources), seed), left_out) for seed, resources in enumerate(inputs)]
+    dst = profiles_pb2.ProfilesData() if into_empty else _leave_out(_with_links(_build([]), 0), left_out)
+    for part in parts:
+        before = part.SerializeToString()
+        merging.check(part)
+        merging.append(dst, part)
+        assert part.SerializeToString() == before  # only read
+    assert validate_indices(dst) == []
+    assert _serialized_samples(dst) == [s for part in parts for s in _serialized_samples(part)]
+    # Nothing is looked up: each part's entries are all there, less its zero entries.
+    for name in TABLES:
+        assert len(getattr(dst.dictionary, name)) == 1 + sum(max(len(getattr(p.dictionary, name)) - 1, 0) for p in parts)
+
+
+def test_append_keeps_a_first_entry_that_is_not_the_zero_value():
+    """A sender breaking the "index 0 is the zero value" rule still means what it says."""
+    src = _one_sample_data("work", "main")
+    src.dictionary.string_table[0] = "zero"
+    src.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].link_index = 0
+    src.dictionary.link_table[0].trace_id = b"t" * 16
+    dst = _one_sample_data("idle", "main")
+    merging.append(dst, src)
+    assert validate_indices(dst) == []
+    [_, view] = iter_samples(dst)
+    assert view.attributes == {"thread.name": "main"}
+    assert dst.dictionary.string_table[len(dst.dictionary.string_table) - len(src.dictionary.string_table)] == "zero"
+    assert [f.function for f in view.frames] == ["work", "main"]
+    sample = view.sample
+    assert dst.dictionary.link_table[sample.link_index].trace_id == b"t" * 16
+
+
+def test_append_accepts_an_export_request_and_a_source_without_dictionary():
+    dst = _one_sample_data("work", "main")
+    request = profiles_service_pb2.ExportProfilesServiceRequest()
+    request.ParseFromString(_one_sample_data("idle", "main").SerializeToString())
+    merging.append(dst, request)
+    bare = profiles_pb2.ProfilesData()
+    bare.resource_profiles.add().scope_profiles.add().profiles.add().samples.add(values=[5])
+    merging.append(dst, bare)
+    assert validate_indices(dst) == []
+    assert [[f.function for f in v.frames] for v in iter_samples(dst)] == [["work", "main"], ["idle", "main"], []]
+
+
+def test_stacks_keep_location_0_and_move_by_any_offset():
+    """Stack indices move as lanes of one integer: every width of varint, and 0 staying 0."""
+    stacks = [[], [0, 1], [2, 0, 1, 2], [1] * 200]
+    entries = [profiles_pb2.Stack(location_indices=s).SerializeToString() for s in stacks]
+    for by in (0, 5, 127, 200, 16_000, 1 << 21, 1 << 28, 1 << 30):
+        for keep_zero in (False, True):
+            move = merging._Move("location_table", 3, by, drop_zero=not keep_zero)
+            moved = [profiles_pb2.Stack.FromString(e).location_indices[:] for e in merging._moved_stacks(entries, move)]
+            assert moved == [[move(i) for i in s] for s in stacks]
+
+
+def _with_bad_index(field: str) -> profiles_pb2.ProfilesData:
+    data = _one_sample_data("work", "main")
+    d = data.dictionary
+    profile = data.resource_profiles[0].scope_profiles[0].profiles[0]
+    sample = profile.samples[0]
+    if field == "stack_index":
+        sample.stack_index = len(d.stack_table)
+    elif field == "link_index":
+        sample.link_index = 7
+    elif field == "samples[0].attribute_indices":
+        sample.attribute_indices.append(-1)
+    elif field == "profiles[0].attribute_indices":
+        profile.attribute_indices.append(len(d.attribute_table))
+    elif field == "sample_type.unit_strindex":
+        profile.sample_type.unit_strindex = -3
+    elif field == "location_indices":
+        d.stack_table[1].location_indices.append(len(d.location_table))
+    elif field == "function_index":
+        d.location_table[1].lines[0].function_index = 1000
+    elif field == "mapping_index":
+        d.location_table[1].mapping_index = -1
+    elif field == "location_table[1].attribute_indices":
+        d.location_table[1].attribute_indices.append(99)
+    elif field == "name_strindex":
+        d.function_table[1].name_strindex = len(d.string_table)
+    elif field == "filename_strindex":
+        d.mapping_table[1].filename_strindex = 12345678
+    elif field == "key_strindex":
+        d.attribute_table[1].key_strindex = -2
+    return data
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "stack_index",
+        "link_index",
+        "samples[0].attribute_indices",
+        "profiles[0].attribute_indices",
+        "sample_type.unit_strindex",
+        "location_indices",
+        "function_index",
+        "mapping_index",
+        "location_table[1].attribute_indices",
+        "name_strindex",
+        "filename_strindex",
+        "key_strindex",
+    ],
+)
+def test_append_and_check_name_an_index_outside_its_table_and_leave_dst_as_it_was(field):
+    bad = _with_bad_index(field)
+    assert validate_indices(bad)
+    dst = _one_sample_data("idle", "main")
+    before = dst.SerializeToString()
+    with pytest.raises(ValueError, match=f"outside their dictionary: .*{field.split('.')[-1]}"):
+        merging.append(dst, bad)
+    assert dst.SerializeToString() == before
+    with pytest.raises(ValueError, match="outside their dictionary"):
+        merging.check(bad)
+    merging.check(dst)

@@ -96,9 +96,14 @@ def test_a_split_carries_only_the_dictionary_entries_its_samples_use(inputs, cut
     assert samples_with_links(head) + samples_with_links(tail) == samples_with_links(whole.data)
     for part in (head, tail):
         assert validate_indices(part) == []
-        # Re-interning a part into a fresh builder adds nothing: it holds no unused entries.
-        again, _ = split_at(part, sample_count(part) + 1)
-        assert _table_sizes(again) == _table_sizes(part)
+        # Re-interning a part into a fresh builder adds nothing: it holds no unused entries (an
+        # empty part may have no dictionary at all, its zero entries implied).
+        again = ProfilesBuilder()
+        again.merge(part)
+        assert _table_sizes(again.data) == {name: max(size, 1) for name, size in _table_sizes(part).items()}
+    # A cut that takes everything, or nothing, is the message itself.
+    assert split_at(whole.data, sample_count(whole.data))[0] is whole.data
+    assert split_at(whole.data, 0)[1 if sample_count(whole.data) else 0] is whole.data
 
 
 # -- triggers, timing and their metrics ---------------------------------------------------------
@@ -246,6 +251,39 @@ def test_profiles_that_refer_outside_their_dictionary_are_a_permanent_error():
     processor.shutdown()
 
 
+def test_the_first_message_goes_out_as_it_came_and_is_never_changed():
+    first, second = with_links(one_profile(samples=3)), one_profile(samples=2)
+    first_bytes = first.SerializeToString()
+    downstream = CapturingConsumer()
+    processor = started_batch(downstream, timeout=0)
+    processor.consume(first)
+    assert downstream.messages == [first] and downstream.messages[0] is first  # not copied
+    kept = CapturingConsumer()
+    batched = started_batch(kept, timeout="1h", send_batch_size=100)
+    batched.consume(first)
+    batched.consume(second)  # appended to a copy of first, which its sender may still hold
+    batched.shutdown()
+    processor.shutdown()
+    assert first.SerializeToString() == first_bytes
+    [merged] = kept.messages
+    assert samples_with_links(merged) == samples_with_links(first) + samples_with_links(second)
+
+
+def test_a_bad_message_into_a_batch_is_refused_and_leaves_the_batch_as_it_was():
+    good, bad, later = one_profile(samples=2), one_profile(samples=3), one_profile(samples=1)
+    bad.dictionary.location_table[1].mapping_index = 50
+    downstream = CapturingConsumer()
+    processor = started_batch(downstream, timeout="1h", send_batch_size=100)
+    processor.consume(good)
+    with pytest.raises(PermanentError, match="mapping_index = 50"):
+        processor.consume(bad)
+    processor.consume(later)
+    processor.shutdown()
+    [batch] = downstream.messages
+    assert validate_indices(batch) == []
+    assert samples_with_links(batch) == samples_with_links(good) + samples_with_links(later)
+
+
 # -- traces, metrics, logs ------------------------------------------------------------------------
 
 
@@ -308,14 +346,10 @@ def test_a_max_size_below_the_batch_size_is_an_error_on_that_key():
     assert validation_problems("batch", {"send_batch_size": 100, "send_batch_max_size": 0}) == []
 
 
-def test_duplicate_metadata_keys_are_an_error_and_metadata_keys_are_logged_as_not_implemented():
+def test_duplicate_metadata_keys_are_an_error():
     assert validation_problems("batch", {"metadata_keys": ["tenant", "Tenant"]}) == [
         "processors::batch::metadata_keys: duplicate entry 'tenant' (keys are case-insensitive)"
     ]
-    with capture_logs() as logged:
-        processor = started_batch(CapturingConsumer(), metadata_keys=["X-Tenant"])
-        processor.shutdown()
-    assert [entry["setting"] for entry in logged] == ["metadata_keys"]
 
 
 def test_concurrent_senders_lose_nothing():

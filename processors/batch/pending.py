@@ -1,8 +1,11 @@
 """What the batch processor holds for one signal until it sends it: one message and its item count.
 
-Profiles are merged through a ``ProfilesBuilder``, so every message added shares one dictionary;
-traces, metrics and logs are merged by appending their resource entries. The front of the batch is
-cut off with ``split_at``, which keeps every item whole.
+Profiles: the first message into an empty batch is held as it came, checked but not copied, since
+its sender may still hold it too; it goes out as it is when a cut takes it whole. The next message
+makes it ours (one parse of what the check serialized) and is appended to it: dictionary tables
+concatenated, the new message's indices shifted (``merging.append``). Traces, metrics and logs are
+merged by appending their resource entries. The front of the batch is cut off with ``split_at``,
+which keeps every item whole.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from pycollector.pdata import ProfilesBuilder, item_count, split_at
+from pycollector.pdata import item_count, split_at
+from pycollector.pdata import merging
 
 _RESOURCE_ENTRIES = {
     "traces": ("resource_spans", trace_pb2.TracesData),
@@ -28,19 +32,30 @@ class Pending:
 
     def _restart(self, message: Message | None, count: int) -> None:
         self.count = count
-        if self.signal == "profiles":
-            self._builder = ProfilesBuilder(message)
-            self.message = self._builder.data
+        # Profiles: None while empty. ``_owned``: False while ``message`` is still the sender's,
+        # and ``_serialized`` is then its serialized form, from the check.
+        self._owned, self._serialized = True, None
+        if self.signal == "profiles" or message is not None:
+            self.message = message
         else:
-            self.message = _RESOURCE_ENTRIES[self.signal][1]() if message is None else message
+            self.message = _RESOURCE_ENTRIES[self.signal][1]()
 
     def add(self, data: Message) -> None:
-        """Raises ValueError when profiles refer outside their own dictionary."""
-        if self.signal == "profiles":
-            self._builder.merge(data)
-        else:
+        """Raises ValueError, holding what it held before, when profiles refer outside their own
+        dictionary."""
+        if self.signal != "profiles":
             field = _RESOURCE_ENTRIES[self.signal][0]
             getattr(self.message, field).extend(getattr(data, field))
+        elif self.message is None:
+            serialized = data.SerializeToString()
+            merging.check(data, serialized)
+            self.message, self._owned, self._serialized = data, False, serialized
+        else:
+            if not self._owned:
+                ours = type(self.message)()
+                ours.ParseFromString(self._serialized)
+                self.message, self._owned, self._serialized = ours, True, None
+            merging.append(self.message, data)
         self.count += item_count(data)
 
     def cut(self, count: int) -> tuple[Message, Message | None]:
@@ -51,7 +66,12 @@ class Pending:
 
     def keep(self, rest: Message | None, count: int) -> None:
         """Hold only ``rest`` (from ``cut``), which has ``count`` items."""
-        self._restart(rest if count else None, count)
+        if rest is None or not count:
+            self._restart(None, 0)
+        elif rest is self.message:  # the cut took it whole: held as before
+            self.count = count
+        else:  # a part split_at made: ours
+            self._restart(rest, count)
 
     def keep_front(self, count: int) -> None:
         """Hold only the first ``count`` items."""

@@ -7,29 +7,36 @@ scope, profile or metric) are repeated on each side of a cut that passes through
 
 Profiles: each side gets a dictionary of its own, holding only what its samples and profiles
 refer to, re-interned through a fresh ``ProfilesBuilder``; so each side is valid on its own and
-carries no entries it does not use.
+carries no entries it does not use. A cut that takes every item, or none, copies nothing: the
+message itself is that side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.message import Message
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
 from pycollector.pdata.builder import ProfilesBuilder
-from pycollector.pdata.counting import signal_of
+from pycollector.pdata.counting import item_count, signal_of
+from pycollector.pdata.merging import Reinterner
 
 
 def split_at(message: Message, count: int) -> tuple[Message, Message]:
-    """``(head, tail)``: new messages of ``message``'s type with its first ``count`` items and
-    the rest, in their original order. Containers without items go with the head while it still
-    has room, else with the tail.
+    """``(head, tail)``: messages of ``message``'s type with its first ``count`` items and the
+    rest, in their original order. Containers without items go with the head while it still has
+    room, else with the tail. When the cut takes every item (or none), that side is ``message``
+    itself, containers without items and all, and the other a new empty message.
 
     Raises IndexError when a profile refers outside its own dictionary (see ``validate_indices``).
     """
     signal = signal_of(message)
+    if count >= item_count(message):
+        return message, type(message)()
+    if count <= 0:
+        return type(message)(), message
     if signal == "profiles":
         return _split_profiles(message, count)
     head, tail = type(message)(), type(message)()
@@ -133,97 +140,12 @@ def _split_level(
 # -- profiles: samples refer to a dictionary that each side must carry its own part of ----------
 
 
-class _Reinterner:
-    """Source dictionary index -> index in ``builder``'s dictionary, each entry copied once and
-    only when something on this side refers to it."""
-
-    def __init__(self, source: profiles_pb2.ProfilesDictionary, builder: ProfilesBuilder) -> None:
-        self._source = source
-        self._builder = builder
-        self._copied: dict[str, dict[int, int]] = {}
-
-    def _entry(self, table_name: str, index: int, copy: Callable[[Any], int]) -> int:
-        copied = self._copied.setdefault(table_name, {})
-        found = copied.get(index)
-        if found is None:
-            table = getattr(self._source, table_name)
-            if index < 0:
-                raise IndexError(f"{table_name} index {index} is negative")
-            # A message without a dictionary still means "none" by index 0.
-            found = copied[index] = copy(table[index]) if index or table else 0
-        return found
-
-    def string(self, index: int) -> int:
-        return self._entry("string_table", index, self._builder.string)
-
-    def attribute(self, index: int) -> int:
-        return self._entry(
-            "attribute_table",
-            index,
-            lambda entry: self._builder._attribute(
-                self.string(entry.key_strindex), entry.value, self.string(entry.unit_strindex)
-            ),
-        )
-
-    def attributes(self, indices: Sequence[int]) -> list[int]:
-        return [self.attribute(index) for index in indices]
-
-    def mapping(self, index: int) -> int:
-        return self._entry(
-            "mapping_table",
-            index,
-            lambda entry: self._builder._mapping(
-                entry.memory_start,
-                entry.memory_limit,
-                entry.file_offset,
-                self.string(entry.filename_strindex),
-                self.attributes(entry.attribute_indices),
-            ),
-        )
-
-    def function(self, index: int) -> int:
-        return self._entry(
-            "function_table",
-            index,
-            lambda entry: self._builder._function(
-                self.string(entry.name_strindex),
-                self.string(entry.system_name_strindex),
-                self.string(entry.filename_strindex),
-                entry.start_line,
-            ),
-        )
-
-    def location(self, index: int) -> int:
-        return self._entry(
-            "location_table",
-            index,
-            lambda entry: self._builder._location(
-                self.mapping(entry.mapping_index),
-                entry.address,
-                tuple((self.function(ln.function_index), ln.line, ln.column) for ln in entry.lines),
-                self.attributes(entry.attribute_indices),
-            ),
-        )
-
-    def stack(self, index: int) -> int:
-        return self._entry(
-            "stack_table",
-            index,
-            lambda entry: self._builder.stack([self.location(i) for i in entry.location_indices]),
-        )
-
-    def link(self, index: int) -> int:
-        return self._entry(
-            "link_table", index, lambda entry: self._builder.link(entry.trace_id, entry.span_id)
-        )
-
-
 class _ProfilesSide:
     """One side of a cut: a fresh message, and where each source container was copied to."""
 
     def __init__(self, source: Message) -> None:
         self.builder = ProfilesBuilder(type(source)())
-        self._reintern = _Reinterner(source.dictionary, self.builder)
+        self._reintern = Reinterner(source.dictionary, self.builder)
         self._resources: dict[int, profiles_pb2.ResourceProfiles] = {}
         self._scopes: dict[tuple[int, int], profiles_pb2.ScopeProfiles] = {}
 
@@ -257,16 +179,8 @@ class _ProfilesSide:
     ) -> None:
         copy = scope_copy.profiles.add()
         _copy_fields(source, copy, skip="samples")
-        for value_type in (copy.sample_type, copy.period_type):
-            value_type.type_strindex = self._reintern.string(value_type.type_strindex)
-            value_type.unit_strindex = self._reintern.string(value_type.unit_strindex)
-        copy.attribute_indices[:] = self._reintern.attributes(copy.attribute_indices)
-        for sample in samples:
-            sample_copy = copy.samples.add()
-            sample_copy.CopyFrom(sample)
-            sample_copy.stack_index = self._reintern.stack(sample.stack_index)
-            sample_copy.attribute_indices[:] = self._reintern.attributes(sample.attribute_indices)
-            sample_copy.link_index = self._reintern.link(sample.link_index)
+        copy.samples.extend(samples)
+        self._reintern.profile(copy)
 
 
 def _split_profiles(data: Message, count: int) -> tuple[Message, Message]:
