@@ -4,11 +4,11 @@
 (bench/payloads.py) and times, each N times (the median is printed, with the spread):
 
 - decode+encode: parse and serialize one payload, the pipeline bench's peer;
-- append: ``merging.append`` of a payload into a batch that holds one to three others (what the
+- append: ``appending.append`` of a payload into a batch that holds one to three others (what the
   batch processor does for the 2nd to 4th message of a batch);
 - append, line numbers: the same with a line number on each location and every fifth location
   inlined (two lines), which takes the slower way for lines;
-- check: ``merging.check``, what the batch pays for the message it starts with;
+- check: ``appending.check``, what the batch pays for the message it starts with;
 - the batch: four payloads through ``Pending`` (check, copy, three appends) and one cut;
 - interning (``--interning``, slow): ``ProfilesBuilder.merge``, the re-interning merge.
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
 from bench import payloads
-from pycollector.pdata import ProfilesBuilder, merging, sample_count
+from pycollector.pdata import ProfilesBuilder, appending, sample_count
 from processors.batch.pending import Pending
 
 BATCH = 4
@@ -82,14 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     def append_all(others: list[profiles_pb2.ProfilesData]) -> Callable[[object], None]:
         def work(batch: object) -> None:
             for message in others:
-                merging.append(batch, message)
+                appending.append(batch, message)
 
         return work
 
     _row("append", _timed(args.runs, lambda: _copy(first), append_all(messages[1:])), per=BATCH - 1)
     numbered = [_with_line_numbers(message) for message in messages]
     _row("append, line numbers", _timed(args.runs, lambda: _copy(numbered[0]), append_all(numbered[1:])), per=BATCH - 1)
-    _row("check", _timed(args.runs, lambda: None, lambda _: merging.check(messages[1])))
+    _row("check", _timed(args.runs, lambda: None, lambda _: appending.check(messages[1])))
 
     def batch(_: object) -> None:
         pending = Pending("profiles")

@@ -32,7 +32,9 @@ from pycollector.pdata import (
     to_dict,
     validate_indices,
 )
-from pycollector.pdata import merging
+from pycollector.pdata import appending
+from pycollector.pdata.appending.moves import Move
+from pycollector.pdata.appending.tables import moved_stacks
 from pycollector.pdata.zero_entries import TABLES, with_zero_entries
 
 FRAME_TYPE = "profile.frame.type"
@@ -627,8 +629,8 @@ def test_appended_messages_resolve_to_the_same_samples_and_every_index_is_valid(
     dst = profiles_pb2.ProfilesData() if into_empty else _leave_out(_with_links(_build([]), 0), left_out)
     for part in parts:
         before = part.SerializeToString()
-        merging.check(part)
-        merging.append(dst, part)
+        appending.check(part)
+        appending.append(dst, part)
         assert part.SerializeToString() == before  # only read
     assert validate_indices(dst) == []
     assert _serialized_samples(dst) == [s for part in parts for s in _serialized_samples(part)]
@@ -644,7 +646,7 @@ def test_append_keeps_a_first_entry_that_is_not_the_zero_value():
     src.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].link_index = 0
     src.dictionary.link_table[0].trace_id = b"t" * 16
     dst = _one_sample_data("idle", "main")
-    merging.append(dst, src)
+    appending.append(dst, src)
     assert validate_indices(dst) == []
     [_, view] = iter_samples(dst)
     assert view.attributes == {"thread.name": "main"}
@@ -658,10 +660,10 @@ def test_append_accepts_an_export_request_and_a_source_without_dictionary():
     dst = _one_sample_data("work", "main")
     request = profiles_service_pb2.ExportProfilesServiceRequest()
     request.ParseFromString(_one_sample_data("idle", "main").SerializeToString())
-    merging.append(dst, request)
+    appending.append(dst, request)
     bare = profiles_pb2.ProfilesData()
     bare.resource_profiles.add().scope_profiles.add().profiles.add().samples.add(values=[5])
-    merging.append(dst, bare)
+    appending.append(dst, bare)
     assert validate_indices(dst) == []
     assert [[f.function for f in v.frames] for v in iter_samples(dst)] == [["work", "main"], ["idle", "main"], []]
 
@@ -672,8 +674,8 @@ def test_stacks_keep_location_0_and_move_by_any_offset():
     entries = [profiles_pb2.Stack(location_indices=s).SerializeToString() for s in stacks]
     for by in (0, 5, 127, 200, 16_000, 1 << 21, 1 << 28, 1 << 30):
         for keep_zero in (False, True):
-            move = merging._Move("location_table", 3, by, drop_zero=not keep_zero)
-            moved = [profiles_pb2.Stack.FromString(e).location_indices[:] for e in merging._moved_stacks(entries, move)]
+            move = Move("location_table", 3, by, drop_zero=not keep_zero)
+            moved = [profiles_pb2.Stack.FromString(e).location_indices[:] for e in moved_stacks(entries, move)]
             assert moved == [[move(i) for i in s] for s in stacks]
 
 
@@ -732,8 +734,8 @@ def test_append_and_check_name_an_index_outside_its_table_and_leave_dst_as_it_wa
     dst = _one_sample_data("idle", "main")
     before = dst.SerializeToString()
     with pytest.raises(ValueError, match=f"outside their dictionary: .*{field.split('.')[-1]}"):
-        merging.append(dst, bad)
+        appending.append(dst, bad)
     assert dst.SerializeToString() == before
     with pytest.raises(ValueError, match="outside their dictionary"):
-        merging.check(bad)
-    merging.check(dst)
+        appending.check(bad)
+    appending.check(dst)

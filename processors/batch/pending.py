@@ -3,7 +3,7 @@
 Profiles: the first message into an empty batch is held as it came, checked but not copied, since
 its sender may still hold it too; it goes out as it is when a cut takes it whole. The next message
 makes it ours (one parse of what the check serialized) and is appended to it: dictionary tables
-concatenated, the new message's indices shifted (``merging.append``). Traces, metrics and logs are
+concatenated, the new message's indices shifted (``appending.append``). Traces, metrics and logs are
 merged by appending their resource entries. The front of the batch is cut off with ``split_at``,
 which keeps every item whole.
 """
@@ -16,7 +16,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from pycollector.pdata import item_count, split_at
-from pycollector.pdata import merging
+from pycollector.pdata import appending
 
 _RESOURCE_ENTRIES = {
     "traces": ("resource_spans", trace_pb2.TracesData),
@@ -48,14 +48,14 @@ class Pending:
             getattr(self.message, field).extend(getattr(data, field))
         elif self.message is None:
             serialized = data.SerializeToString()
-            merging.check(data, serialized)
+            appending.check(data, serialized)
             self.message, self._owned, self._serialized = data, False, serialized
         else:
             if not self._owned:
                 ours = type(self.message)()
                 ours.ParseFromString(self._serialized)
                 self.message, self._owned, self._serialized = ours, True, None
-            merging.append(self.message, data)
+            appending.append(self.message, data)
         self.count += item_count(data)
 
     def cut(self, count: int) -> tuple[Message, Message | None]:

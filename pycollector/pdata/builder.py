@@ -354,7 +354,7 @@ class ProfilesBuilder:
 
     def merge(self, src: profiles_pb2.ProfilesData) -> None:
         """Append ``src``'s resource profiles to ``data``, re-indexed into this dictionary: what
-        they use is interned, so each entry stays once. (``merging.append`` instead appends src's
+        they use is interned, so each entry stays once. (``appending.append`` instead appends src's
         tables as they are, several times faster, as the batch processor does.)"""
         merging.merge_into(self, src)
 
