@@ -78,13 +78,18 @@ def test_memory_limiter_backpressure_reaches_real_otlp_clients():
     receiver = component(service, "receivers", "otlp")
     http_url = "http://%s:%d/v1development/profiles" % receiver.http_address
     grpc_endpoint = "%s:%d" % receiver.grpc_address
+    # The backend holds everything until the first refusal, so memory reaches the limit however
+    # slowly a loaded host lets the client send; then it drains, and memory falls again.
+    backend.backend.draining.clear()
     try:
         http_statuses, retry_after = send_until_refused_then_accepted(
             lambda body: requests.post(http_url, data=body, headers={"Content-Type": "application/x-protobuf"}, timeout=10),
-            lambda response: response.status_code, 503, 200,
+            lambda response: response.status_code, 503, 200, on_refused=backend.backend.draining.set,
         )
+        backend.backend.draining.clear()
         grpc_codes, _ = send_until_refused_then_accepted(
             lambda body: export_grpc(grpc_endpoint, big_profile(0)), lambda code: code, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK,
+            on_refused=backend.backend.draining.set,
         )
     finally:
         service.shutdown()
@@ -94,15 +99,18 @@ def test_memory_limiter_backpressure_reaches_real_otlp_clients():
     assert refused == http_statuses.count(503) + grpc_codes.count(grpc.StatusCode.UNAVAILABLE)
 
 
-def send_until_refused_then_accepted(send, outcome_of, refused, accepted, seconds=10.0):
-    """Send ~1 MiB profiles as fast as possible until one is refused and a later one accepted."""
+def send_until_refused_then_accepted(send, outcome_of, refused, accepted, on_refused, seconds=20.0):
+    """Send ~1 MiB profiles as fast as possible until one is refused and a later one accepted;
+    ``on_refused`` runs at each refusal."""
     outcomes, retry_after, began = [], None, time.monotonic()
     body = big_profile(0).SerializeToString()
     while time.monotonic() - began < seconds:
         result = send(body)
         outcomes.append(outcome_of(result))
-        if outcomes[-1] == refused and hasattr(result, "headers"):
-            retry_after = result.headers.get("Retry-After")
+        if outcomes[-1] == refused:
+            on_refused()
+            if hasattr(result, "headers"):
+                retry_after = result.headers.get("Retry-After")
         if refused in outcomes and outcomes[-1] == accepted:
             break
         if outcomes[-1] == refused:

@@ -106,6 +106,8 @@ class SlowBackend(Component):
     def __init__(self) -> None:
         self.queue: collections.deque[bytes] = collections.deque()
         self.received = 0
+        self.draining = threading.Event()  # cleared: hold everything (memory only grows)
+        self.draining.set()
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._drain, daemon=True)
 
@@ -118,7 +120,7 @@ class SlowBackend(Component):
 
     def _drain(self) -> None:
         while not self._stop.wait(DRAIN_EVERY):
-            if self.queue:
+            if self.queue and self.draining.is_set():
                 self.queue.popleft()
 
     def shutdown(self) -> None:
