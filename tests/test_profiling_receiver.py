@@ -144,6 +144,11 @@ def samples_of(messages, pid):
                 yield view
 
 
+def total(views) -> int:
+    """Samples in ``views`` (each view is a stack with its count)."""
+    return sum(sum(view.values) for view in views)
+
+
 def test_known_split_stacks_and_share(profiled):
     views = list(samples_of(profiled["messages"], profiled["pids"]["known_split"]))
     weights: collections.Counter = collections.Counter()
@@ -186,16 +191,17 @@ def test_resource_sample_and_location_attributes(profiled):
 
 def test_syscall_workload_has_kernel_frames_above_user_frames(profiled):
     views = list(samples_of(profiled["messages"], profiled["pids"]["syscall_loop"]))
+    for view in views:  # leaf first: kernel frames, then (never again kernel) the user frames
+        types = [frame.frame_type for frame in view.frames]
+        kernel_frames = types.count("kernel")
+        assert types == ["kernel"] * kernel_frames + ["native"] * (len(types) - kernel_frames), [(f.frame_type, f.function, hex(f.address), f.mapping_filename) for f in view.frames]
     in_kernel = [view for view in views if view.frames and view.frames[0].frame_type == "kernel"]
-    assert len(in_kernel) >= 0.3 * len(views), "a write() loop spends most of its time in the kernel"
-    view = max(in_kernel, key=lambda v: len(v.frames))
-    types = [frame.frame_type for frame in view.frames]
-    # leaf first: kernel frames, then (never again kernel) the user frames that made the call
-    first_native = types.index("native")
-    assert set(types[:first_native]) == {"kernel"} and set(types[first_native:]) == {"native"}, [(f.frame_type, f.function, hex(f.address), f.mapping_filename) for f in view.frames]
-    kernel_names = {frame.function for v in in_kernel for frame in v.frames if frame.frame_type == "kernel"}
+    assert total(in_kernel) >= 0.3 * total(views), "a write() loop spends most of its time in the kernel"
+    # Most of them are the write loop; the rest are exec and the dynamic loader's page faults.
+    writing = [view for view in in_kernel if "write_zeros" in [frame.function for frame in view.frames if frame.frame_type == "native"]]
+    assert total(writing) >= 0.5 * total(in_kernel), [[f.function for f in view.frames] for view in in_kernel[:10]]
+    kernel_names = {frame.function for view in writing for frame in view.frames if frame.frame_type == "kernel"}
     assert kernel_names & {"do_syscall_64", "ksys_write", "vfs_write", "entry_SYSCALL_64_after_hwframe"}, kernel_names
-    assert "write_zeros" in [frame.function for frame in view.frames[first_native:]]
 
 
 def test_every_short_lived_process_is_named_and_symbolized(profiled):
