@@ -22,7 +22,7 @@ from pycollector.testing import CapturingConsumer, TestHost, make_settings, samp
 from receivers.otlp.factory import factory
 from receivers.otlp.http_body import BodyError, read_body
 
-from tests.test_otlp_support import a_profile, export_grpc, sample_tuples
+from tests.test_otlp_support import ClientRecorder, a_profile, export_grpc, sample_tuples
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 LOOPBACK = {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}
@@ -244,26 +244,12 @@ def test_a_port_in_use_is_a_clear_start_error(started):
     second.shutdown()
 
 
-class ClientRecorder(CapturingConsumer):
-    """Keeps, for each message, the client the receiver said sent it."""
-
-    def __init__(self):
-        super().__init__()
-        self.clients = []
-
-    def consume(self, data):
-        self.clients.append(pycollector.client.current())
-        super().consume(data)
-
-
 @pytest.mark.parametrize("include_metadata", [True, False])
 def test_the_client_address_and_with_include_metadata_its_metadata_reach_the_pipeline(started, include_metadata):
     protocols = {name: {**settings, "include_metadata": include_metadata} for name, settings in LOOPBACK.items()}
     receiver, consumer = started(ClientRecorder(), protocols)
     data = sample_data("profiles")
-    with grpc.insecure_channel(grpc_endpoint(receiver)) as channel:
-        export = channel.unary_unary(OTLP_SIGNALS["profiles"].grpc_method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
-        export(data, metadata=[("x-tenant", "acme"), ("x-team", "a"), ("x-team", "b")], timeout=5)
+    assert export_grpc(grpc_endpoint(receiver), data, metadata=[("x-tenant", "acme"), ("x-team", "a"), ("x-team", "b")]) == grpc.StatusCode.OK
     response = requests.post(http_url(receiver, "/v1development/profiles"), data=data.SerializeToString(), headers={**PROTOBUF, "X-Tenant": "acme"}, timeout=5)
     assert response.status_code == 200
     by_grpc, by_http = consumer.clients

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+import pycollector.client
 from pycollector.config.validate import build_plan
 from pycollector.otlp import OTLP_SIGNALS, encoding_of, status_message
 from pycollector.otlp.rpc_status import DETAILS_TRAILER
@@ -27,6 +28,18 @@ from pycollector.registry import Registry
 from pycollector.service import Service
 from pycollector.testing import CapturingConsumer
 from receivers.otlp.http_body import read_body
+
+
+class ClientRecorder(CapturingConsumer):
+    """Keeps, for each message, the client the pipeline said sent it (``pycollector.client``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.clients = []
+
+    def consume(self, data):
+        self.clients.append(pycollector.client.current())
+        super().consume(data)
 
 
 def free_port() -> int:
@@ -178,13 +191,14 @@ def counter(service: Service, name: str, labels: dict[str, str]) -> float:
     return service.telemetry.sample(name, labels) or 0.0
 
 
-def export_grpc(endpoint: str, data: Any, timeout: float = 10.0) -> grpc.StatusCode:
-    """Send ``data`` with a plain gRPC client, as another collector would; the call's status code."""
+def export_grpc(endpoint: str, data: Any, timeout: float = 10.0, metadata: list[tuple[str, str]] | None = None) -> grpc.StatusCode:
+    """Send ``data`` with a plain gRPC client, as another collector would, with ``metadata`` as
+    its request metadata; the call's status code."""
     otlp = OTLP_SIGNALS[signal_of(data)]
     with grpc.insecure_channel(endpoint) as channel:
         call = channel.unary_unary(otlp.grpc_method, request_serializer=lambda message: message.SerializeToString(), response_deserializer=otlp.response_type.FromString)
         try:
-            call(data, timeout=timeout)
+            call(data, timeout=timeout, metadata=metadata)
         except grpc.RpcError as error:
             return error.code()
     return grpc.StatusCode.OK

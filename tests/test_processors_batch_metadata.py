@@ -6,27 +6,17 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from pycollector.client import ClientInfo, client_context, current
+from pycollector.client import ClientInfo, client_context
 from pycollector.component import PermanentError
 from pycollector.config.validate import build_plan
-from pycollector.otlp import OTLP_SIGNALS
 from pycollector.pdata import sample_count
 from pycollector.service import Service
 from pycollector.telemetry import Telemetry
-from pycollector.testing import CapturingConsumer, CapturingExporterFactory, registry_with
+from pycollector.testing import CapturingExporterFactory, registry_with
 
 from tests.components import one_profile
+from tests.test_otlp_support import ClientRecorder, export_grpc
 from tests.test_processors_batch import started_batch
-
-
-class ClientRecorder(CapturingConsumer):
-    def __init__(self):
-        super().__init__()
-        self.clients = []
-
-    def consume(self, data):
-        self.clients.append(current())
-        super().consume(data)
 
 
 def send_as(processor, metadata: dict[str, tuple[str, ...]], samples: int, address: str = "10.0.0.9") -> None:
@@ -90,10 +80,9 @@ def test_tenants_sending_over_grpc_get_batches_of_their_own():
     service.start()
     try:
         receiver = next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers")
-        with grpc.insecure_channel("{}:{}".format(*receiver.grpc_address)) as channel:
-            export = channel.unary_unary(OTLP_SIGNALS["profiles"].grpc_method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
-            for tenant in ("acme", "globex", "acme", "globex"):
-                export(one_profile(samples=3), metadata=[("x-tenant", tenant)], timeout=5)
+        endpoint = "{}:{}".format(*receiver.grpc_address)
+        for tenant in ("acme", "globex", "acme", "globex"):
+            assert export_grpc(endpoint, one_profile(samples=3), metadata=[("x-tenant", tenant)]) == grpc.StatusCode.OK
         assert recorder.wait_for(lambda c: len(c.messages) == 2, timeout=5)
     finally:
         service.shutdown()
