@@ -124,7 +124,7 @@ class BatchProcessor(Component):
         pending = self._pending[key]
         size = min(pending.count, self._config.send_batch_max_size or pending.count)
         batch, rest = pending.cut(size)
-        signal, metadata = key
+        _, metadata = key
         client = pycollector.client.ClientInfo(metadata={name: values for name, values in metadata if values})
         try:
             with pycollector.client.client_context(client):

@@ -543,10 +543,14 @@ class Sampler:
         with self._poll_cond:
             while self._poll_busy:  # collect() reading the buffers: a poll(0), short
                 self._poll_cond.wait()
-            self._poll_busy = True
-            self._polls_started += 1
-            mine = self._polls_started
+            mine = self._claim_perf_buffers()
         self._read_perf_buffers(mine, timeout_ms)
+
+    def _claim_perf_buffers(self) -> int:
+        """Mark a read of the perf buffers as under way (self._poll_cond held); its number."""
+        self._poll_busy = True
+        self._polls_started += 1
+        return self._polls_started
 
     def _read_perf_buffers(self, number: int, timeout_ms: int) -> None:
         try:
@@ -567,9 +571,7 @@ class Sampler:
                 if self._polls_finished >= target:
                     return
                 if not self._poll_busy:
-                    self._poll_busy = True
-                    self._polls_started += 1
-                    mine = self._polls_started
+                    mine = self._claim_perf_buffers()
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._poll_cond.wait(remaining):

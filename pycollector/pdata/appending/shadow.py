@@ -47,7 +47,7 @@ _TABLE_NUMBERS = {
 }
 
 TYPES = _message_types(
-    "pycollector.pdata.merging",  # the proto package, named when this lived in merging.py
+    "pycollector.pdata.appending",
     {
         # ProfilesData down to each profile's samples, which stay serialized. What else a message
         # holds is kept as unknown fields and written back as it was.
