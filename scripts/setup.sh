@@ -61,6 +61,19 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ examples/pycollecto
     touch "$stamp"
 fi
 
+# Tests read OTLP profiles with the official message classes of older profiles.proto layouts:
+# opentelemetry-proto 1.42.0 was generated from profiles.proto v1.9.0 and 1.39.0 from v1.7.0.
+# The wheels are kept beside the venv and never installed (their classes would replace the
+# current ones); the tests load their descriptors into a pool of their own.
+layouts="$VENV/proto-layouts"
+for version in 1.39.0 1.42.0; do
+    if ! ls "$layouts"/opentelemetry_proto-"$version"-*.whl >/dev/null 2>&1; then
+        say "fetching opentelemetry-proto $version (older profiles layouts, for the tests)"
+        "$VENV/bin/python" -m pip download --quiet --no-deps --only-binary=:all: -d "$layouts" "opentelemetry-proto==$version" >>"$VENV/pip.log" 2>&1 \
+            || { tail -n 5 "$VENV/pip.log" >&2; say "pip download failed"; exit 1; }
+    fi
+done
+
 # The flame graph exporter inlines d3 and d3-flame-graph into its page. `npm pack` fetches the
 # pinned releases (checked against the registry's integrity hashes) and only their built files
 # are kept, in a folder the exporter reads; the stamp makes a second run a no-op.

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import pydantic
 
 from pycollector.component import ComponentConfig
-from pycollector.config.types import Duration
+from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Duration, ProfilesWireVersion
 
 # Go has no default path (it is required); ours has one so that the defaults form a valid config.
 DEFAULT_PATH = "pycollector-data.jsonl"
@@ -47,6 +47,9 @@ class FileConfig(ComponentConfig):
     flush_interval: Duration = pydantic.Field(DEFAULT_FLUSH_INTERVAL, gt=0)
     # Create the file's directory at start when it is missing.
     create_directory: bool = False
+    # The profiles.proto layout profiles are written in, for a reader of an older one: "1.10"
+    # (current), "1.9" or "1.8". See the README's table.
+    profiles_wire_version: ProfilesWireVersion = DEFAULT_PROFILES_WIRE_VERSION
 
     @pydantic.field_validator("rotation", mode="before")
     @classmethod

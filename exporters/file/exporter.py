@@ -16,6 +16,7 @@ from pathlib import Path
 import zstandard
 
 from pycollector.component import Component, PermanentError, StartError
+from pycollector.otlp import profiles_wire
 
 from exporters.file.config import FileConfig
 from exporters.file.encoding import frame
@@ -32,6 +33,7 @@ class FileExporter(Component):
     def __init__(self, settings, config: FileConfig):
         self.log = settings.logger
         self.config = config
+        self._profiles_layout = profiles_wire.LAYOUTS[config.profiles_wire_version]
         self.output = OutputFile(Path(config.path), config.rotation, config.append)
         self._chunk_limit = MAX_CHUNK_BYTES
         if config.rotation:
@@ -56,7 +58,7 @@ class FileExporter(Component):
         self._flusher.start()
 
     def consume(self, data) -> None:
-        framed = frame(data, self.config.format)
+        framed = frame(data, self.config.format, self._profiles_layout)
         with self._lock:
             if self._held_bytes and self._held_bytes + len(framed) > self._chunk_limit:
                 self._write_held()

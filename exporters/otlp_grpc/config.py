@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from pycollector.config.types import NonNegativeDuration
+from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, NonNegativeDuration, ProfilesWireVersion
 from pycollector.component import ComponentConfig
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.exporterhelper.tls import ClientTLSSettings
@@ -39,6 +39,9 @@ class OtlpGrpcConfig(ComponentConfig):
     authority: str = ""
     retry_on_failure: RetrySettings = RetrySettings()
     sending_queue: QueueSettings = QueueSettings()
+    # The profiles.proto layout the backend reads: "1.10" (current), "1.9" (Collector 0.139-0.147,
+    # Pyroscope 1.18/1.19), "1.8" (older). See the README's table.
+    profiles_wire_version: ProfilesWireVersion = DEFAULT_PROFILES_WIRE_VERSION
 
     @pydantic.field_validator("compression", mode="before")
     @classmethod

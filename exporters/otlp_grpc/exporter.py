@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 
 from pycollector.component import PermanentError, Settings
 from pycollector.exporterhelper import RetryableSendError
-from pycollector.otlp import OTLP_SIGNALS, retry_delay, status_from_trailers
+from pycollector.otlp import OTLP_SIGNALS, profiles_wire, retry_delay, status_from_trailers
 from pycollector.exporterhelper.otlp_exporter import OtlpExporter
 from pycollector.logs import log_once
 
@@ -40,7 +40,6 @@ class OtlpGrpcExporter(OtlpExporter):
 
     def __init__(self, settings: Settings, config: OtlpGrpcConfig):
         super().__init__(settings, config)
-        self.id = str(settings.id)
         self._channel: grpc.Channel | None = None
         self._calls: dict[str, Any] = {}
         self._metadata = tuple((key.lower(), value) for key, value in config.headers.items())
@@ -62,9 +61,17 @@ class OtlpGrpcExporter(OtlpExporter):
         else:
             self._channel = grpc.insecure_channel(config.target(), options=options, compression=compression)
         self._calls = {
-            signal: self._channel.unary_unary(otlp.grpc_method, request_serializer=_serialize, response_deserializer=otlp.response_type.FromString)
+            signal: self._channel.unary_unary(otlp.grpc_method, request_serializer=self._serializer(signal), response_deserializer=otlp.response_type.FromString)
             for signal, otlp in OTLP_SIGNALS.items()
         }
+
+    def _serializer(self, signal: str):
+        # A *Data message has the wire form of its Export request: sent as is, profiles in the
+        # layout the backend reads.
+        if signal == "profiles":
+            layout = self.profiles_layout
+            return lambda data: profiles_wire.encode(data, "proto", layout)
+        return _serialize
 
     def _export(self, signal: str, data: Any) -> Message:
         try:
@@ -79,7 +86,6 @@ class OtlpGrpcExporter(OtlpExporter):
 
 
 def _serialize(data: Message) -> bytes:
-    # A *Data message has the wire form of its Export request: sent as is.
     return data.SerializeToString()
 
 

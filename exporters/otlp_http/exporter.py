@@ -19,7 +19,7 @@ from requests.adapters import HTTPAdapter
 
 from pycollector.component import PermanentError, Settings
 from pycollector.exporterhelper import RetryableSendError
-from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, encoding_of
+from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, encoding_of, profiles_wire
 from pycollector.exporterhelper.otlp_exporter import OtlpExporter
 
 from exporters.otlp_http.config import OtlpHttpConfig
@@ -59,7 +59,10 @@ class OtlpHttpExporter(OtlpExporter):
 
     def _export(self, signal: str, data: Any) -> Message:
         url = self._urls[signal]
-        body = self._encoding.encode(data)
+        if signal == "profiles":
+            body = profiles_wire.encode(data, self._encoding.name, self.profiles_layout)
+        else:
+            body = self._encoding.encode(data)
         if self._compress is not None:
             body = self._compress(body)
         try:

@@ -1,4 +1,5 @@
-"""Field types shared by component config models: Go-style durations and sizes."""
+"""Field types shared by component config models: Go-style durations and sizes, and the OTLP
+profiles wire version."""
 
 from __future__ import annotations
 
@@ -61,3 +62,15 @@ Duration = Annotated[
     pydantic.PlainSerializer(format_duration, return_type=str),
 ]
 NonNegativeDuration = Annotated[Duration, pydantic.Field(ge=0)]
+
+
+def _profiles_wire_version(value: object) -> str:
+    from pycollector.otlp.profiles_wire import parse_version  # the proto classes load only when used
+
+    return parse_version(value)
+
+
+# The layout the installed opentelemetry-proto classes have (checked when profiles_wire loads).
+DEFAULT_PROFILES_WIRE_VERSION = "1.10"
+# Which profiles.proto layout to write: "1.8", "1.9" or "1.10" (see pycollector.otlp.profiles_wire).
+ProfilesWireVersion = Annotated[str, pydantic.BeforeValidator(_profiles_wire_version)]

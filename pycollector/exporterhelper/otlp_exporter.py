@@ -7,10 +7,12 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from pycollector.component import Component, Settings
+from pycollector.component import Component, PermanentError, Settings
 from pycollector.exporterhelper.failure_log import FailureLog
+from pycollector.exporterhelper.sender import QueuedRetryExporter, RetryableSendError
+from pycollector.logs import log_once
+from pycollector.otlp.profiles_wire import LAYOUTS, mismatch_hint
 from pycollector.otlp.signals import rejected_count
-from pycollector.exporterhelper.sender import QueuedRetryExporter
 from pycollector.pdata import signal_of
 
 
@@ -23,9 +25,13 @@ class OtlpExporter(Component):
     reports_sent_items = True  # the sending queue counts sent and failed items when sends end
 
     def __init__(self, settings: Settings, config: Any):
-        """``config`` has the ``retry_on_failure`` and ``sending_queue`` sections."""
+        """``config`` has the ``retry_on_failure`` and ``sending_queue`` sections and
+        ``profiles_wire_version``."""
         self.log = settings.logger
+        self.id = str(settings.id)
         self.config = config
+        # The profiles.proto layout the backend reads; pipelines carry the current one.
+        self.profiles_layout = LAYOUTS[config.profiles_wire_version]
         self._sender = QueuedRetryExporter(settings, config.retry_on_failure, config.sending_queue, self._send)
         self._partial_success = FailureLog(settings.logger)
 
@@ -43,10 +49,31 @@ class OtlpExporter(Component):
 
     def _send(self, data: Any) -> None:
         signal = signal_of(data)
-        rejected, message = rejected_count(signal, self._export(signal, data))
+        try:
+            response = self._export(signal, data)
+        except (PermanentError, RetryableSendError) as error:
+            if signal == "profiles":
+                self._hint_at_layout(str(error))
+            raise
+        rejected, message = rejected_count(signal, response)
         if rejected or message:
             # The backend took the request but not all of it; retrying would not change that.
             self._partial_success.record("warning", "partial success: the backend rejected items", rejected, signal=signal, message=message)
+
+    def _hint_at_layout(self, error: str) -> None:
+        """A backend that reads another profiles.proto layout refuses with a tell-tale message:
+        say once which setting fixes it."""
+        suggested = mismatch_hint(error, self.profiles_layout)
+        if suggested is not None:
+            log_once(
+                self.log,
+                ("profiles_wire_version", self.id),
+                "warning",
+                f"the backend seems to read another profiles.proto layout than the v{self.profiles_layout.version} "
+                f"sent: set profiles_wire_version: '{suggested}' on this exporter (the README's table says which backend reads which)",
+                setting=f"exporters::{self.id}::profiles_wire_version",
+                backend_said=error,
+            )
 
     def _open(self) -> None:
         raise NotImplementedError

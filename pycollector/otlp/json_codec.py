@@ -20,9 +20,19 @@ _HEX_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "profileId", "tra
 
 def from_json(body: bytes, message_type: type[Message]) -> Message:
     """Decode OTLP/JSON; ValueError saying what is wrong if it is not valid."""
+    return from_document(parse_document(body), message_type)
+
+
+def parse_document(body: bytes) -> dict:
+    """The JSON object of an OTLP/JSON body, for a caller that adapts it before decoding."""
     document = json.loads(body)
     if not isinstance(document, dict):
         raise ValueError(f"expected a JSON object, got {type(document).__name__}")
+    return document
+
+
+def from_document(document: dict, message_type: type[Message]) -> Message:
+    """The message of a parsed OTLP/JSON object (changed on the way: ids become base64)."""
     _convert_ids(document, _hex_to_base64)
     try:
         return json_format.ParseDict(document, message_type(), ignore_unknown_fields=True)
@@ -31,8 +41,17 @@ def from_json(body: bytes, message_type: type[Message]) -> Message:
 
 
 def to_json(message: Message) -> bytes:
+    return dump_document(to_document(message))
+
+
+def to_document(message: Message) -> dict:
+    """The OTLP/JSON object of a message, for a caller that adapts it before writing it."""
     document = json_format.MessageToDict(message, use_integers_for_enums=True)
     _convert_ids(document, _base64_to_hex)
+    return document
+
+
+def dump_document(document: dict) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()
 
 

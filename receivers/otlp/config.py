@@ -17,6 +17,7 @@ from pycollector.otlp import OTLP_SIGNALS
 DEFAULT_GRPC_ENDPOINT = "localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "localhost:4318"
 DEFAULT_MAX_REQUEST_BODY_SIZE = 20 * 1024 * 1024
+DEFAULT_PROFILES_WIRE_VERSION = "auto"
 DEFAULT_TRACES_URL_PATH = OTLP_SIGNALS["traces"].http_path
 DEFAULT_METRICS_URL_PATH = OTLP_SIGNALS["metrics"].http_path
 DEFAULT_LOGS_URL_PATH = OTLP_SIGNALS["logs"].http_path
@@ -101,6 +102,21 @@ class Protocols(ComponentConfig):
 
 class OtlpReceiverConfig(ComponentConfig):
     protocols: Protocols = Protocols(grpc=GrpcServerSettings(), http=HttpServerSettings())
+    # The profiles.proto layout senders write: "auto" recognizes it in each request (a body that
+    # fits none is refused with the reason); "1.8", "1.9" or "1.10" reads every request as that.
+    profiles_wire_version: str = DEFAULT_PROFILES_WIRE_VERSION
+
+    @pydantic.field_validator("profiles_wire_version", mode="before")
+    @classmethod
+    def _auto_or_a_version(cls, value: Any) -> str:
+        if value == "auto":
+            return value
+        from pycollector.otlp.profiles_wire import parse_version  # the proto classes load only when used
+
+        try:
+            return parse_version(value)
+        except ValueError as error:
+            raise ValueError(f"expected 'auto' or a version: {error}") from None
 
     @pydantic.model_validator(mode="after")
     def _some_protocol(self) -> "OtlpReceiverConfig":

@@ -10,10 +10,11 @@ import grpc
 
 from pycollector.client import ClientInfo, address_from_grpc_peer, metadata_from_pairs
 from pycollector.component import StartError
-from pycollector.otlp import OTLP_SIGNALS, OtlpSignal
+from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, OtlpSignal
 from pycollector.otlp.rpc_status import DETAILS_TRAILER
 
 from receivers.otlp.config import GrpcServerSettings, split_endpoint
+from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Rejection, undecodable
 
 # Threads answering RPCs; each one blocks while its request goes through the pipeline, so this
@@ -23,9 +24,10 @@ MIB = 1 << 20
 
 
 class OtlpGrpcServer:
-    def __init__(self, settings: GrpcServerSettings, signals: Iterable[str], deliver: Callable[..., Rejection | None]):
+    def __init__(self, settings: GrpcServerSettings, signals: Iterable[str], decoder: RequestDecoder, deliver: Callable[..., Rejection | None]):
         self.settings = settings
         self.signals = sorted(signals)
+        self._decoder = decoder
         self._deliver = deliver
         self._server: grpc.Server | None = None
 
@@ -78,7 +80,7 @@ class OtlpGrpcServer:
         def export(request: bytes, context: grpc.ServicerContext):
             # Decoded here rather than by gRPC, so a bad message is INVALID_ARGUMENT that says why.
             try:
-                data = otlp.data_type.FromString(request)
+                data = self._decoder.decode(otlp, request, ENCODINGS["proto"])
             except Exception as error:  # protobuf's DecodeError, or anything its parser raises
                 rejection = undecodable(otlp.signal, error)
             else:

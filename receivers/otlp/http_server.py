@@ -29,6 +29,7 @@ from pycollector.component import StartError
 from pycollector.otlp import OTLP_SIGNALS, Encoding, OtlpSignal, encoding_of
 
 from receivers.otlp.config import HttpServerSettings, split_endpoint
+from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Rejection, undecodable
 from receivers.otlp.http_body import BodyError, read_body
 
@@ -39,8 +40,9 @@ STOP_POLL_INTERVAL = 0.05
 
 
 class OtlpHttpServer:
-    def __init__(self, settings: HttpServerSettings, signals: Iterable[str], deliver: Callable[..., Rejection | None]):
+    def __init__(self, settings: HttpServerSettings, signals: Iterable[str], decoder: RequestDecoder, deliver: Callable[..., Rejection | None]):
         self.settings = settings
+        self.decoder = decoder
         paths = settings.url_paths()
         self.routes = {paths[signal]: OTLP_SIGNALS[signal] for signal in signals}
         self._deliver = deliver
@@ -99,7 +101,7 @@ class OtlpHttpServer:
             # The body may be partly unread: this connection cannot carry another request.
             return self._reject(request, encoding, Rejection(_code_for(error.status), error.status, str(error)), close=True)
         try:
-            data = encoding.decode(body, otlp.data_type)
+            data = self.decoder.decode(otlp, body, encoding)
         except ValueError as error:
             return self._reject(request, encoding, undecodable(otlp.signal, error))
         rejection = self._deliver(data, self._client(request))

@@ -12,6 +12,7 @@ from typing import Any
 from pycollector.component import Component, Consumer, Settings
 
 from receivers.otlp.config import OtlpReceiverConfig
+from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Delivery
 from receivers.otlp.grpc_server import OtlpGrpcServer
 from receivers.otlp.http_server import OtlpHttpServer
@@ -28,10 +29,11 @@ class OtlpReceiver(Component):
         served = getattr(next_consumer, "signals", None)
         self.signals = signals if served is None else signals & frozenset(served)
         self._delivery = Delivery(next_consumer, settings.logger)
+        decoder = RequestDecoder(self.id, config.profiles_wire_version, settings.logger)
         protocols = config.protocols
         self._servers: list[Any] = []
-        self.grpc = OtlpGrpcServer(protocols.grpc, self.signals, self._delivery) if protocols.grpc else None
-        self.http = OtlpHttpServer(protocols.http, self.signals, self._delivery) if protocols.http else None
+        self.grpc = OtlpGrpcServer(protocols.grpc, self.signals, decoder, self._delivery) if protocols.grpc else None
+        self.http = OtlpHttpServer(protocols.http, self.signals, decoder, self._delivery) if protocols.http else None
         # Bound (host, port) of each server once started: with port 0 in the config, the real one.
         self.grpc_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None

@@ -128,3 +128,49 @@ TYPES = _message_types(
         "CheckLines": [("function_index", 1, _U64, True)],
     },
 )
+
+# Which installed message each shadow type reads. Every number above is a fact about the installed
+# profiles.proto; a release that renumbers (v1.10 did, for Sample) would make append move the
+# wrong fields without an error, so the numbers are checked against the classes at import.
+_MIRRORS = {
+    "Data": profiles_pb2.ProfilesData,
+    "Resource": profiles_pb2.ResourceProfiles,
+    "Scope": profiles_pb2.ScopeProfiles,
+    "Profile": profiles_pb2.Profile,
+    "ValueType": profiles_pb2.ValueType,
+    "Tables": profiles_pb2.ProfilesDictionary,
+    "Lines": profiles_pb2.Location,
+    "MappingColumns": profiles_pb2.Mapping,
+    "LocationColumns": profiles_pb2.Location,
+    "LineColumns": profiles_pb2.Line,
+    "FunctionColumns": profiles_pb2.Function,
+    "AttributeColumns": profiles_pb2.KeyValueAndUnit,
+    "SampleColumns": profiles_pb2.Sample,
+    "CheckData": profiles_pb2.ProfilesData,
+    "CheckResource": profiles_pb2.ResourceProfiles,
+    "CheckScope": profiles_pb2.ScopeProfiles,
+    "CheckProfile": profiles_pb2.Profile,
+    "CheckTables": profiles_pb2.ProfilesDictionary,
+    "CheckLocations": profiles_pb2.Location,
+    "CheckLines": profiles_pb2.Line,
+}
+
+
+def mismatches(types: dict[str, Any] = TYPES, mirrors: dict[str, Any] = _MIRRORS) -> list[str]:
+    """Each shadow field whose number is not the installed class's field of that name."""
+    problems = []
+    for name, installed in mirrors.items():
+        real = installed.DESCRIPTOR.fields_by_name
+        for field in types[name].DESCRIPTOR.fields:
+            if field.name not in real:
+                problems.append(f"{installed.__name__}.{field.name}: no such field")
+            elif real[field.name].number != field.number:
+                problems.append(f"{installed.__name__}.{field.name}: {field.number} here, {real[field.name].number} installed")
+    return problems
+
+
+if _problems := mismatches():
+    raise ImportError(
+        "pycollector.pdata.appending was written for another profiles.proto layout than the installed "
+        f"opentelemetry-proto has ({'; '.join(_problems)}): install the version pyproject.toml names"
+    )
