@@ -1,10 +1,10 @@
 /* Shared between bpf/profile.bpf.c (kernel side, compiled by BCC) and
- * receivers/profiling/sampler.py (user side).
+ * receivers/profiling/sampler.py and bpf_counters.py (user side).
  *
  * User space does not re-declare these structs by hand: BCC turns the map key type into a ctypes
- * class (table.Key), and sampler.py reads the counter indices from the `enum profile_counter`
+ * class (table.Key), and bpf_counters.py reads the counter indices from the `enum profile_counter`
  * below, so this header is the only place they are written down.  Keep each enumerator on its own
- * line as `NAME = value,` — sampler.py parses exactly that form. */
+ * line as `NAME = value,` — bpf_counters.py parses exactly that form. */
 #ifndef PYCOLLECTOR_PROFILE_H
 #define PYCOLLECTOR_PROFILE_H
 

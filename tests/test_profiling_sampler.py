@@ -19,15 +19,8 @@ from pathlib import Path
 import pytest
 
 from receivers.profiling.processes import ProcessTable
-from receivers.profiling.sampler import (
-    BPF_SOURCE,
-    BPFCompileError,
-    Interval,
-    Sampler,
-    SamplerError,
-    check_privileges,
-    find_kernel_headers,
-)
+from receivers.profiling.bpf_program import BPFCompileError, SamplerError, check_privileges, find_kernel_headers
+from receivers.profiling.sampler import BPF_SOURCE, Interval, Sampler
 from receivers.profiling.symbolizer import Symbolizer
 from tests.conftest import share_tolerance
 
@@ -323,7 +316,7 @@ def test_compile_error_carries_clang_message(tmp_path):
 
 def test_unprivileged_start_says_what_is_missing():
     """Without root or CAP_BPF+CAP_PERFMON, start() explains; it does not fail deep in BCC."""
-    code = ("from receivers.profiling.sampler import Sampler, BPFPermissionError\n"
+    code = ("from receivers.profiling.sampler import Sampler\nfrom receivers.profiling.bpf_program import BPFPermissionError\n"
             "try:\n    Sampler(97, 1024, 1024).start()\n"
             "except BPFPermissionError as e:\n    print('DENIED', e)\n")
     if os.geteuid() != 0:
@@ -342,7 +335,7 @@ def test_missing_kernel_headers_say_how_to_install():
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare to hide the headers in a private mount namespace")
     release = os.uname().release
-    code = ("from receivers.profiling.sampler import Sampler, KernelHeadersMissingError\n"
+    code = ("from receivers.profiling.sampler import Sampler\nfrom receivers.profiling.bpf_program import KernelHeadersMissingError\n"
             "try:\n    Sampler(97, 1024, 1024).start()\n"
             "except KernelHeadersMissingError as e:\n    print('NOHEADERS', e)\n")
     script = (f"mount -t tmpfs none /lib/modules/{release} && "
@@ -357,7 +350,7 @@ def test_missing_kernel_headers_say_how_to_install():
 
 
 def test_counter_names_come_from_the_header_and_warnings_name_the_setting():
-    from receivers.profiling.sampler import USER_COUNTERS, counter_warnings, read_counter_names
+    from receivers.profiling.bpf_counters import USER_COUNTERS, counter_warnings, read_counter_names
 
     names = read_counter_names()
     assert names[:3] == ["samples", "map_full", "kernel_stack_efault"]

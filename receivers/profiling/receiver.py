@@ -28,7 +28,9 @@ from pycollector.process_memory import trim_heap
 from receivers.profiling.config import ProfilingConfig
 from receivers.profiling.processes import ProcessTable
 from receivers.profiling.report import ReportBuilder
-from receivers.profiling.sampler import Sampler, SamplerError, counter_warnings
+from receivers.profiling.bpf_counters import counter_warnings
+from receivers.profiling.bpf_program import SamplerError
+from receivers.profiling.sampler import Sampler
 from receivers.profiling.symbolizer import Symbolizer
 
 # Map sizes at map_scale_factor 0; each step of the factor doubles them.

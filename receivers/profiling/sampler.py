@@ -26,20 +26,21 @@ import contextlib
 import ctypes as ct
 import errno
 import os
-import re
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from receivers.profiling import bpf_program
+from receivers.profiling.bpf_counters import USER_COUNTERS, read_counter_names
+from receivers.profiling.bpf_program import SamplerError
+
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 BPF_SOURCE = BPF_DIR / "profile.bpf.c"
-BPF_HEADER = BPF_DIR / "profile.h"
 
 PROGRAM_NAME = b"on_cpu_sample"
 
@@ -50,10 +51,6 @@ PROGRAM_NAME = b"on_cpu_sample"
 # later with its stack missing, or with whatever other stack took the bucket meanwhile.
 FLIP_GRACE_S = 0.002
 
-# Counters kept in user space, next to the ones read from the BPF per-CPU array.
-USER_COUNTERS = ("lost_events", "late_announcements", "missing_stacks", "stacks_freed",
-                 "intervals", "callback_errors", "stack_overflow_received", "stack_overflow_lost")
-
 # How long collect() waits for the other thread's poll of the perf buffers to end.
 POLL_WAIT_S = 1.0
 
@@ -63,38 +60,6 @@ POLL_WAIT_S = 1.0
 LATE_ANNOUNCEMENT_NS = 50_000_000
 
 _NEW_PROCESS_CALLBACK = Callable[[int, int, str], None]
-
-
-# --------------------------------------------------------------------------------------------
-# Errors: each says what is wrong and what to do about it.
-
-
-class SamplerError(RuntimeError):
-    """The profiler cannot run.  `str(err)` is meant for the user; `log` holds BCC's output."""
-
-    def __init__(self, message: str, log: str = "") -> None:
-        super().__init__(message)
-        self.log = log
-
-
-class BPFPermissionError(SamplerError):
-    """Not root and without CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN)."""
-
-
-class KernelHeadersMissingError(SamplerError):
-    """BCC found no kernel headers for the running kernel."""
-
-
-class BPFCompileError(SamplerError):
-    """clang rejected bpf/profile.bpf.c (the message carries BCC's diagnostics)."""
-
-
-class BPFLoadError(SamplerError):
-    """The kernel verifier rejected the program (the message carries the end of its log)."""
-
-
-class BPFAttachError(SamplerError):
-    """The program loaded but could not be attached to the cpu-clock perf event."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,117 +107,6 @@ class Interval:
 # --------------------------------------------------------------------------------------------
 
 
-def read_counter_names(header: Path = BPF_HEADER) -> list[str]:
-    """Counter names in index order, read from `enum profile_counter` in profile.h."""
-    text = header.read_text()
-    found = {int(v): n.lower() for n, v in re.findall(r"^\s*COUNTER_(\w+)\s*=\s*(\d+)\s*,", text, re.M)}
-    total = int(re.search(r"^\s*PROFILE_NR_COUNTERS\s*=\s*(\d+)", text, re.M).group(1))
-    if sorted(found) != list(range(total)):
-        raise SamplerError(f"{header}: enum profile_counter is not 0..{total - 1} in order")
-    return [found[i] for i in range(total)]
-
-
-def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]:
-    """Human warnings for what went wrong between two counters() snapshots (log once each)."""
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    out = []
-    if d.get("map_full"):
-        out.append(f"{d['map_full']} samples dropped because the count map was full; "
-                   "consider raising map_scale_factor or shortening reporter_interval")
-    coll = d.get("kernel_stack_collision", 0) + d.get("user_stack_collision", 0)
-    # A stack id is a hash bucket, so a few collisions happen at any size; warn past 1%.
-    if coll and coll > 0.01 * d.get("samples", 0):
-        out.append(f"{coll} of {d.get('samples', 0)} samples hit a stack map hash collision; "
-                   "they were sent to user space with their stacks through the perf buffer "
-                   "(about 2 KiB each) rather than lost; consider raising map_scale_factor to "
-                   "cut that cost")
-    if d.get("stack_overflow_errors"):
-        out.append(f"{d['stack_overflow_errors']} samples lost a stack to a stack map hash "
-                   "collision: the perf buffer was full, so they were counted without it; "
-                   "consider raising map_scale_factor")
-    lost = d.get("lost_events", 0) + d.get("perf_output_errors", 0)
-    if lost:
-        out.append(f"{lost} new-process events lost (perf buffer full); those processes are "
-                   "read from /proc later, when they may already have exited")
-    if d.get("missing_stacks"):
-        out.append(f"{d['missing_stacks']} stack ids could not be read back from the stack map")
-    return out
-
-
-def _capabilities() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    return 0
-
-
-CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
-
-
-def check_privileges() -> None:
-    """Raise BPFPermissionError unless this process may load and attach the profiler."""
-    caps = _capabilities()
-    has = lambda cap: bool(caps >> cap & 1)  # noqa: E731
-    if has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON)):
-        return
-    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
-    raise BPFPermissionError(
-        f"eBPF profiling needs root or the capabilities CAP_BPF and CAP_PERFMON (this process "
-        f"runs as {who} with CapEff={caps:#x}). Run the collector as root, or grant them: "
-        "`setcap cap_bpf,cap_perfmon,cap_sys_resource+ep <python>`, or in a container "
-        "`--cap-add BPF --cap-add PERFMON` (or `--privileged`), with host PID namespace "
-        "(`--pid=host`) to see other processes."
-    )
-
-
-def kernel_headers_hint(release: str | None = None) -> str:
-    release = release or os.uname().release
-    return (
-        f"BCC needs the kernel headers of the running kernel ({release}) to compile the "
-        f"profiler. Install them (Debian/Ubuntu: `apt-get install linux-headers-{release}`; "
-        f"Fedora/RHEL: `dnf install kernel-devel-{release}`), or `modprobe kheaders` if the "
-        f"kernel has CONFIG_IKHEADERS. If no package matches this kernel, install the closest "
-        f"headers and link them: `ln -s /usr/src/linux-headers-<version> "
-        f"/lib/modules/{release}/build` (and the same for `source`), or set BCC_KERNEL_SOURCE."
-    )
-
-
-def find_kernel_headers() -> str | None:
-    """Where BCC will find headers, or None (BCC looks in these places, in this order)."""
-    if os.environ.get("BCC_KERNEL_SOURCE"):
-        return os.environ["BCC_KERNEL_SOURCE"]
-    release = os.uname().release
-    for sub in ("build", "source"):
-        path = f"/lib/modules/{release}/{sub}"
-        if os.path.isdir(os.path.join(path, "include")) or os.path.isfile(
-            os.path.join(path, "Makefile")
-        ):
-            return path
-    if os.path.exists("/sys/kernel/kheaders.tar.xz"):
-        return "/sys/kernel/kheaders.tar.xz"
-    return None
-
-
-@contextlib.contextmanager
-def _capture_stderr_fd() -> Iterator[list[str]]:
-    """Capture what C code (clang, libbpf, the verifier log) writes to fd 2."""
-    out: list[str] = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield out
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            out.append(tmp.read().decode("utf-8", "replace"))
-
-
 def _int(value) -> int:
     """A map value as int (batch lookups give plain ints, item lookups ctypes objects)."""
     return value if isinstance(value, int) else value.value
@@ -268,11 +122,6 @@ def _stack_count(tgid, pid, comm: bytes, kaddrs, uaddrs, leaf_return: int, count
         kernel_addrs=list(kaddrs or ()), user_addrs=uaddrs, count=count,
         kernel_stack_error=kerr, user_stack_error=uerr,
     )
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    kept = text.strip().splitlines()[-lines:]
-    return "\n".join(kept)
 
 
 class Sampler:
@@ -377,85 +226,11 @@ class Sampler:
             raise SamplerError("Sampler was closed; create a new one")
         if self._bpf is not None:
             raise SamplerError("Sampler already started")
-        check_privileges()
-        if find_kernel_headers() is None:
-            raise KernelHeadersMissingError(kernel_headers_hint())
-        if not self.source.is_file():
-            raise BPFCompileError(f"BPF program not found: {self.source}")
+        from bcc import table as bcc_table
+
+        bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), self.verifier_log_level, {PROGRAM_NAME: "PERF_EVENT"})
         try:
-            import bcc
-        except ImportError as e:
-            raise SamplerError(
-                "the `bcc` Python module is missing: install BCC's Python bindings "
-                "(Debian/Ubuntu: `apt-get install python3-bpfcc`; the virtualenv must see system "
-                f"site-packages) ({e})"
-            ) from e
-
-        debug = 0
-        if self.verifier_log_level == 1:
-            debug = bcc.DEBUG_BPF
-        elif self.verifier_log_level == 2:
-            debug = bcc.DEBUG_BPF_REGISTER_STATE
-        logs: list[str] = []
-        bpf = None
-        try:
-            with _capture_stderr_fd() as out:
-                try:
-                    bpf = bcc.BPF(src_file=str(self.source).encode(), cflags=self.cflags(),
-                                  debug=debug)
-                except Exception as e:  # BCC raises bare Exception
-                    failure = e
-                else:
-                    failure = None
-            logs.extend(out)
-            if failure is not None:
-                log = "".join(logs)
-                if "kernel headers" in log.lower() or "linux/kconfig.h" in log:
-                    raise KernelHeadersMissingError(kernel_headers_hint(), log) from failure
-                if "super-user" in str(failure) or "Operation not permitted" in log:
-                    raise BPFPermissionError(f"loading BPF was refused: {failure}", log)
-                raise BPFCompileError(
-                    f"BCC could not compile {self.source}: {failure}\n{_tail(log)}", log
-                ) from failure
-
-            with _capture_stderr_fd() as out:
-                try:
-                    bpf.load_func(PROGRAM_NAME, bcc.BPF.PERF_EVENT)
-                except Exception as e:
-                    failure = e
-                    err = ct.get_errno()
-                else:
-                    failure = None
-            logs.extend(out)
-            if failure is not None:
-                log = "".join(logs)
-                if "super-user" in str(failure) or err == errno.EPERM:
-                    raise BPFPermissionError(f"the kernel refused to load BPF: {failure}", log)
-                raise BPFLoadError(
-                    f"the kernel verifier rejected {PROGRAM_NAME}: {failure}\n{_tail(log)}", log
-                ) from failure
-
-            try:
-                bpf.attach_perf_event(
-                    ev_type=bcc.PerfType.SOFTWARE,
-                    ev_config=bcc.PerfSWConfig.CPU_CLOCK,
-                    fn_name=PROGRAM_NAME,
-                    sample_freq=self.frequency_hz,
-                    cpu=-1,
-                )
-            except Exception as e:
-                err = ct.get_errno()
-                hint = ""
-                if err == errno.EINVAL:
-                    hint = (" (is samples_per_second above "
-                            "/proc/sys/kernel/perf_event_max_sample_rate?)")
-                elif err in (errno.EACCES, errno.EPERM):
-                    hint = " (needs CAP_PERFMON or kernel.perf_event_paranoid <= 0)"
-                raise BPFAttachError(
-                    f"could not attach to the cpu-clock perf event at {self.frequency_hz} Hz: "
-                    f"{os.strerror(err) if err else e}{hint}"
-                ) from e
-
+            bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, self.frequency_hz)
             self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
             self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
             self._counters_map = bpf[b"counters"]
@@ -466,12 +241,12 @@ class Sampler:
             events = bpf[b"new_processes"]
             # Decode with the struct BCC generated from profile.h.  Do not keep `events` itself:
             # BCC's cleanup() must drop the last reference to close the perf buffer readers.
-            self._event_type = bcc.table._get_event_class(events)
+            self._event_type = bcc_table._get_event_class(events)
             events.open_perf_buffer(self._on_event, page_cnt=self.perf_buffer_pages,
                                     lost_cb=self._on_lost)
             del events
             overflow = bpf[b"stack_overflow"]
-            overflow_type = bcc.table._get_event_class(overflow)
+            overflow_type = bcc_table._get_event_class(overflow)
             self._overflow_header = overflow_type.user_ips.offset
             self._overflow_kernel_offset = overflow_type.kernel_ips.offset
             self._overflow_type = overflow_type
@@ -479,18 +254,14 @@ class Sampler:
                                       lost_cb=self._on_overflow_lost)
             del overflow
         except BaseException:
-            if bpf is not None:
-                with contextlib.suppress(Exception):
-                    bpf.cleanup()
+            with contextlib.suppress(Exception):
+                bpf.cleanup()
             raise
-        finally:
-            self.compile_log = "".join(logs)
         if self.verifier_log_level and self.compile_log:
             sys.stderr.write(self.compile_log)  # the user asked to see the verifier log
         self._bpf = bpf
         self._interval_start = (time.monotonic_ns(), time.time_ns())
-        self.log.debug("profiler attached", frequency_hz=self.frequency_hz,
-                       cpus=len(bcc.utils.get_online_cpus()))
+        self.log.debug("profiler attached", frequency_hz=self.frequency_hz, cpus=os.cpu_count())
 
     # ---------------------------------------------------------------------------------------
 

@@ -1,0 +1,51 @@
+"""The profiler's counters: the BPF program's, named in bpf/profile.h, and the user side's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from receivers.profiling.bpf_program import SamplerError
+
+BPF_HEADER = Path(__file__).resolve().parents[2] / "bpf" / "profile.h"
+
+# Counters kept in user space, next to the ones read from the BPF per-CPU array.
+USER_COUNTERS = ("lost_events", "late_announcements", "missing_stacks", "stacks_freed",
+                 "intervals", "callback_errors", "stack_overflow_received", "stack_overflow_lost")
+
+
+def read_counter_names(header: Path = BPF_HEADER) -> list[str]:
+    """Counter names in index order, read from `enum profile_counter` in profile.h."""
+    text = header.read_text()
+    found = {int(v): n.lower() for n, v in re.findall(r"^\s*COUNTER_(\w+)\s*=\s*(\d+)\s*,", text, re.M)}
+    total = int(re.search(r"^\s*PROFILE_NR_COUNTERS\s*=\s*(\d+)", text, re.M).group(1))
+    if sorted(found) != list(range(total)):
+        raise SamplerError(f"{header}: enum profile_counter is not 0..{total - 1} in order")
+    return [found[i] for i in range(total)]
+
+
+def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """Human warnings for what went wrong between two counters() snapshots (log once each)."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    out = []
+    if d.get("map_full"):
+        out.append(f"{d['map_full']} samples dropped because the count map was full; "
+                   "consider raising map_scale_factor or shortening reporter_interval")
+    coll = d.get("kernel_stack_collision", 0) + d.get("user_stack_collision", 0)
+    # A stack id is a hash bucket, so a few collisions happen at any size; warn past 1%.
+    if coll and coll > 0.01 * d.get("samples", 0):
+        out.append(f"{coll} of {d.get('samples', 0)} samples hit a stack map hash collision; "
+                   "they were sent to user space with their stacks through the perf buffer "
+                   "(about 2 KiB each) rather than lost; consider raising map_scale_factor to "
+                   "cut that cost")
+    if d.get("stack_overflow_errors"):
+        out.append(f"{d['stack_overflow_errors']} samples lost a stack to a stack map hash "
+                   "collision: the perf buffer was full, so they were counted without it; "
+                   "consider raising map_scale_factor")
+    lost = d.get("lost_events", 0) + d.get("perf_output_errors", 0)
+    if lost:
+        out.append(f"{lost} new-process events lost (perf buffer full); those processes are "
+                   "read from /proc later, when they may already have exited")
+    if d.get("missing_stacks"):
+        out.append(f"{d['missing_stacks']} stack ids could not be read back from the stack map")
+    return out
