@@ -4,6 +4,7 @@
  *   -DSTACK_STORAGE_SIZE=n     entries in each of the two stack maps
  *   -DCOUNT_MAP_SIZE=n         entries in each of the two count maps
  *   -DKNOWN_PROCESSES_SIZE=n   entries in the LRU of tgids already announced to user space
+ *   -DUNWIND_*                 the unwinder's sizes (see unwind.h)
  *   -I<this directory>         for profile.h
  *
  * Double buffering: samples are counted in counts_0 or counts_1, chosen by active_slot[0], and
@@ -187,6 +188,28 @@ static __always_inline int send_overflow(struct bpf_perf_event_data *ctx, struct
                                       __builtin_offsetof(struct stack_overflow_event, kernel_ips) + klen);
 }
 
+/* Announce a process the first time it is sampled, so user space can read /proc/<tgid> while it
+ * still exists.  insert() is BPF_NOEXIST: of two CPUs racing, one announces. */
+static __always_inline void announce(struct bpf_perf_event_data *ctx, struct sample_key *key)
+{
+    if (known_tgids.lookup(&key->tgid))
+        return;
+    u8 seen = 1;
+    if (known_tgids.insert(&key->tgid, &seen) != 0)
+        return;
+    struct new_process_event event = {};
+    event.tgid = key->tgid;
+    event.pid = key->pid;
+    event.ktime_ns = bpf_ktime_get_ns();
+    __builtin_memcpy(event.comm, key->comm, sizeof(event.comm));
+    if (new_processes.perf_submit(ctx, &event, sizeof(event)) == 0)
+        count(COUNTER_NEW_PROCESS_EVENTS);
+    else
+        count(COUNTER_PERF_OUTPUT_ERRORS);
+}
+
+#include "unwind.bpf.c"
+
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -201,26 +224,33 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     key.tgid = tgid;
     key.pid = pid;
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
+    announce(ctx, &key);
 
     /* Read the slot once, before storing the stacks: the key must land in the count map whose
      * stack map holds its stack ids, even if user space flips the slot meanwhile. */
     u32 zero = 0;
     u32 *active = active_slot.lookup(&zero);
     u32 slot = active ? *active : 0;
-    if (slot == 1) {
+    if (slot == 1)
         key.kernel_stack_id = stack_traces_1.get_stackid(&ctx->regs, 0);
-        key.user_stack_id = stack_traces_1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-    } else {
+    else
         key.kernel_stack_id = stack_traces_0.get_stackid(&ctx->regs, 0);
+    count_stack_error(key.kernel_stack_id, COUNTER_KERNEL_STACK_EFAULT,
+                      COUNTER_KERNEL_STACK_COLLISION, COUNTER_KERNEL_STACK_ERROR_OTHER);
+
+    /* A process with unwind tables: the unwinder walks its stack and counts the sample (a tail
+     * call: no return).  Any other, or if the walk cannot start: the kernel's frame-pointer walk. */
+    start_walk(ctx, &key, slot);
+
+    if (slot == 1)
+        key.user_stack_id = stack_traces_1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+    else
         key.user_stack_id = stack_traces_0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-    }
     if (key.user_stack_id >= 0 || key.user_stack_id == -PROFILE_EEXIST) {
         key.user_leaf_return = user_leaf_return(ctx);
         if (key.user_leaf_return)
             count(COUNTER_LEAF_RETURN_FOUND);
     }
-    count_stack_error(key.kernel_stack_id, COUNTER_KERNEL_STACK_EFAULT,
-                      COUNTER_KERNEL_STACK_COLLISION, COUNTER_KERNEL_STACK_ERROR_OTHER);
     count_stack_error(key.user_stack_id, COUNTER_USER_STACK_EFAULT,
                       COUNTER_USER_STACK_COLLISION, COUNTER_USER_STACK_ERROR_OTHER);
 
@@ -229,44 +259,19 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
      * taken, for every sample with that stack until the slot is drained: a bias, not noise),
      * send the sample to user space with both stacks by value instead of counting it here.  Only
      * if that fails is it counted here, without the collided stack. */
-    int overflow = 0;
     if (key.kernel_stack_id == -PROFILE_EEXIST || key.user_stack_id == -PROFILE_EEXIST) {
         if (send_overflow(ctx, &key) == 0) {
-            overflow = 1;
             count(COUNTER_STACK_OVERFLOW_SENT);
-        } else {
-            count(COUNTER_STACK_OVERFLOW_ERRORS);
-            if (key.user_stack_id < 0)
-                key.user_leaf_return = 0;
+            return 0;
         }
+        count(COUNTER_STACK_OVERFLOW_ERRORS);
+        if (key.user_stack_id < 0)
+            key.user_leaf_return = 0;
     }
 
-    int err = 0;
-    if (overflow)
-        ;
-    else if (slot == 1)
-        err = add_sample_1(&key);
-    else
-        err = add_sample_0(&key);
+    int err = slot == 1 ? add_sample_1(&key) : add_sample_0(&key);
     if (err)
         count(COUNTER_MAP_FULL);
-
-    /* Announce a process the first time it is sampled, so user space can read /proc/<tgid>
-     * while it still exists.  insert() is BPF_NOEXIST: of two CPUs racing, one announces. */
-    if (!known_tgids.lookup(&tgid)) {
-        u8 seen = 1;
-        if (known_tgids.insert(&tgid, &seen) == 0) {
-            struct new_process_event event = {};
-            event.tgid = tgid;
-            event.pid = pid;
-            event.ktime_ns = bpf_ktime_get_ns();
-            __builtin_memcpy(event.comm, key.comm, sizeof(event.comm));
-            if (new_processes.perf_submit(ctx, &event, sizeof(event)) == 0)
-                count(COUNTER_NEW_PROCESS_EVENTS);
-            else
-                count(COUNTER_PERF_OUTPUT_ERRORS);
-        }
-    }
     return 0;
 }
 
@@ -277,5 +282,6 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (known_tgids.delete(&tgid) == 0)
         count(COUNTER_EXEC_EVENTS);
+    unwind_processes.delete(&tgid);  /* its mappings were the old image's */
     return 0;
 }

@@ -12,12 +12,24 @@
 #define TASK_COMM_LEN 16
 #endif
 
+#ifndef UNWIND_MAX_FRAMES
+#define UNWIND_MAX_FRAMES 128  /* frames the unwinder walks (the unwind_max_frames setting) */
+#endif
+#ifndef UNWIND_MAX_MAPPINGS
+#define UNWIND_MAX_MAPPINGS 256  /* executable mappings per process the unwinder knows */
+#endif
+
+/* user_stack_id when the user stack was walked by the unwinder: it is user_stacks_N[user_stack_hash]. */
+#define USER_STACK_HASHED (-61)  /* -ENODATA: no stack id */
+
 /* One row of the count maps: everything that makes two samples different. */
 struct sample_key {
     u32 tgid;              /* process id (user-space "pid") */
     u32 pid;               /* thread id (user-space "tid") */
     s32 kernel_stack_id;   /* id in stack_traces_N (N: this count map's slot), or -errno */
-    s32 user_stack_id;     /* id in stack_traces_N, or -errno from bpf_get_stackid() */
+    s32 user_stack_id;     /* id in stack_traces_N, or -errno from bpf_get_stackid(), or
+                            * USER_STACK_HASHED */
+    u64 user_stack_hash;   /* with USER_STACK_HASHED: the key of the stack in user_stacks_N */
     /* The word at the user stack pointer when it looks like a return address (it follows a
      * call instruction), else 0.  Frame-pointer unwinding skips the caller of a function that
      * has not set up a frame (gcc leaves leaf functions frameless even with
@@ -44,6 +56,11 @@ struct new_process_event {
 #define PROFILE_MAX_STACK_DEPTH 127  /* PERF_MAX_STACK_DEPTH, as in BPF_STACK_TRACE */
 /* One spare slot, so that the event size the verifier sees, kernel_len & 1023, stays inside. */
 #define PROFILE_STACK_SLOTS 128
+#if UNWIND_MAX_FRAMES > PROFILE_STACK_SLOTS
+#define PROFILE_USER_STACK_SLOTS UNWIND_MAX_FRAMES
+#else
+#define PROFILE_USER_STACK_SLOTS PROFILE_STACK_SLOTS
+#endif
 struct stack_overflow_event {
     u32 tgid;
     u32 pid;
@@ -53,8 +70,74 @@ struct stack_overflow_event {
     u32 kernel_len;        /* bytes used in kernel_ips (leaf first) */
     u32 user_len;          /* bytes used in user_ips */
     char comm[TASK_COMM_LEN];
-    u64 user_ips[PROFILE_STACK_SLOTS];
+    u64 user_ips[PROFILE_USER_STACK_SLOTS];
     u64 kernel_ips[PROFILE_STACK_SLOTS];
+};
+
+/* ---- Native unwinding: tables user space fills (receivers/profiling/unwind/) ---- */
+
+/* One unwind row: from `pc` (an address in the file, before the load bias) to the next row's pc,
+ * how to find the caller.  Rows of a file are sorted by pc; 12 bytes each. */
+struct unwind_row {
+    u32 pc;
+    u8 cfa_type;     /* enum unwind_cfa_type */
+    u8 rbp_type;     /* enum unwind_rbp_type */
+    s16 rbp_offset;  /* RBP_AT_CFA: the caller's rbp is at CFA + rbp_offset */
+    s32 cfa_offset;  /* CFA_RSP, CFA_RBP: CFA = rsp or rbp + cfa_offset */
+};
+
+enum unwind_cfa_type {
+    CFA_UNDEFINED = 0,    /* no information here: step by frame pointer */
+    CFA_RSP = 1,
+    CFA_RBP = 2,
+    CFA_PLT = 3,          /* CFA = rsp + 8, + 8 more when (pc & 15) >= 11 */
+    CFA_END = 4,          /* the return address is undefined: the stack is complete */
+    CFA_UNSUPPORTED = 5,  /* a rule a row cannot express: counted, then a frame-pointer step */
+};
+
+enum unwind_rbp_type {
+    RBP_SAME = 0,         /* the caller's rbp is this frame's */
+    RBP_AT_CFA = 1,
+    RBP_UNSUPPORTED = 2,  /* unknown from here on: no frame-pointer step can follow */
+};
+
+/* Where a file's rows lie in unwind_rows. */
+struct unwind_file {
+    u32 first_row;
+    u32 row_count;
+};
+
+/* An executable mapping of a process: pc - bias is the address in the file. */
+struct unwind_mapping {
+    u64 start;
+    u64 end;
+    u64 bias;
+    u32 file_id;   /* index in unwind_files; 0: no rows (yet): frame-pointer steps */
+    u32 reserved;
+};
+
+/* A process's executable mappings, sorted by start. */
+struct unwind_process {
+    u32 count;
+    u32 reserved;
+    struct unwind_mapping mappings[UNWIND_MAX_MAPPINGS];
+};
+
+/* A user stack the unwinder walked, leaf first, stored in user_stacks_N under its hash. */
+struct user_stack {
+    u64 check;     /* a second hash of the frames: a different stack under the same key differs here */
+    u32 len;       /* frames used in ips */
+    u32 complete;  /* 1: the walk reached the end of the stack (CFA_END, or a null return address) */
+    u64 ips[UNWIND_MAX_FRAMES];
+};
+
+/* Sent through unwind_events when a sampled pc lies in no mapping the unwinder knows (a library
+ * opened after the process was registered, JIT code): user space reads the process's maps again.
+ * At most one a second per process. */
+struct unwind_event {
+    u32 tgid;
+    u32 reserved;
+    u64 pc;
 };
 
 /* Indices into the per-CPU `counters` array.  Cumulative since load; user space sums the CPUs. */
@@ -74,7 +157,19 @@ enum profile_counter {
     COUNTER_STACK_OVERFLOW_SENT = 12,    /* collided samples sent with their stacks by value */
     COUNTER_STACK_OVERFLOW_ERRORS = 13,  /* that perf_submit failed (buffer full): the sample was
                                           * counted in the count map, without the collided stack */
-    PROFILE_NR_COUNTERS = 14,
+    COUNTER_UNWIND_SAMPLES = 14,         /* user stacks walked by the unwinder (the process has tables) */
+    COUNTER_UNWIND_COMPLETE = 15,        /* of those, walks that reached the end of the stack */
+    COUNTER_UNWIND_TRUNCATED = 16,       /* walks stopped by unwind_max_frames */
+    COUNTER_UNWIND_TABLE_FRAMES = 17,    /* frames stepped with an unwind row */
+    COUNTER_UNWIND_FP_FRAMES = 18,       /* frames stepped by frame pointer (no rows there) */
+    COUNTER_UNWIND_UNKNOWN_MAPPING = 19, /* pcs in no known mapping (a re-read is requested) */
+    COUNTER_UNWIND_UNSUPPORTED = 20,     /* rows with a rule they cannot express */
+    COUNTER_UNWIND_READ_ERRORS = 21,     /* a return address or saved rbp could not be read */
+    COUNTER_UNWIND_STACK_COLLISIONS = 22,/* a different stack held the hash: sent by value */
+    COUNTER_UNWIND_STACK_MAP_FULL = 23,  /* user_stacks_N full: sent by value */
+    COUNTER_UNWIND_TAIL_CALL_FAILED = 24,/* the unwinder program could not be entered: frame pointers */
+    COUNTER_UNWIND_MAP_REQUESTS = 25,    /* unwind_events sent (maps to read again) */
+    PROFILE_NR_COUNTERS = 26,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

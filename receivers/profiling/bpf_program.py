@@ -11,6 +11,7 @@ import contextlib
 import ctypes as ct
 import errno
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -124,6 +125,16 @@ def _tail(text: str, lines: int = 40) -> str:
 
 
 
+_LOCAL_PART = re.compile(r'^#include "([\w.-]+\.bpf\.c)"\s*$', re.M)
+
+
+def program_text(source: Path) -> str:
+    """The program as BCC compiles it: ``source`` with each ``#include "x.bpf.c"`` of its own
+    folder pasted in.  BCC turns map calls (``counts.lookup(&key)``) into helper calls only in the
+    text it is given, not in files clang includes, so a program in several files is pasted into one."""
+    return _LOCAL_PART.sub(lambda match: (source.parent / match.group(1)).read_text(), source.read_text())
+
+
 def load(source: Path, cflags: list[str], verifier_log_level: int, functions: dict[bytes, str]) -> tuple[object, str]:
     """Compile ``source`` and load each of ``functions`` (name -> BCC program type name, e.g.
     "PERF_EVENT"); the BPF object and what the compiler and verifier printed.  Raises a
@@ -148,7 +159,7 @@ def load(source: Path, cflags: list[str], verifier_log_level: int, functions: di
     try:
         with _capture_stderr_fd() as out:
             try:
-                bpf = bcc.BPF(src_file=str(source).encode(), cflags=cflags, debug=debug)
+                bpf = bcc.BPF(text=program_text(source).encode(), cflags=cflags, debug=debug)
             except Exception as e:  # BCC raises bare Exception
                 failure = e
             else:

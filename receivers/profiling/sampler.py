@@ -43,6 +43,8 @@ BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 BPF_SOURCE = BPF_DIR / "profile.bpf.c"
 
 PROGRAM_NAME = b"on_cpu_sample"
+UNWIND_STEP_NAME = b"unwind_step"  # tail-called from PROGRAM_NAME (bpf/unwind.h)
+USER_STACK_HASHED = -61  # profile.h: user_stack_id of a stack the unwinder walked
 
 # How long collect() waits after flipping the active slot before draining the old one.  The BPF
 # program runs in the cpu-clock hrtimer interrupt and finishes in microseconds; a program that
@@ -64,6 +66,33 @@ _NEW_PROCESS_CALLBACK = Callable[[int, int, str], None]
 
 # --------------------------------------------------------------------------------------------
 # Plain data handed to the rest of the receiver.
+
+
+@dataclass(frozen=True)
+class UnwindSizes:
+    """The unwinder's tables (bpf/unwind.h), sized by the receiver's settings."""
+
+    row_budget: int = 1 << 20  # rows of all files together, 12 bytes each
+    max_files: int = 4096
+    max_processes: int = 4096
+    max_frames: int = 128  # frames walked a stack: at most 30 tail calls of 16
+
+    def cflags(self) -> list[str]:
+        return [
+            f"-DUNWIND_ROW_BUDGET={self.row_budget}",
+            f"-DUNWIND_MAX_FILES={self.max_files}",
+            f"-DUNWIND_MAX_PROCESSES={self.max_processes}",
+            f"-DUNWIND_MAX_FRAMES={self.max_frames}",
+        ]
+
+
+@dataclass(frozen=True)
+class UnwindMaps:
+    """The BCC tables user space fills for the unwinder (receivers/profiling/unwind/)."""
+
+    rows: object  # unwind_rows: struct unwind_row per index
+    files: object  # unwind_files: file id -> (first row, row count)
+    processes: object  # unwind_processes: tgid -> its executable mappings
 
 
 @dataclass(slots=True)
@@ -150,6 +179,8 @@ class Sampler:
         *,
         known_processes_size: int = 8192,
         perf_buffer_pages: int = 64,
+        unwind: UnwindSizes | None = None,
+        on_unwind_request: Callable[[int, int], None] | None = None,
         source: Path | str = BPF_SOURCE,
         logger=None,
     ) -> None:
@@ -171,6 +202,8 @@ class Sampler:
         self.perf_buffer_pages = perf_buffer_pages
         self.verifier_log_level = verifier_log_level
         self.on_new_process = on_new_process
+        self.unwind = unwind or UnwindSizes()
+        self.on_unwind_request = on_unwind_request
         self.source = Path(source)
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
         self.counter_names = read_counter_names(self.source.parent / "profile.h")
@@ -181,6 +214,8 @@ class Sampler:
         self._slot = 0
         self._count_maps: list = []
         self._stack_maps: list = []  # stack_traces_N, indexed like _count_maps
+        self._user_stack_maps: list = []  # user_stacks_N: stacks the unwinder walked
+        self.unwind_maps: UnwindMaps | None = None
         self._counters_map = None
         self._known = None
         self._user = dict.fromkeys(USER_COUNTERS, 0)
@@ -214,11 +249,12 @@ class Sampler:
             f"-DSTACK_STORAGE_SIZE={self.stack_storage_size}",
             f"-DCOUNT_MAP_SIZE={self.count_map_size}",
             f"-DKNOWN_PROCESSES_SIZE={self.known_processes_size}",
+            *self.unwind.cflags(),
         ]
 
     def describe_program(self) -> str:
         """The final program as BCC compiles it: cflags, then the source (for --debug output)."""
-        return f"// cflags: {' '.join(self.cflags())}\n{self.source.read_text()}"
+        return f"// cflags: {' '.join(self.cflags())}\n{bpf_program.program_text(self.source)}"
 
     def start(self) -> None:
         """Compile, load and attach on every online CPU.  Raises a SamplerError subclass."""
@@ -228,11 +264,20 @@ class Sampler:
             raise SamplerError("Sampler already started")
         from bcc import table as bcc_table
 
-        bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), self.verifier_log_level, {PROGRAM_NAME: "PERF_EVENT"})
+        programs = {PROGRAM_NAME: "PERF_EVENT", UNWIND_STEP_NAME: "PERF_EVENT"}
+        bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), self.verifier_log_level, programs)
         try:
+            step = bpf.load_func(UNWIND_STEP_NAME, 0)  # loaded above; BCC hands back the same fd
+            bpf[b"unwind_programs"][ct.c_int(0)] = ct.c_int(step.fd)
             bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, self.frequency_hz)
             self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
             self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
+            self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
+            self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"])
+            unwind_events = bpf[b"unwind_events"]
+            self._unwind_event_type = bcc_table._get_event_class(unwind_events)
+            unwind_events.open_perf_buffer(self._on_unwind_event, page_cnt=8, lost_cb=self._on_lost)
+            del unwind_events
             self._counters_map = bpf[b"counters"]
             self._known = bpf[b"known_tgids"]
             self._active = bpf[b"active_slot"]
@@ -279,6 +324,18 @@ class Sampler:
             with self._user_lock:
                 self._user["callback_errors"] += 1
             self.log.exception("on_new_process callback failed", tgid=event.tgid)
+
+    def _on_unwind_event(self, cpu: int, data, size: int) -> None:
+        """A sampled pc in no mapping the unwinder knew: the process's maps should be read again."""
+        event = ct.cast(data, ct.POINTER(self._unwind_event_type)).contents
+        if self.on_unwind_request is None:
+            return
+        try:
+            self.on_unwind_request(event.tgid, event.pc)
+        except Exception:
+            with self._user_lock:
+                self._user["callback_errors"] += 1
+            self.log.exception("on_unwind_request callback failed", tgid=event.tgid)
 
     def _on_lost(self, lost: int) -> None:
         with self._user_lock:
@@ -370,13 +427,13 @@ class Sampler:
                               error=str(e))
             else:
                 return [(k.tgid, k.pid, k.comm, k.kernel_stack_id, k.user_stack_id,
-                         k.user_leaf_return, _int(v))
+                         k.user_leaf_return, _int(v), k.user_stack_hash)
                         for k, v in entries]
         # Fallback: a late increment between the read and the delete of a key is lost.
         out = []
         for k, v in table.items():
             out.append((k.tgid, k.pid, k.comm, k.kernel_stack_id, k.user_stack_id,
-                         k.user_leaf_return, _int(v)))
+                         k.user_leaf_return, _int(v), k.user_stack_hash))
             with contextlib.suppress(KeyError):
                 del table[k]
         return out
@@ -413,6 +470,22 @@ class Sampler:
                 freed += 1
         return freed
 
+    def _drain_user_stacks(self, table) -> dict[int, list[int]]:
+        """Read and delete every stack the unwinder stored in an inactive slot: {hash: frames}."""
+        if self._batch_ok:
+            try:
+                entries = list(table.items_lookup_and_delete_batch())
+            except Exception:
+                entries = None
+            if entries is not None:
+                return {_int(key): list(stack.ips[: stack.len]) for key, stack in entries}
+        out = {}
+        for key, stack in list(table.items()):
+            out[_int(key)] = list(stack.ips[: stack.len])
+            with contextlib.suppress(KeyError):
+                del table[key]
+        return out
+
     def collect(self) -> Interval:
         """Flip the active count map, drain the other one and resolve its stacks."""
         self._require_started()
@@ -432,12 +505,18 @@ class Sampler:
         stacks = {sid: self._read_stack(stack_map, sid) for sid in used}
         # Every id in this map belongs to the interval just drained (see the class docstring).
         freed = self._empty_stack_map(stack_map, used)
+        walked = self._drain_user_stacks(self._user_stack_maps[drained_slot])
         missing = 0
         out = []
-        for tgid, pid, comm, kid, uid, leaf_return, count in rows:
+        for tgid, pid, comm, kid, uid, leaf_return, count, user_hash in rows:
             kaddrs = uaddrs = None
             kerr = kid if kid < 0 else 0
             uerr = uid if uid < 0 else 0
+            if uid == USER_STACK_HASHED:
+                uerr, uaddrs = 0, walked.get(user_hash)
+                if uaddrs is None:
+                    uerr = -errno.ENOENT
+                    missing += 1
             if kid >= 0:
                 kaddrs = stacks[kid]
                 if kaddrs is None:
@@ -489,6 +568,8 @@ class Sampler:
             bpf.cleanup()
         self._count_maps = []
         self._stack_maps = []
+        self._user_stack_maps = []
+        self.unwind_maps = None
         self._counters_map = self._known = None
 
     def _require_started(self) -> None:

@@ -1,0 +1,367 @@
+/* The native unwinder: walks a user stack with the unwind rows user space made from each file's
+ * .eh_frame, one frame-pointer step where a file has none.  Included by profile.bpf.c, after its
+ * maps and helpers (count, add_sample_N, stack_by_value).  BCC rewrites map calls (x.lookup())
+ * only in its main file, so the loader pastes this file in place of its #include (see
+ * receivers/profiling/bpf_program.py) rather than letting clang include it.
+ *
+ * A walk spans several programs: on_cpu_sample starts it (the registers, the sample's key) in a
+ * per-CPU unwind_state and tail-calls unwind_step, which steps UNWIND_FRAMES_PER_CALL frames and
+ * tail-calls itself until the stack ends or UNWIND_MAX_FRAMES is reached, then stores the stack
+ * and counts the sample (finish_walk).  The kernel allows 33 tail calls a sample, so
+ * UNWIND_MAX_FRAMES <= 30 * UNWIND_FRAMES_PER_CALL (the setting's validation says so).
+ *
+ * Settings (cflags): UNWIND_ROW_BUDGET rows, UNWIND_MAX_FILES files, UNWIND_MAX_PROCESSES
+ * processes, UNWIND_MAX_FRAMES frames a stack. */
+
+#ifndef UNWIND_ROW_BUDGET
+#define UNWIND_ROW_BUDGET (1 << 20)
+#endif
+#ifndef UNWIND_MAX_FILES
+#define UNWIND_MAX_FILES 4096
+#endif
+#ifndef UNWIND_MAX_PROCESSES
+#define UNWIND_MAX_PROCESSES 4096
+#endif
+#define UNWIND_FRAMES_PER_CALL 16
+#define UNWIND_MAX_TAIL_CALLS 30
+/* Enough halvings for any file: 2^25 rows is 400 MiB of them. */
+#define UNWIND_ROW_SEARCH_STEPS 25
+#define UNWIND_MAPPING_SEARCH_STEPS 10  /* log2(UNWIND_MAX_MAPPINGS) + 1 for up to 512 */
+#define UNWIND_EVENT_INTERVAL_NS 1000000000ULL
+#define UNWIND_STEP_PROGRAM 0
+
+BPF_ARRAY(unwind_rows, struct unwind_row, UNWIND_ROW_BUDGET);
+BPF_ARRAY(unwind_files, struct unwind_file, UNWIND_MAX_FILES);
+BPF_F_TABLE("hash", u32, struct unwind_process, unwind_processes, UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
+BPF_PROG_ARRAY(unwind_programs, 1);
+BPF_PERF_OUTPUT(unwind_events);
+BPF_TABLE("lru_hash", u32, u64, unwind_event_times, 1024);
+BPF_HASH(user_stacks_0, u64, struct user_stack, STACK_STORAGE_SIZE);
+BPF_HASH(user_stacks_1, u64, struct user_stack, STACK_STORAGE_SIZE);
+
+struct unwind_state {
+    struct sample_key key;
+    u64 pc;
+    u64 sp;
+    u64 bp;
+    u32 slot;
+    u32 tail_calls;
+    u32 bp_known;  /* 0 once a row said rbp cannot be recovered: no frame-pointer step after that */
+    u32 reserved;
+    struct user_stack stack;
+};
+BPF_PERCPU_ARRAY(unwind_state, struct unwind_state, 1);
+
+enum step_result { STEP_CONTINUE, STEP_DONE, STEP_COMPLETE };
+
+/* The registers of the interrupted user code: the sample's own when it hit user mode, else the
+ * ones the kernel saved on entry (syscall, fault).  Return 0, or -1 for a kernel thread. */
+static __always_inline int user_registers(struct bpf_perf_event_data *ctx, u64 *pc, u64 *sp, u64 *bp)
+{
+    if ((ctx->regs.cs & 3) == 3) {
+        *pc = ctx->regs.ip;
+        *sp = ctx->regs.sp;
+        *bp = ctx->regs.bp;
+        return 0;
+    }
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    if (!regs)
+        return -1;
+    if (bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp) || *sp == 0)
+        return -1;  /* a kernel thread has no user stack */
+    if (bpf_probe_read_kernel(pc, sizeof(*pc), &regs->ip) || bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp))
+        return -1;
+    return 0;
+}
+
+/* Hides a value from clang's reasoning, so that a bound the verifier needs (a mask, a comparison)
+ * is not dropped because clang proved it redundant in a way the verifier cannot follow. */
+#define OPAQUE(var) asm volatile("" : "+r"(var))
+
+/* The searches below take a fixed number of steps and choose a half without branching: the
+ * verifier follows every branch, and a branch per step of a search per frame is more paths than it
+ * will walk.  Each step halves `count`; `base` moves up by the lower half when the entry there is
+ * at or below the target.  (a - b) >> 63 is 1 exactly when a < b, for a and b below 2^63. */
+static __always_inline u64 at_or_below(u64 value, u64 target)
+{
+    return ((target - value) >> 63) ^ 1;
+}
+
+/* The mapping holding pc: the last one starting at or below it, if it ends above. */
+static __always_inline struct unwind_mapping *find_mapping(struct unwind_process *process, u64 pc)
+{
+    u32 count = process->count;
+    if (count == 0 || count > UNWIND_MAX_MAPPINGS)
+        return NULL;
+    /* Indices are masked rather than compared: clang drops a comparison it can prove, and the
+     * verifier then cannot (UNWIND_MAX_MAPPINGS is a power of two). */
+    u32 base = 0;
+    for (int i = 0; i < UNWIND_MAPPING_SEARCH_STEPS; i++) {
+        u32 half = count / 2;
+        u32 probe = base + half;
+        OPAQUE(probe);
+        probe &= UNWIND_MAX_MAPPINGS - 1;
+        base += half * at_or_below(process->mappings[probe].start, pc);
+        count -= half;
+    }
+    OPAQUE(base);
+    struct unwind_mapping *mapping = &process->mappings[base & (UNWIND_MAX_MAPPINGS - 1)];
+    return mapping->start <= pc && pc < mapping->end ? mapping : NULL;
+}
+
+/* The row in effect at file address `address`: the last of the file's rows starting at or below it. */
+static __always_inline struct unwind_row *find_row(struct unwind_file *file, u32 address)
+{
+    u32 count = file->row_count, base = file->first_row;
+    if (count == 0)
+        return NULL;
+    for (int i = 0; i < UNWIND_ROW_SEARCH_STEPS; i++) {
+        u32 half = count / 2;
+        u32 index = base + half;
+        struct unwind_row *row = unwind_rows.lookup(&index);
+        if (!row)
+            return NULL;
+        base += half * at_or_below(row->pc, address);
+        count -= half;
+    }
+    struct unwind_row *row = unwind_rows.lookup(&base);
+    return row && row->pc <= address ? row : NULL;
+}
+
+/* Ask user space, at most once a second per process, to read the process's maps again. */
+static __always_inline void request_maps(struct bpf_perf_event_data *ctx, u32 tgid, u64 pc)
+{
+    u64 now = bpf_ktime_get_ns();
+    u64 *last = unwind_event_times.lookup(&tgid);
+    if (last && now - *last < UNWIND_EVENT_INTERVAL_NS)
+        return;
+    unwind_event_times.update(&tgid, &now);
+    struct unwind_event event = {.tgid = tgid, .pc = pc};
+    if (unwind_events.perf_submit(ctx, &event, sizeof(event)) == 0)
+        count(COUNTER_UNWIND_MAP_REQUESTS);
+}
+
+/* The caller by frame pointer: [rbp] is the caller's rbp, [rbp + 8] the return address. */
+static __always_inline enum step_result frame_pointer_step(struct unwind_state *state)
+{
+    if (!state->bp_known)
+        return STEP_DONE;
+    if (state->bp == 0)  /* the ABI's mark of the outermost frame (_start clears rbp) */
+        return STEP_COMPLETE;
+    u64 frame[2];
+    if (bpf_probe_read_user(frame, sizeof(frame), (void *)state->bp)) {
+        count(COUNTER_UNWIND_READ_ERRORS);
+        return STEP_DONE;
+    }
+    count(COUNTER_UNWIND_FP_FRAMES);
+    /* The stack grows down: a caller's frame lies above. Anything else is not a frame chain. */
+    if (frame[0] != 0 && frame[0] <= state->bp)
+        state->bp_known = 0;
+    state->sp = state->bp + 16;
+    state->bp = frame[0];
+    state->pc = frame[1];
+    return state->pc ? STEP_CONTINUE : STEP_COMPLETE;
+}
+
+/* Record the current frame and find its caller. */
+static __always_inline enum step_result unwind_one(struct bpf_perf_event_data *ctx, struct unwind_state *state,
+                                                   struct unwind_process *process)
+{
+    u32 depth = state->stack.len;
+    if (depth >= UNWIND_MAX_FRAMES)
+        return STEP_DONE;
+    state->stack.ips[depth] = state->pc;
+    state->stack.len = depth + 1;
+    /* A return address follows its call: the call, one byte back, is what ran in this frame (a
+     * call that ends a function would otherwise be looked up in the next one). */
+    u64 pc = depth ? state->pc - 1 : state->pc;
+    struct unwind_mapping *mapping = find_mapping(process, pc);
+    if (!mapping) {
+        count(COUNTER_UNWIND_UNKNOWN_MAPPING);
+        request_maps(ctx, state->key.tgid, pc);
+        return frame_pointer_step(state);
+    }
+    u32 file_id = mapping->file_id;
+    if (!file_id)
+        return frame_pointer_step(state);
+    struct unwind_file *file = unwind_files.lookup(&file_id);
+    u64 address = pc - mapping->bias;
+    if (!file || address >> 32)
+        return frame_pointer_step(state);
+    struct unwind_row *row = find_row(file, (u32)address);
+    if (!row)
+        return frame_pointer_step(state);
+
+    u64 cfa;
+    switch (row->cfa_type) {
+    case CFA_RSP:
+        cfa = state->sp + row->cfa_offset;
+        break;
+    case CFA_RBP:
+        if (!state->bp_known)
+            return STEP_DONE;
+        cfa = state->bp + row->cfa_offset;
+        break;
+    case CFA_PLT:
+        cfa = state->sp + 8 + (((state->pc - mapping->bias) & 15) >= 11 ? 8 : 0);
+        break;
+    case CFA_END:
+        return STEP_COMPLETE;
+    case CFA_UNSUPPORTED:
+        count(COUNTER_UNWIND_UNSUPPORTED);
+        return frame_pointer_step(state);
+    default:  /* CFA_UNDEFINED: a gap between the file's functions */
+        return frame_pointer_step(state);
+    }
+    count(COUNTER_UNWIND_TABLE_FRAMES);
+    u64 return_address;
+    if (bpf_probe_read_user(&return_address, sizeof(return_address), (void *)(cfa - 8))) {
+        count(COUNTER_UNWIND_READ_ERRORS);
+        return STEP_DONE;
+    }
+    if (row->rbp_type == RBP_AT_CFA) {
+        if (bpf_probe_read_user(&state->bp, sizeof(state->bp), (void *)(cfa + row->rbp_offset)))
+            state->bp_known = 0;
+    } else if (row->rbp_type == RBP_UNSUPPORTED) {
+        state->bp_known = 0;
+    }
+    state->sp = cfa;
+    state->pc = return_address;
+    return return_address ? STEP_CONTINUE : STEP_COMPLETE;
+}
+
+/* Two independent hashes of the frames: the key, and a check stored with the stack. */
+static __always_inline void hash_frames(struct user_stack *stack, u64 *key, u64 *check)
+{
+    u64 h = 0x84222325cbf29ce4ULL, c = 0x9e3779b97f4a7c15ULL;
+    for (int i = 0; i < UNWIND_MAX_FRAMES; i++) {
+        if (i >= stack->len)
+            break;
+        u64 ip = stack->ips[i];
+        h = (h ^ ip) * 0x100000001b3ULL;
+        h ^= h >> 29;
+        c = (c ^ ip) * 0xff51afd7ed558ccdULL;
+        c ^= c >> 33;
+    }
+    h ^= stack->len;
+    *key = h ? h : 1;
+    *check = c;
+}
+
+/* A sample the unwinder walked, sent by value (its stack could not be stored): as send_overflow,
+ * with the walked frames as the user stack. */
+static __always_inline int send_walked_by_value(struct bpf_perf_event_data *ctx, struct unwind_state *state)
+{
+    u32 zero = 0;
+    struct stack_overflow_event *event = overflow_scratch.lookup(&zero);
+    if (!event)
+        return -1;
+    event->tgid = state->key.tgid;
+    event->pid = state->key.pid;
+    __builtin_memcpy(event->comm, state->key.comm, sizeof(event->comm));
+    event->user_error = 0;
+    event->user_leaf_return = 0;
+    /* All the frames, used or not: a copy of constant size is one the verifier can check. */
+    bpf_probe_read_kernel(event->user_ips, sizeof(state->stack.ips), state->stack.ips);
+    event->user_len = state->stack.len * 8;
+    u32 klen = stack_by_value(ctx, state->key.kernel_stack_id, event->kernel_ips, 0, &event->kernel_error);
+    event->kernel_len = klen;
+    klen &= 1023;
+    return stack_overflow.perf_submit(ctx, event, __builtin_offsetof(struct stack_overflow_event, kernel_ips) + klen);
+}
+
+/* Store the walked stack in the slot's user_stacks map and count the sample under its hash. */
+static __always_inline void finish_walk(struct bpf_perf_event_data *ctx, struct unwind_state *state, int complete)
+{
+    count(COUNTER_UNWIND_SAMPLES);
+    if (complete)
+        count(COUNTER_UNWIND_COMPLETE);
+    else if (state->stack.len >= UNWIND_MAX_FRAMES)
+        count(COUNTER_UNWIND_TRUNCATED);
+    state->stack.complete = complete;
+    u64 key, check;
+    hash_frames(&state->stack, &key, &check);
+    state->stack.check = check;
+    struct user_stack *stored;
+    int err;
+    if (state->slot == 1) {
+        err = user_stacks_1.insert(&key, &state->stack);
+        stored = err ? user_stacks_1.lookup(&key) : NULL;
+    } else {
+        err = user_stacks_0.insert(&key, &state->stack);
+        stored = err ? user_stacks_0.lookup(&key) : NULL;
+    }
+    int by_value = state->key.kernel_stack_id == -PROFILE_EEXIST;
+    if (err) {
+        if (stored && stored->check == check) {
+            err = 0;  /* the same stack, stored by an earlier sample */
+        } else {
+            count(stored ? COUNTER_UNWIND_STACK_COLLISIONS : COUNTER_UNWIND_STACK_MAP_FULL);
+            by_value = 1;
+        }
+    }
+    if (by_value) {
+        if (send_walked_by_value(ctx, state) == 0) {
+            count(COUNTER_STACK_OVERFLOW_SENT);
+            return;
+        }
+        count(COUNTER_STACK_OVERFLOW_ERRORS);
+        if (err) {  /* counted here without its user stack */
+            state->key.user_stack_id = -PROFILE_EEXIST;
+            key = 0;
+        }
+    }
+    state->key.user_stack_hash = key;
+    int failed = state->slot == 1 ? add_sample_1(&state->key) : add_sample_0(&state->key);
+    if (failed)
+        count(COUNTER_MAP_FULL);
+}
+
+/* Start a walk: on_cpu_sample's last act when the process has unwind tables.  Returns only if the
+ * walk could not start (then the caller counts the sample the frame-pointer way). */
+static __always_inline void start_walk(struct bpf_perf_event_data *ctx, struct sample_key *key, u32 slot)
+{
+    if (!unwind_processes.lookup(&key->tgid))
+        return;
+    u32 zero = 0;
+    struct unwind_state *state = unwind_state.lookup(&zero);
+    if (!state)
+        return;
+    if (user_registers(ctx, &state->pc, &state->sp, &state->bp))
+        return;
+    __builtin_memcpy(&state->key, key, sizeof(*key));
+    state->key.user_stack_id = USER_STACK_HASHED;
+    state->key.user_leaf_return = 0;
+    state->slot = slot;
+    state->tail_calls = 0;
+    state->bp_known = 1;
+    state->stack.len = 0;
+    unwind_programs.call(ctx, UNWIND_STEP_PROGRAM);
+    count(COUNTER_UNWIND_TAIL_CALL_FAILED);
+}
+
+int unwind_step(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct unwind_state *state = unwind_state.lookup(&zero);
+    if (!state)
+        return 0;
+    struct unwind_process *process = unwind_processes.lookup(&state->key.tgid);
+    enum step_result result = STEP_DONE;
+    if (process) {
+        for (int i = 0; i < UNWIND_FRAMES_PER_CALL; i++) {
+            result = unwind_one(ctx, state, process);
+            if (result != STEP_CONTINUE)
+                break;
+        }
+    }
+    if (result == STEP_CONTINUE && state->stack.len < UNWIND_MAX_FRAMES &&
+        state->tail_calls < UNWIND_MAX_TAIL_CALLS) {
+        state->tail_calls++;
+        unwind_programs.call(ctx, UNWIND_STEP_PROGRAM);
+        count(COUNTER_UNWIND_TAIL_CALL_FAILED);  /* and the stack ends here */
+    }
+    finish_walk(ctx, state, result == STEP_COMPLETE);
+    return 0;
+}
