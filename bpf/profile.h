@@ -90,7 +90,7 @@ enum unwind_cfa_type {
     CFA_UNDEFINED = 0,    /* no information here: step by frame pointer */
     CFA_RSP = 1,
     CFA_RBP = 2,
-    CFA_PLT = 3,          /* CFA = rsp + 8, + 8 more when (pc & 15) >= 11 */
+    CFA_PLT = 3,          /* CFA = rsp + 8, + 8 more when (pc & 15) >= cfa_offset (11 or 10) */
     CFA_END = 4,          /* the return address is undefined: the stack is complete */
     CFA_UNSUPPORTED = 5,  /* a rule a row cannot express: counted, then a frame-pointer step */
 };
@@ -112,7 +112,7 @@ struct unwind_mapping {
     u64 start;
     u64 end;
     u64 bias;
-    u32 file_id;   /* index in unwind_files; 0: no rows (yet): frame-pointer steps */
+    u32 file_id;   /* index in unwind_files (row_count 0 while its rows load); 0: no file */
     u32 reserved;
 };
 

@@ -32,6 +32,8 @@
 
 BPF_ARRAY(unwind_rows, struct unwind_row, UNWIND_ROW_BUDGET);
 BPF_ARRAY(unwind_files, struct unwind_file, UNWIND_MAX_FILES);
+/* Frames that needed a file whose rows were still loading: user space loads the most wanted first. */
+BPF_ARRAY(unwind_demand, u32, UNWIND_MAX_FILES);
 BPF_F_TABLE("hash", u32, struct unwind_process, unwind_processes, UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
 BPF_PROG_ARRAY(unwind_programs, 1);
 BPF_PERF_OUTPUT(unwind_events);
@@ -48,6 +50,7 @@ struct unwind_state {
     u32 tail_calls;
     u32 bp_known;  /* 0 once a row said rbp cannot be recovered: no frame-pointer step after that */
     u32 reserved;
+    u64 leaf_return;  /* as sample_key.user_leaf_return: for a first step by frame pointer */
     struct user_stack stack;
 };
 BPF_PERCPU_ARRAY(unwind_state, struct unwind_state, 1);
@@ -164,6 +167,21 @@ static __always_inline enum step_result frame_pointer_step(struct unwind_state *
     return state->pc ? STEP_CONTINUE : STEP_COMPLETE;
 }
 
+/* The leaf's caller by frame pointer, as the kernel's walk does it, and as user space mends that
+ * walk: a leaf without a frame of its own (or before its prologue) leaves rbp to its caller, so
+ * [rbp + 8] skips one frame; the return address on top of the stack is that frame. */
+static __always_inline enum step_result first_frame_pointer_step(struct unwind_state *state)
+{
+    enum step_result result = frame_pointer_step(state);
+    u32 depth = state->stack.len;
+    if (result == STEP_CONTINUE && state->leaf_return && state->leaf_return != state->pc &&
+        depth < UNWIND_MAX_FRAMES) {
+        state->stack.ips[depth] = state->leaf_return;
+        state->stack.len = depth + 1;
+    }
+    return result;
+}
+
 /* Record the current frame and find its caller. */
 static __always_inline enum step_result unwind_one(struct bpf_perf_event_data *ctx, struct unwind_state *state,
                                                    struct unwind_process *process)
@@ -180,18 +198,24 @@ static __always_inline enum step_result unwind_one(struct bpf_perf_event_data *c
     if (!mapping) {
         count(COUNTER_UNWIND_UNKNOWN_MAPPING);
         request_maps(ctx, state->key.tgid, pc);
-        return frame_pointer_step(state);
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     }
     u32 file_id = mapping->file_id;
     if (!file_id)
-        return frame_pointer_step(state);
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     struct unwind_file *file = unwind_files.lookup(&file_id);
+    if (!file)
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
+    if (file->row_count == 0) {
+        unwind_demand.atomic_increment(file_id);
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
+    }
     u64 address = pc - mapping->bias;
-    if (!file || address >> 32)
-        return frame_pointer_step(state);
+    if (address >> 32)
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     struct unwind_row *row = find_row(file, (u32)address);
     if (!row)
-        return frame_pointer_step(state);
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
 
     u64 cfa;
     switch (row->cfa_type) {
@@ -204,15 +228,16 @@ static __always_inline enum step_result unwind_one(struct bpf_perf_event_data *c
         cfa = state->bp + row->cfa_offset;
         break;
     case CFA_PLT:
-        cfa = state->sp + 8 + (((state->pc - mapping->bias) & 15) >= 11 ? 8 : 0);
+        /* The entry has pushed its argument once past the threshold in cfa_offset (11, or 10). */
+        cfa = state->sp + 8 + (((state->pc - mapping->bias) & 15) >= row->cfa_offset ? 8 : 0);
         break;
     case CFA_END:
         return STEP_COMPLETE;
     case CFA_UNSUPPORTED:
         count(COUNTER_UNWIND_UNSUPPORTED);
-        return frame_pointer_step(state);
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     default:  /* CFA_UNDEFINED: a gap between the file's functions */
-        return frame_pointer_step(state);
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     }
     count(COUNTER_UNWIND_TABLE_FRAMES);
     u64 return_address;
@@ -336,6 +361,7 @@ static __always_inline void start_walk(struct bpf_perf_event_data *ctx, struct s
     state->slot = slot;
     state->tail_calls = 0;
     state->bp_known = 1;
+    state->leaf_return = user_leaf_return(ctx);
     state->stack.len = 0;
     unwind_programs.call(ctx, UNWIND_STEP_PROGRAM);
     count(COUNTER_UNWIND_TAIL_CALL_FAILED);

@@ -19,6 +19,14 @@ DEFAULT_SAMPLES_PER_SECOND = 20
 DEFAULT_REPORTER_INTERVAL = 5.0
 DEFAULT_REPORTER_JITTER = 0.2
 MAX_MAP_SCALE_FACTOR = 8
+# Native unwinding. Rows: libc has about 20k, libpython 70k, a large C++ program a million; the
+# default holds a busy host's distinct files (12 bytes a row: 24 MiB of kernel memory).
+DEFAULT_UNWIND_ROW_BUDGET = 2 << 20
+DEFAULT_UNWIND_MAX_FRAMES = 128
+# The unwinder steps 16 frames per BPF program and may chain 30 of them (the kernel allows 33
+# tail calls a sample).
+MAX_UNWIND_FRAMES = 16 * 30
+DEFAULT_UNWIND_CACHE_DIR = "/var/cache/pycollector/unwind"
 
 # CamelCase keys of older profiling distributions -> today's key.
 LEGACY_KEYS = {
@@ -48,6 +56,12 @@ class ProfilingConfig(ComponentConfig):
     verbose_mode: bool = False
     # `propagate`: a profiler that cannot start stops the collector. `ignore`: log and go on.
     error_mode: Literal["propagate", "ignore"] = "propagate"
+    # Native unwinding: stacks of code without frame pointers are walked with the unwind rows of
+    # each file's .eh_frame. The rows of all mapped files together (kernel memory: 12 bytes each),
+    # the frames walked per stack, and where built rows are kept across restarts ("" : nowhere).
+    unwind_row_budget: int = pydantic.Field(DEFAULT_UNWIND_ROW_BUDGET, ge=1024, le=1 << 28)
+    unwind_max_frames: int = pydantic.Field(DEFAULT_UNWIND_MAX_FRAMES, ge=16, le=MAX_UNWIND_FRAMES)
+    unwind_cache_dir: str = DEFAULT_UNWIND_CACHE_DIR
 
     # Accepted for compatibility; see NOT_IMPLEMENTED.
     tracers: str = ""

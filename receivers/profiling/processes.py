@@ -102,6 +102,7 @@ class ProcessInfo:
     container_id: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # only include_env_vars
     start_time_ticks: int | None = None  # /proc/PID/stat field 22 (identifies the incarnation)
+    parent_pid: int | None = None
     start_time_ns: int | None = None  # wall clock, ns since the epoch
     kernel_thread: bool = False
     errors: list[str] = field(default_factory=list)  # what the snapshot could not read
@@ -127,6 +128,25 @@ class ProcessInfo:
         if i >= 0 and addr < self.mappings[i].end:
             return self.mappings[i]
         return None
+
+
+def open_mapped_file(info: ProcessInfo, mapping: Mapping) -> int | None:
+    """An fd on the file behind ``mapping``, checked by inode: through map_files (which works for
+    deleted files and any mount namespace), then the process's root (a container's files), then
+    the host path. None when none of them is that file."""
+    candidates = [f"/proc/{info.pid}/map_files/{mapping.start:x}-{mapping.end:x}", f"{info.root}{mapping.path}", mapping.path]
+    for path in candidates:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_ino == mapping.inode:
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,6 +253,7 @@ class ProcessTable:
             info.comm = st["comm"]
             info.kernel_thread = bool(st["flags"] & PF_KTHREAD)
             info.start_time_ticks = st["starttime"]
+            info.parent_pid = st["ppid"]
             info.start_time_ns = (self._boot_time_s * 1_000_000_000
                                   + st["starttime"] * 1_000_000_000 // _CLK_TCK)
         except (OSError, ValueError, IndexError) as e:

@@ -30,8 +30,9 @@ from receivers.profiling.processes import ProcessTable
 from receivers.profiling.report import ReportBuilder
 from receivers.profiling.bpf_counters import counter_warnings
 from receivers.profiling.bpf_program import SamplerError
-from receivers.profiling.sampler import Sampler
+from receivers.profiling.sampler import Sampler, UnwindSizes
 from receivers.profiling.symbolizer import Symbolizer
+from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
 
 # Map sizes at map_scale_factor 0; each step of the factor doubles them.
 BASE_COUNT_MAP_SIZE = 10_240
@@ -79,6 +80,10 @@ class ProfilingReceiver(Component):
             count_map_size=BASE_COUNT_MAP_SIZE * scale,
             verifier_log_level=self.config.bpf_verifier_log_level,
             on_new_process=self.processes.on_new_process,
+            unwind=UnwindSizes(row_budget=self.config.unwind_row_budget, max_frames=self.config.unwind_max_frames),
+            # A pc in no mapping the unwinder knew (a library opened since): read the maps again;
+            # the process table tells its listeners, the unwind registry among them.
+            on_unwind_request=lambda tgid, pc: self.processes.find_mapping(tgid, pc),
             logger=self.log,
         )
         try:
@@ -89,6 +94,15 @@ class ProfilingReceiver(Component):
                 return
             raise StartError(str(error)) from error
         self._sampler = sampler
+        self.row_source = RowSource(self.config.unwind_cache_dir, self.log)
+        self.row_source.start()
+        self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log,
+                                     max_files=sampler.unwind.max_files, row_budget=sampler.unwind.row_budget)
+        self.processes.add_listener(self.unwind.register)
+        for tgid in self.processes.tgids():  # announced while the program was being attached
+            info = self.processes.lookup(tgid)
+            if info is not None:
+                self.unwind.register(info)
         # Compiling the program with BCC's LLVM leaves tens of MiB of freed heap mapped; hand it
         # back (measured: steady RSS 204 -> 149 MiB; the peak during the compile stays).
         trim_heap()
@@ -110,6 +124,8 @@ class ProfilingReceiver(Component):
             self._drop(self._held, "shutdown", "the pipeline refused the last report while stopping")
             self._held = None
         if self._sampler is not None:
+            self.row_source.close()  # first: the registry's worker may be waiting on it
+            self.unwind.close()
             self._sampler.close()
             self._sampler = None
             self.symbolizer.close()
@@ -145,6 +161,7 @@ class ProfilingReceiver(Component):
         self._record_counters(interval.counters)
         for pid in self.processes.forget_exited():
             self._sampler.forget_process(pid)
+            self.unwind.forget(pid)
         self._processes_gauge.set(len(self.processes))
         if self._held is not None:
             data = merge(self._held, data)

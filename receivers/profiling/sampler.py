@@ -93,6 +93,7 @@ class UnwindMaps:
     rows: object  # unwind_rows: struct unwind_row per index
     files: object  # unwind_files: file id -> (first row, row count)
     processes: object  # unwind_processes: tgid -> its executable mappings
+    demand: object  # unwind_demand: file id -> frames that waited for its rows
 
 
 @dataclass(slots=True)
@@ -273,7 +274,8 @@ class Sampler:
             self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
             self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
             self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
-            self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"])
+            self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
+                                          bpf[b"unwind_demand"])
             unwind_events = bpf[b"unwind_events"]
             self._unwind_event_type = bcc_table._get_event_class(unwind_events)
             unwind_events.open_perf_buffer(self._on_unwind_event, page_cnt=8, lost_cb=self._on_lost)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from .processes import Mapping, ProcessInfo, ProcessTable
+from .processes import Mapping, ProcessInfo, ProcessTable, open_mapped_file
 
 KERNEL_FILE = "[kernel.kallsyms]"
 NT_GNU_BUILD_ID = 3
@@ -262,7 +262,7 @@ class ElfSymbols:
         for seg in elf.iter_segments():
             if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
                 out.loads.append((seg["p_offset"], seg["p_filesz"], seg["p_vaddr"]))
-        out.build_id = _elf_build_id(elf)
+        out.build_id = elf_build_id(elf)
         link = elf.get_section_by_name(".gnu_debuglink")
         if link is not None:
             data = link.data()
@@ -311,7 +311,7 @@ class ElfSymbols:
         return True
 
 
-def _elf_build_id(elf: ELFFile) -> str | None:
+def elf_build_id(elf: ELFFile) -> str | None:
     for sec in elf.iter_sections():
         if sec["sh_type"] == "SHT_NOTE":
             for note in sec.iter_notes():
@@ -466,7 +466,7 @@ class Symbolizer:
                     continue
             if m.identity in self._files:  # racy read of an OrderedDict: harmless
                 continue
-            fd = self._open_mapping(info, m)
+            fd = open_mapped_file(info, m)
             if fd is None:
                 continue
             with self._pin_lock:
@@ -475,24 +475,6 @@ class Symbolizer:
                 else:
                     self._pinned.put(m.identity, fd)
                     self.stats["files_pinned"] += 1
-
-    def _open_mapping(self, info: ProcessInfo, m: Mapping) -> int | None:
-        """An fd on the mapped file, verified by inode: map_files (works for deleted files and
-        any mount namespace), then the process root, then the host path."""
-        candidates = [f"/proc/{info.pid}/map_files/{m.start:x}-{m.end:x}",
-                      f"{info.root}{m.path}", m.path]
-        for path in candidates:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                if os.fstat(fd).st_ino == m.inode:
-                    return fd
-            except OSError:
-                pass
-            os.close(fd)
-        return None
 
     def _elf_for(self, info: ProcessInfo, m: Mapping) -> ElfSymbols | None:
         elf = self._files.get_touch(m.identity)
@@ -504,7 +486,7 @@ class Symbolizer:
             failed_at = self._unreadable.get(m.identity)
             if failed_at is not None and time.monotonic() - failed_at < _UNREADABLE_RETRY_S:
                 return None
-            fd = self._open_mapping(info, m)
+            fd = open_mapped_file(info, m)
         if fd is None:
             # Not cached as a file: another process mapping it may still be alive.  Until
             # then, do not retry the opens for every frame.
@@ -567,7 +549,7 @@ class Symbolizer:
                 with f:
                     try:
                         dbg = ELFFile(f)
-                        dbg_id = _elf_build_id(dbg)
+                        dbg_id = elf_build_id(dbg)
                         if elf.build_id and dbg_id and dbg_id != elf.build_id:
                             continue  # a debug file of another build
                         if elf.read_symbols(dbg, ".symtab", self._demangler):

@@ -1,0 +1,95 @@
+"""Built rows kept on disk across restarts, so a restart unwinds within a second of starting.
+
+One file per ELF file, named by its GNU build id (the same bytes wherever the file lives), else by
+device, inode, size and modification time. A cache file is a header (magic, format version, row
+count, CRC-32 of the rows) and the rows; one that is short, foreign, of another version or fails
+its checksum is ignored and rebuilt, never trusted. Writes go to a temporary file renamed into
+place, so a reader sees an old file or a whole new one.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from receivers.profiling.unwind.rows import ROW_SIZE
+
+MAGIC = b"PCUNWIND"
+# Bump when the rows' meaning or layout changes (profile.h struct unwind_row, rows.py).
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sIII")  # magic, version, row count, crc32
+
+
+class RowCache:
+    def __init__(self, directory: str, logger: Any):
+        """``directory``: where cache files live ("" keeps nothing)."""
+        self.directory = directory
+        self.log = logger
+        self.stats = dict.fromkeys(("hits", "misses", "rejected", "write_errors"), 0)
+        self._writable = bool(directory)
+
+    def get_or_build(self, key: str, build: Callable[[], bytes]) -> bytes:
+        rows = self._read(key)
+        if rows is not None:
+            self.stats["hits"] += 1
+            return rows
+        self.stats["misses"] += 1
+        rows = build()
+        self._write(key, rows)
+        return rows
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.directory, f"{key}.rows")
+
+    def _read(self, key: str) -> bytes | None:
+        if not self.directory:
+            return None
+        try:
+            with open(self.path(key), "rb") as stream:
+                data = stream.read()
+        except OSError:
+            return None
+        rows = decode(data)
+        if rows is None:
+            self.stats["rejected"] += 1
+            self.log.warning("unwind cache file is damaged or from another version; rebuilding it", path=self.path(key))
+        return rows
+
+    def _write(self, key: str, rows: bytes) -> None:
+        if not self._writable:
+            return
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=".rows-")
+            try:
+                with os.fdopen(descriptor, "wb") as stream:
+                    stream.write(encode(rows))
+                os.replace(temporary, self.path(key))
+            except BaseException:
+                os.unlink(temporary)
+                raise
+        except OSError as error:
+            self.stats["write_errors"] += 1
+            self._writable = False  # one warning, not one per file
+            self.log.warning("cannot write the unwind cache; rows will be built again at each start "
+                             "(set unwind_cache_dir to a writable directory, or \"\" to keep none)",
+                             directory=self.directory, error=str(error))
+
+
+def encode(rows: bytes) -> bytes:
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(rows) // ROW_SIZE, zlib.crc32(rows)) + rows
+
+
+def decode(data: bytes) -> bytes | None:
+    """The rows of a cache file's bytes, or None when they are not a whole, valid cache file."""
+    if len(data) < _HEADER.size:
+        return None
+    magic, version, count, checksum = _HEADER.unpack_from(data)
+    rows = data[_HEADER.size:]
+    if magic != MAGIC or version != FORMAT_VERSION or len(rows) != count * ROW_SIZE or zlib.crc32(rows) != checksum:
+        return None
+    return rows

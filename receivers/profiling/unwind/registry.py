@@ -1,0 +1,395 @@
+"""Keeps the unwinder's kernel tables in step with the processes being sampled.
+
+For each registered process, its executable mappings go to ``unwind_processes`` (sorted, with the
+load bias that turns a pc into an address in the file and the id of the file's rows); each mapped
+file's rows go once into ``unwind_rows``, its (first row, count) into ``unwind_files``. Rows are
+built (or read from the disk cache) on a worker thread: until a file's rows are in, its mappings
+carry file id 0 and the kernel steps through them by frame pointer; when they arrive, every
+process that maps the file is written again. A file no registered process maps any more gives its
+rows back.
+
+Threading: ``register`` and ``forget`` are called from the sampler's and the report's threads and
+return at once; the worker is the only one that builds, and one lock guards the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from elftools.elf.elffile import ELFFile
+
+from receivers.profiling.processes import Mapping, ProcessInfo, open_mapped_file
+from receivers.profiling.symbolizer import elf_build_id
+from receivers.profiling.unwind.cache import RowCache
+from receivers.profiling.unwind.rows import ROW_SIZE, NoRows, build_rows_at
+from receivers.profiling.unwind.space import RowSpace
+
+# unwind_process holds this many mappings (profile.h UNWIND_MAX_MAPPINGS); past it, the lowest
+# addresses are kept and the rest counted.
+MAX_MAPPINGS = 256
+
+FileKey = tuple[str, int]  # (dev, inode), as Mapping.identity
+# The vDSO is an ELF image the kernel maps into every process (clock_gettime runs there); it has
+# no file, but the same bytes everywhere, so it is read from this process and keyed by its name.
+VDSO = "[vdso]"
+_VDSO_KEY: FileKey = (VDSO, 0)
+
+
+@dataclasses.dataclass
+class _File:
+    file_id: int = 0  # its index in unwind_files from registration (0 once it is known to have no rows)
+    first_row: int = 0
+    row_count: int = 0
+    segments: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # PT_LOADs: (offset, vaddr, size)
+    state: str = "queued"  # queued, loaded, no_rows, failed
+    users: set[int] = dataclasses.field(default_factory=set)  # tgids mapping it
+
+
+class UnwindRegistry:
+    def __init__(self, maps: Any, build: Callable[[int, str], bytes], logger: Any, *, max_files: int, row_budget: int):
+        """``maps``: the sampler's UnwindMaps. ``build(fd, path)``: the packed rows of the file
+        open on ``fd`` (ValueError when it has none to give)."""
+        self._maps = maps
+        self._build = build
+        self.log = logger
+        self._space = RowSpace(row_budget)
+        self._free_ids = list(range(max_files - 1, 0, -1))  # 0 means "no rows"
+        self._files: dict[FileKey, _File] = {}
+        self._processes: dict[int, ProcessInfo] = {}
+        self._lock = threading.Lock()
+        # Files waiting for rows, with a process and mapping to open them by. A cold start on a
+        # busy host queues hundreds; the worker takes the most wanted first (_priority).
+        self._pending: dict[FileKey, tuple[ProcessInfo, Mapping]] = {}
+        self._wake = threading.Condition(self._lock)
+        self._worker: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.stats = dict.fromkeys(
+            ("files_loaded", "files_without_rows", "files_failed", "rows_loaded", "rows_freed",
+             "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes"), 0)
+
+    # -- the process side -------------------------------------------------------------------------
+
+    def register(self, info: ProcessInfo) -> None:
+        """Write ``info``'s mappings to the kernel (again, after its maps changed); queue the
+        files not seen yet."""
+        if info.kernel_thread or info.exited or _is_ours(info):
+            return
+        with self._lock:
+            self._processes[info.pid] = info
+            for mapping in info.mappings:
+                key = _key(mapping)
+                if key is None:
+                    continue
+                file = self._files.get(key)
+                if file is None:
+                    file = self._files[key] = _File()
+                    if self._free_ids:
+                        file.file_id = self._free_ids.pop()
+                        self._maps.demand[self._maps.demand.Key(file.file_id)] = self._maps.demand.Leaf(0)
+                        self._pending[key] = (info, mapping)
+                        self._wake.notify()
+                    else:
+                        file.state = "failed"
+                        self.stats["file_ids_exhausted"] += 1
+                file.users.add(info.pid)
+            self.stats["processes"] = len(self._processes)
+            self._write_process(info)
+        self._ensure_worker()
+
+    def forget(self, tgid: int) -> None:
+        """The process exited: drop its mappings, and the rows of files no one maps any more."""
+        with self._lock:
+            info = self._processes.pop(tgid, None)
+            if info is None:
+                return
+            for mapping in info.mappings:
+                key = _key(mapping)
+                file = self._files.get(key) if key is not None else None
+                if file is not None:
+                    file.users.discard(tgid)
+                    if not file.users:
+                        self._pending.pop(key, None)
+                        self._free(key, file)
+            self.stats["processes"] = len(self._processes)
+        try:
+            del self._maps.processes[self._maps.processes.Key(tgid)]
+        except KeyError:
+            pass
+
+    def _write_process(self, info: ProcessInfo) -> None:
+        table = self._maps.processes
+        leaf = table.Leaf()
+        # Anonymous ones too (JIT code): the kernel then knows the pc and steps by frame pointer
+        # instead of asking for the maps again. Not [vsyscall], in the kernel's half: the kernel's
+        # search compares addresses below 2^63 only.
+        mappings = [mapping for mapping in info.mappings if mapping.end <= _USER_SPACE_END]
+        if len(mappings) > MAX_MAPPINGS:
+            self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
+            mappings = mappings[:MAX_MAPPINGS]
+        for slot, mapping in enumerate(mappings):
+            entry = leaf.mappings[slot]
+            entry.start, entry.end = mapping.start, mapping.end
+            key = _key(mapping)
+            file = self._files.get(key) if key is not None else None
+            if file is None or not file.file_id:
+                continue
+            if file.state == "queued":  # the kernel counts the frames that wait for it
+                entry.file_id = file.file_id
+            elif (bias := _bias(file.segments, mapping)) is not None:
+                entry.bias, entry.file_id = bias, file.file_id
+        leaf.count = len(mappings)
+        table[table.Key(info.pid)] = leaf
+
+    # -- the file side ----------------------------------------------------------------------------
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="unwind-tables", daemon=True)
+            self._worker.start()
+
+    def _next(self) -> tuple[FileKey, ProcessInfo, Mapping] | None:
+        with self._lock:
+            while not self._pending and not self._closing.is_set():
+                self._wake.wait()
+            if self._closing.is_set():
+                return None
+            key = max(self._pending, key=self._priority)
+            return (key, *self._pending.pop(key))
+
+    def _priority(self, key: FileKey) -> float:
+        """Samples that waited for the file's rows (the kernel counts them) and processes that
+        map it, per byte of code to read: a small program that is running now goes before libc,
+        and libc before a large library no one runs."""
+        _, mapping = self._pending[key]
+        file = self._files[key]
+        demand = self._maps.demand
+        try:
+            waited = demand[demand.Key(file.file_id)].value
+        except KeyError:
+            waited = 0
+        return (waited + len(file.users)) / (mapping.end - mapping.start)
+
+    def _work(self) -> None:
+        while True:
+            item = self._next()
+            if item is None:
+                return
+            key, info, mapping = item
+            try:
+                self._load(key, info, mapping)
+            except Exception:  # one bad file must not stop the others
+                self._failed(key)
+                self.log.exception("could not load unwind rows", path=mapping.path)
+
+    def _failed(self, key: FileKey) -> None:
+        with self._lock:
+            self.stats["files_failed"] += 1
+            file = self._files.get(key)
+            if file is not None:
+                self._without_rows(file, "failed")
+
+    def _without_rows(self, file: _File, state: str) -> None:
+        """The file will have no rows: its id goes back, its mappings step by frame pointer."""
+        file.state = state
+        if file.file_id:
+            self._free_ids.append(file.file_id)
+            file.file_id = 0
+            self._write_users(file)
+
+    def _load(self, key: FileKey, info: ProcessInfo, mapping: Mapping) -> None:
+        fd = _vdso_file() if key == _VDSO_KEY else open_mapped_file(info, mapping)
+        if fd is None:
+            self._failed(key)
+            return
+        try:
+            segments = _load_segments(fd)
+            started = time.monotonic()
+            try:
+                rows, reason = self._build(fd, mapping.path), None
+            except ValueError as error:
+                rows, reason = b"", str(error)
+            self.log.debug("unwind rows", path=mapping.path, rows=len(rows) // ROW_SIZE, no_rows=reason,
+                           seconds=round(time.monotonic() - started, 3), waiting=len(self._pending))
+        finally:
+            os.close(fd)
+        with self._lock:
+            file = self._files.get(key)
+            if self._closing.is_set() or file is None:  # stopping, or every process mapping it exited
+                return
+            file.segments = segments
+            count = len(rows) // ROW_SIZE
+            first = self._space.allocate(count) if count else None
+            if first is None:
+                self.stats["row_budget_exhausted" if count else "files_without_rows"] += 1
+                self._without_rows(file, "failed" if count else "no_rows")
+                return
+            file.first_row, file.row_count = first, count
+            file.state = "loaded"
+            # Rows, then the mappings' biases, then the count that makes the kernel use them.
+            self._write_rows(first, rows)
+            self._write_users(file)
+            files = self._maps.files
+            files[files.Key(file.file_id)] = files.Leaf(first, count)
+            self.stats["files_loaded"] += 1
+            self.stats["rows_loaded"] += count
+
+    def _write_users(self, file: _File) -> None:
+        for tgid in list(file.users):
+            process = self._processes.get(tgid)
+            if process is not None:
+                self._write_process(process)
+
+    def _write_rows(self, first: int, rows: bytes) -> None:
+        table = self._maps.rows
+        count = len(rows) // ROW_SIZE
+        keys = (table.Key * count)(*range(first, first + count))
+        values = (table.Leaf * count).from_buffer_copy(rows)
+        table.items_update_batch(keys, values)
+
+    def _free(self, key: FileKey, file: _File) -> None:
+        del self._files[key]
+        if file.file_id:
+            files = self._maps.files
+            files[files.Key(file.file_id)] = files.Leaf(0, 0)
+            self._free_ids.append(file.file_id)
+        if file.row_count:
+            self._space.release(file.first_row, file.row_count)
+            self.stats["rows_freed"] += file.row_count
+
+    def close(self) -> None:
+        """Stop the worker before the maps it writes to are closed (a file still being parsed
+        is abandoned)."""
+        with self._lock:
+            self._closing.set()
+            self._wake.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout=5)
+
+
+def _is_ours(info: ProcessInfo) -> bool:
+    """This collector, or its row builder. Their stacks stay with frame pointers: at a cold
+    start, LLVM's rows alone (BCC's compiler, in this process) take longer to build than the
+    whole of a host's programs, and they would go first."""
+    if info.pid == _OWN_PID:
+        return True
+    return info.parent_pid == _OWN_PID and any(child.pid == info.pid for child in multiprocessing.active_children())
+
+
+def _key(mapping: Mapping) -> FileKey | None:
+    """Which file's rows a mapping uses; None for one without a file (anonymous, JIT code)."""
+    if mapping.file_backed:
+        return mapping.identity
+    return _VDSO_KEY if mapping.path == VDSO else None
+
+
+def _vdso_file() -> int | None:
+    """An fd on a copy of this process's vDSO image (a memfd), or None."""
+    with open("/proc/self/maps") as maps:
+        line = next((line for line in maps if line.rstrip().endswith(VDSO)), None)
+    if line is None:
+        return None
+    start, end = (int(part, 16) for part in line.split()[0].split("-"))
+    with open("/proc/self/mem", "rb", buffering=0) as memory:
+        memory.seek(start)
+        image = memory.read(end - start)
+    fd = os.memfd_create("vdso", os.MFD_CLOEXEC)
+    os.write(fd, image)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _load_segments(fd: int) -> list[tuple[int, int, int]]:
+    """(file offset, virtual address, size in the file) of each executable loadable segment:
+    what maps a file offset to the addresses the rows use. Only executable ones, like the
+    mappings they are matched with: the page where a read-only segment ends and the code
+    begins belongs to both, and only the code's gives the right bias."""
+    with os.fdopen(os.dup(fd), "rb") as stream:
+        try:
+            elf = ELFFile(stream)
+            return [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
+                    if s["p_type"] == "PT_LOAD" and s["p_flags"] & _PF_X]
+        except Exception:  # not ELF, or cut short: no rows either
+            return []
+
+
+_PAGE = 4096
+_PF_X = 1
+_OWN_PID = os.getpid()
+_USER_SPACE_END = 1 << 63
+
+
+def _bias(segments: list[tuple[int, int, int]], mapping: Mapping) -> int | None:
+    """pc - bias is the file address. The segment the mapping was made from holds its file
+    offset, rounded down to a page as mmap() takes it; its (vaddr - offset) maps one to the other."""
+    for offset, vaddr, size in segments:
+        if offset - offset % _PAGE <= mapping.offset < offset + size:
+            return mapping.start - mapping.offset - (vaddr - offset)
+    return None
+
+
+class RowSource:
+    """A file's rows for the registry: from the disk cache, else built in a helper process.
+
+    Building is pure Python and takes seconds for a large library (libLLVM: millions of rows);
+    in a process of its own it runs on another core and leaves this one's GIL to the threads
+    that read the perf buffers. The helper opens the file through /proc/<this pid>/fd/<fd>, so
+    it sees exactly the file the registry opened (deleted, or in another mount namespace)."""
+
+    def __init__(self, cache_dir: str, logger: Any):
+        self.cache = RowCache(cache_dir, logger)
+        self.log = logger
+        self._pool = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the helper process now (it takes a few tenths of a second), not at the first
+        file the cache does not have."""
+        with self._lock:
+            self._start_pool()
+
+    def _start_pool(self):
+        if self._closed:
+            raise NoRows("stopping")
+        if self._pool is None:
+            # spawn, not fork: this process has threads and BPF maps a fork would copy.
+            self._pool = multiprocessing.get_context("spawn").Pool(1)
+        return self._pool
+
+    def __call__(self, fd: int, path: str) -> bytes:
+        with os.fdopen(os.dup(fd), "rb") as stream:
+            try:
+                build_id = elf_build_id(ELFFile(stream))
+            except Exception as error:
+                raise NoRows(f"not an ELF file: {error}") from None
+        if build_id:
+            key = build_id
+        else:  # no build id: this very file, as long as it is not rewritten
+            status = os.fstat(fd)
+            key = f"{status.st_dev:x}-{status.st_ino:x}-{status.st_size:x}-{status.st_mtime_ns:x}"
+        return self.cache.get_or_build(key, lambda: self._build_elsewhere(fd))
+
+    def _build_elsewhere(self, fd: int) -> bytes:
+        with self._lock:
+            pool = self._start_pool()
+        pending = pool.apply_async(build_rows_at, (f"/proc/{os.getpid()}/fd/{fd}",))
+        while True:  # a terminated pool never answers: look up now and then
+            try:
+                return pending.get(timeout=0.2)
+            except multiprocessing.TimeoutError:
+                if self._closed:
+                    raise NoRows("stopping") from None
+
+    def close(self) -> None:
+        """Stop the helper, abandoning a build under way."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._closed = True
+        if pool is not None:
+            pool.terminate()

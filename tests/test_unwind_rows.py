@@ -1,0 +1,193 @@
+"""Unwind rows against binutils: every rule `readelf --debug-dump=frames-interp` prints for a file
+is the rule our rows give at that address (rows.py interprets the CFI itself; readelf is an
+independent reader of the same bytes). And the row cache: a hit, and damaged files rebuilt."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import structlog
+
+from receivers.profiling.unwind import cache as cache_module
+from receivers.profiling.unwind.cache import RowCache
+from receivers.profiling.unwind.rows import (
+    CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME, RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows,
+    build_rows,
+)
+
+pytestmark = pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf (binutils) is not installed")
+
+_FDE = re.compile(r"^\S+ \S+ \S+ FDE cie=(\S+) pc=([0-9a-f]+)\.\.([0-9a-f]+)")
+_CIE = re.compile(r"^(\S+) \S+ \S+ CIE")
+
+
+def readelf_rules(path: str) -> list[tuple[int, int, str, str, str]]:
+    """(pc, end of its FDE, CFA, rbp, ra) as readelf prints them, for each row of each FDE (an FDE
+    with no row of its own takes its CIE's last)."""
+    # readelf exits 1 for libc without a word (its debug link leads nowhere); the output is whole.
+    text = subprocess.run(["readelf", "--debug-dump=frames-interp", path], capture_output=True, text=True).stdout
+    assert "FDE" in text, f"readelf printed no FDE for {path}"
+    cie_last: dict[str, tuple[str, str, str]] = {}
+    rules = []
+    current = None  # ("cie", offset) or ("fde", begin, end, cie)
+    columns: list[str] = []
+    fde_rows: list = []
+
+    def close_fde():
+        if current and current[0] == "fde" and not fde_rows and current[3] in cie_last:
+            rules.append((current[1], current[2], *cie_last[current[3]]))
+
+    for line in text.splitlines():
+        if match := _FDE.match(line):
+            close_fde()
+            current, columns, fde_rows = ("fde", int(match[2], 16), int(match[3], 16), match[1]), [], []
+        elif match := _CIE.match(line):
+            close_fde()
+            current, columns, fde_rows = ("cie", match[1]), [], []
+        elif line.strip().startswith("LOC"):
+            columns = line.split()
+        elif current and columns and re.match(r"^[0-9a-f]{16} ", line):
+            # A register rule prints as "r10 (r10)": one value.
+            values = dict(zip(columns, re.sub(r" \(\w+\)", "", line).split()))
+            rule = (values["CFA"], values.get("rbp", "u"), values.get("ra", "u"))
+            if current[0] == "cie":
+                cie_last[current[1]] = rule
+            else:
+                fde_rows.append(rule)
+                rules.append((int(values["LOC"], 16), current[2], *rule))
+    close_fde()
+    return rules
+
+
+def expected(cfa: str, rbp: str, ra: str):
+    """What a row must say for readelf's rule; None where readelf does not say enough (exp)."""
+    if ra == "u":
+        return ("end",)
+    if ra != "c-8":
+        return ("unsupported",)
+    if cfa.startswith("rsp+") or cfa.startswith("rbp+"):
+        kind = CFA_RSP if cfa.startswith("rsp") else CFA_RBP
+        cfa_rule = (kind, int(cfa[4:]))
+    elif cfa == "exp":
+        cfa_rule = None  # PLT (checked separately) or unsupported
+    else:
+        return ("unsupported",)
+    if rbp == "u":
+        rbp_rule = (RBP_SAME, 0)
+    elif rbp.startswith("c"):
+        rbp_rule = (RBP_AT_CFA, int(rbp[1:]))
+    else:
+        rbp_rule = (RBP_UNSUPPORTED, 0)
+    return ("rule", cfa_rule, rbp_rule)
+
+
+def row_at(rows: list[tuple], starts: list[int], pc: int):
+    index = bisect.bisect_right(starts, pc) - 1
+    return rows[index] if index >= 0 else None
+
+
+def unpack(data: bytes) -> list[tuple]:
+    return [ROW.unpack_from(data, offset) for offset in range(0, len(data), ROW_SIZE)]
+
+
+def compare(path: str) -> dict[str, int]:
+    with open(path, "rb") as stream:
+        rows = unpack(build_rows(stream))
+    starts = [row[0] for row in rows]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts), "rows must be sorted by a unique pc"
+    tally = {"rules": 0, "plt": 0, "mismatches": 0}
+    mismatches = []
+    for pc, end, cfa, rbp, ra in readelf_rules(path):
+        if pc >= end:
+            continue
+        row = row_at(rows, starts, pc)
+        want = expected(cfa, rbp, ra)
+        tally["rules"] += 1
+        if want[0] == "end":
+            ok = row[1] == CFA_END
+        elif want[0] == "unsupported":
+            ok = row[1] == CFA_UNSUPPORTED
+        else:
+            cfa_rule, rbp_rule = want[1], want[2]
+            if cfa_rule is None:
+                ok = row[1] in (CFA_PLT, CFA_UNSUPPORTED)
+                tally["plt"] += row[1] == CFA_PLT
+            else:
+                ok = (row[1], row[4]) == cfa_rule and (row[2], row[3]) == rbp_rule
+        if not ok:
+            mismatches.append((hex(pc), cfa, rbp, ra, row))
+    tally["mismatches"] = len(mismatches)
+    assert not mismatches, f"{path}: {len(mismatches)} of {tally['rules']} rules differ from readelf, e.g. {mismatches[:5]}"
+    return tally
+
+
+def test_libc_rows_match_readelf():
+    tally = compare(os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6"))
+    assert tally["rules"] > 10_000
+    assert tally["plt"] >= 1  # libc's .plt has the PLT expression
+
+
+def test_python_rows_match_readelf():
+    compare(os.path.realpath("/usr/bin/python3"))
+
+
+def test_optimized_c_program_rows_match_readelf(tmp_path):
+    source = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "workloads", "known_split.c")
+    source = os.path.realpath(source) if os.path.exists(source) else None
+    if source is None or shutil.which("gcc") is None:
+        pytest.skip("needs gcc and ../shared/workloads/known_split.c")
+    binary = tmp_path / "ks"
+    subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-o", str(binary), source], check=True)
+    tally = compare(str(binary))
+    with open(binary, "rb") as stream:
+        rows = unpack(build_rows(stream))
+    # _start says "no return address": the walk ends there, complete.
+    assert any(row[1] == CFA_END for row in rows)
+    assert tally["rules"] > 5
+
+
+def test_a_file_without_cfi_has_no_rows(tmp_path):
+    not_elf = tmp_path / "text"
+    not_elf.write_text("hello")
+    with open(not_elf, "rb") as stream, pytest.raises(NoRows):
+        build_rows(stream)
+
+
+def test_row_cache_hits_and_rejects_damaged_files(tmp_path):
+    log = structlog.get_logger()
+    cache = RowCache(str(tmp_path), log)
+    with open("/lib/x86_64-linux-gnu/libc.so.6", "rb") as stream:
+        built = build_rows(stream)
+    calls = []
+
+    def build():
+        calls.append(1)
+        return built
+
+    assert cache.get_or_build("abc", build) == built
+    assert cache.get_or_build("abc", build) == built
+    assert len(calls) == 1 and cache.stats["hits"] == 1
+
+    path = cache.path("abc")
+    data = bytearray(open(path, "rb").read())
+    for damage in (lambda d: d[:-5], lambda d: d[:40] + bytes([d[40] ^ 1]) + d[41:], lambda d: b"ELF" + d[3:],
+                   lambda d: d[:8] + (cache_module.FORMAT_VERSION + 1).to_bytes(4, "little") + d[12:], lambda d: b""):
+        with open(path, "wb") as stream:
+            stream.write(bytes(damage(data)))
+        assert cache.get_or_build("abc", build) == built
+    assert len(calls) == 6 and cache.stats["rejected"] == 5
+    assert open(path, "rb").read() == bytes(data)  # rewritten whole
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".rows-")]
+
+
+def test_row_cache_in_an_unwritable_place_still_builds(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = RowCache(str(blocker / "sub"), structlog.get_logger())
+    assert cache.get_or_build("k", lambda: b"x" * ROW_SIZE) == b"x" * ROW_SIZE
+    assert cache.stats["write_errors"] == 1
