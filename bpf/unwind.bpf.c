@@ -27,7 +27,7 @@
 /* Enough halvings for any file: 2^25 rows is 400 MiB of them. */
 #define UNWIND_ROW_SEARCH_STEPS 25
 #define UNWIND_MAPPING_SEARCH_STEPS 10  /* log2(UNWIND_MAX_MAPPINGS) + 1 for up to 512 */
-#define UNWIND_EVENT_INTERVAL_NS 1000000000ULL
+#define UNWIND_EVENT_INTERVAL_NS 100000000ULL  /* 100 ms: a re-read costs user space a fraction of a ms */
 #define UNWIND_STEP_PROGRAM 0
 
 BPF_ARRAY(unwind_rows, struct unwind_row, UNWIND_ROW_BUDGET);
@@ -132,7 +132,7 @@ static __always_inline struct unwind_row *find_row(struct unwind_file *file, u32
     return row && row->pc <= address ? row : NULL;
 }
 
-/* Ask user space, at most once a second per process, to read the process's maps again. */
+/* Ask user space, at most every 100 ms per process, to read the process's maps again. */
 static __always_inline void request_maps(struct bpf_perf_event_data *ctx, u32 tgid, u64 pc)
 {
     u64 now = bpf_ktime_get_ns();

@@ -46,6 +46,29 @@ def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]
     if lost:
         out.append(f"{lost} new-process events lost (perf buffer full); those processes are "
                    "read from /proc later, when they may already have exited")
+    if d.get("unwind_truncated"):
+        out.append(f"{d['unwind_truncated']} user stacks were longer than unwind_max_frames and lost "
+                   "their outermost frames; raise receivers::profiling::unwind_max_frames (up to 480)")
+    if d.get("unwind_stack_map_full"):
+        out.append(f"{d['unwind_stack_map_full']} unwound stacks found their stack map full and went "
+                   "through the perf buffer; consider raising map_scale_factor")
     if d.get("missing_stacks"):
         out.append(f"{d['missing_stacks']} stack ids could not be read back from the stack map")
+    return out
+
+
+def unwind_warnings(before: dict[str, int], after: dict[str, int]) -> list[tuple[str, str]]:
+    """(key, warning) for what the unwind registry could not do between two stats snapshots;
+    each key is meant to be logged once."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    out = []
+    if d.get("row_budget_exhausted"):
+        out.append(("row_budget", "the unwind row budget is spent: files loaded from now on are walked by "
+                    "frame pointer; raise receivers::profiling::unwind_row_budget (12 bytes of kernel memory a row)"))
+    if d.get("file_ids_exhausted"):
+        out.append(("file_ids", "the unwinder's file table (4096 files mapped at once) is full: further "
+                    "files are walked by frame pointer"))
+    if d.get("mappings_dropped"):
+        out.append(("mappings", "a process has more than 256 executable mappings; the unwinder knows the "
+                    "first 256 and walks the rest by frame pointer"))
     return out

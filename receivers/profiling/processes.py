@@ -348,16 +348,19 @@ class ProcessTable:
             info = self._procs.get(tgid)
             return info.threads.get(tid) if info else None
 
-    def find_mapping(self, tgid: int, addr: int) -> Mapping | None:
+    def find_mapping(self, tgid: int, addr: int, *, rate_limited: bool = True) -> Mapping | None:
         """The executable mapping of tgid that holds addr.  On a miss (a library dlopen()ed
-        after the snapshot), re-read /proc/PID/maps, at most once per maps_refresh_interval_s."""
+        after the snapshot, or mapped by ld.so after a snapshot taken at exec), re-read
+        /proc/PID/maps, at most once per maps_refresh_interval_s unless ``rate_limited`` is
+        False (the kernel's unwinder asks at most every 100 ms per process already, and a
+        100 ms process cannot wait a second)."""
         info = self.lookup(tgid)
         if info is None:
             return None
         m = info.find_mapping(addr)
         if m is not None or info.exited or info.kernel_thread:
             return m
-        if self._clock() - info.maps_read_at < self.maps_refresh_interval_s:
+        if rate_limited and self._clock() - info.maps_read_at < self.maps_refresh_interval_s:
             return None
         base = f"{self.proc}/{tgid}"
         if not self._same_incarnation(info):

@@ -28,7 +28,7 @@ from pycollector.process_memory import trim_heap
 from receivers.profiling.config import ProfilingConfig
 from receivers.profiling.processes import ProcessTable
 from receivers.profiling.report import ReportBuilder
-from receivers.profiling.bpf_counters import counter_warnings
+from receivers.profiling.bpf_counters import counter_warnings, unwind_warnings
 from receivers.profiling.bpf_program import SamplerError
 from receivers.profiling.sampler import Sampler, UnwindSizes
 from receivers.profiling.symbolizer import Symbolizer
@@ -62,6 +62,8 @@ class ProfilingReceiver(Component):
         # Cumulative counts kept by the symbolizer and the process table, read at scrape time:
         # an ELF file that will not parse or a snapshot that came back partial costs names.
         self._stats = telemetry.gauge("pycollector_profiling_symbolization", "Symbolizer and /proc snapshot counts since start.", ("stat",))
+        self._unwind_stats = telemetry.gauge("pycollector_profiling_unwind_tables", "Native unwinding: files and rows loaded into the kernel, the row cache's hits, counts since start.", ("stat",))
+        self._last_unwind_stats: dict[str, int] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -83,7 +85,7 @@ class ProfilingReceiver(Component):
             unwind=UnwindSizes(row_budget=self.config.unwind_row_budget, max_frames=self.config.unwind_max_frames),
             # A pc in no mapping the unwinder knew (a library opened since): read the maps again;
             # the process table tells its listeners, the unwind registry among them.
-            on_unwind_request=lambda tgid, pc: self.processes.find_mapping(tgid, pc),
+            on_unwind_request=lambda tgid, pc: self.processes.find_mapping(tgid, pc, rate_limited=False),
             logger=self.log,
         )
         try:
@@ -99,6 +101,10 @@ class ProfilingReceiver(Component):
         self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log,
                                      max_files=sampler.unwind.max_files, row_budget=sampler.unwind.row_budget)
         self.processes.add_listener(self.unwind.register)
+        for owner in (self.unwind, self.row_source.cache):
+            for name in owner.stats:
+                self._unwind_stats.labels(stat=f"cache_{name}" if owner is self.row_source.cache else name).set_function(
+                    lambda owner=owner, name=name: owner.stats.get(name, 0))
         for tgid in self.processes.tgids():  # announced while the program was being attached
             info = self.processes.lookup(tgid)
             if info is not None:
@@ -207,6 +213,10 @@ class ProfilingReceiver(Component):
     def _record_counters(self, counters: dict[str, int]) -> None:
         for warning in counter_warnings(self._last_counters, counters):
             self.log.warning(warning)
+        unwind_stats = dict(self.unwind.stats)
+        for key, warning in unwind_warnings(self._last_unwind_stats, unwind_stats):
+            log_once(self.log, ("unwind", key), "warning", warning)
+        self._last_unwind_stats = unwind_stats
         for name, value in counters.items():
             delta = value - self._last_counters.get(name, 0)
             if delta > 0:

@@ -273,9 +273,9 @@ class UnwindRegistry:
 
 
 def _is_ours(info: ProcessInfo) -> bool:
-    """This collector, or its row builder. Their stacks stay with frame pointers: at a cold
-    start, LLVM's rows alone (BCC's compiler, in this process) take longer to build than the
-    whole of a host's programs, and they would go first."""
+    """This collector, or its row builder. Their stacks stay with frame pointers: BCC's
+    compiler maps LLVM, whose million rows would take half the default row budget and seconds of
+    a cold start for a process that is not what anyone came to profile."""
     if info.pid == _OWN_PID:
         return True
     return info.parent_pid == _OWN_PID and any(child.pid == info.pid for child in multiprocessing.active_children())

@@ -4,11 +4,8 @@ The CFI of an x86-64 function says, for each address range, how to find the call
 CFA (the stack pointer before the call) as rsp or rbp plus an offset, the return address just
 below it, and where the caller's rbp was saved. The interpreter here runs each FDE's instructions
 (after its CIE's) and keeps only what the kernel uses; rules it cannot express become
-CFA_UNSUPPORTED rows, which the kernel counts and steps past by frame pointer.
-
-pyelftools parses the sections (pointer encodings, CIE augmentations); its own decoder is not used
-because it stops at DW_CFA_GNU_args_size, which glibc's CFI carries, and factors def_cfa_sf by the
-wrong alignment.
+CFA_UNSUPPORTED rows, which the kernel counts and steps past by frame pointer. cfi.py reads the
+records; pyelftools finds the sections.
 
 Rows are packed as profile.h's ``struct unwind_row`` and sorted by address; each holds until the
 next. Where a function's FDE ends and no other starts, an UNDEFINED row says "no information".
@@ -17,10 +14,12 @@ next. Where a function's FDE ends and no other starts, an UNDEFINED row says "no
 from __future__ import annotations
 
 import struct
-from typing import Any, BinaryIO
+from collections.abc import Iterable
+from typing import BinaryIO
 
-from elftools.dwarf.callframe import CIE, DW_CFA, FDE
 from elftools.elf.elffile import ELFFile
+
+from receivers.profiling.unwind.cfi import CfiError, Cie, Fde, read_pointer, records, sleb128, uleb128
 
 # struct unwind_row: u32 pc; u8 cfa_type; u8 rbp_type; s16 rbp_offset; s32 cfa_offset
 ROW = struct.Struct("<IBBhi")
@@ -46,6 +45,7 @@ _PLT_TAIL = bytes([0x2A, 0x33, 0x24, 0x22])  # ge; lit3; shl; plus
 _DW_OP_LIT0 = 0x30
 
 _UNDEFINED_ROW = (CFA_UNDEFINED, RBP_SAME, 0, 0)
+_UNSUPPORTED_ROW = (CFA_UNSUPPORTED, RBP_UNSUPPORTED, 0, 0)
 _S16 = range(-(1 << 15), 1 << 15)
 _S32 = range(-(1 << 31), 1 << 31)
 _ADDRESS_LIMIT = 1 << 32
@@ -64,8 +64,15 @@ def build_rows(stream: BinaryIO) -> bytes:
         raise NoRows(f"not an ELF file: {error}") from None
     if elf["e_machine"] != "EM_X86_64":
         raise NoRows(f"not x86-64 ({elf['e_machine']})")
-    entries = _cfi_entries(elf)
-    return pack(rows_of(entries))
+    for name, eh_frame in ((".eh_frame", True), (".debug_frame", False)):
+        section = elf.get_section_by_name(name)
+        if section is None or section["sh_type"] == "SHT_NOBITS" or not section["sh_size"]:
+            continue
+        try:
+            return pack(rows_of(records(section.data(), section["sh_addr"], eh_frame)))
+        except (CfiError, IndexError, struct.error, ValueError) as error:
+            raise NoRows(f"unreadable {name}: {error}") from None
+    raise NoRows("no .eh_frame or .debug_frame")
 
 
 def build_rows_at(path: str) -> bytes:
@@ -77,39 +84,26 @@ def build_rows_at(path: str) -> bytes:
         raise NoRows(f"cannot read {path}: {error}") from None
 
 
-def _cfi_entries(elf: ELFFile) -> list[Any]:
-    if not elf.has_dwarf_info() and elf.get_section_by_name(".eh_frame") is None:
-        raise NoRows("no .eh_frame or .debug_frame")
-    dwarf = elf.get_dwarf_info(relocate_dwarf_sections=False, follow_links=False)
-    try:
-        if dwarf.has_EH_CFI():
-            return dwarf.EH_CFI_entries()
-        if dwarf.has_CFI():
-            return dwarf.CFI_entries()
-    except Exception as error:  # a truncated or malformed section: no rows rather than wrong ones
-        raise NoRows(f"unreadable call-frame information: {error}") from None
-    raise NoRows("no .eh_frame or .debug_frame")
-
-
-def rows_of(entries: list[Any]) -> list[tuple[int, int, int, int, int]]:
-    """(pc, cfa_type, rbp_type, rbp_offset, cfa_offset) for every address the entries cover,
+def rows_of(fdes: Iterable[Fde]) -> list[tuple[int, int, int, int, int]]:
+    """(pc, cfa_type, rbp_type, rbp_offset, cfa_offset) for every address the FDEs cover,
     sorted, with consecutive equal rules merged."""
     starts: dict[int, tuple[int, int, int, int]] = {}
     ends: dict[int, tuple[int, int, int, int]] = {}
     initial_states: dict[int, dict] = {}
-    for entry in entries:
-        if not isinstance(entry, FDE) or entry.cie is None:
+    for fde in fdes:
+        begin, end = fde.begin, fde.end
+        if begin >= end or end > _ADDRESS_LIMIT:
             continue
-        begin = entry.header["initial_location"]
-        end = begin + entry.header["address_range"]
-        if begin >= end or end > _ADDRESS_LIMIT or begin < 0:
-            continue
-        cie = entry.cie
+        cie = fde.cie
         initial = initial_states.get(cie.offset)
         if initial is None:
             initial = initial_states[cie.offset] = _run(cie, cie.instructions, _initial_state(), None)[0]
         ends.setdefault(end, _UNDEFINED_ROW)
-        for pc, rule in _run(cie, entry.instructions, dict(initial), initial, begin)[1]:
+        try:
+            changes = _run(cie, fde.instructions, dict(initial), initial, begin)[1]
+        except (CfiError, IndexError):  # an instruction we cannot read: no rule rather than a wrong one
+            changes = [(begin, _UNSUPPORTED_ROW)]
+        for pc, rule in changes:
             if pc < end:
                 starts[pc] = rule
     ends.update(starts)  # a function starting where another ends takes that address
@@ -134,55 +128,114 @@ def _initial_state() -> dict:
     return {"cfa": (RSP, 8), RBP: _SAME, RETURN_ADDRESS: ("offset", -8)}
 
 
-def _run(cie: CIE, instructions: list[Any], state: dict, initial: dict | None, location: int = 0):
-    """Run CFI instructions from ``state``; returns the final state and, for an FDE, the
-    (pc, packed rule) at each location the rules change."""
-    code_factor = cie["code_alignment_factor"]
-    data_factor = cie["data_alignment_factor"]
+def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int = 0):
+    """Run the CFI instructions in ``code`` from ``state``; returns the final state and the
+    (pc, packed rule) at each location where the rules change."""
+    code_factor, data_factor = cie.code_factor, cie.data_factor
     rows: list[tuple[int, tuple[int, int, int, int]]] = []
     remembered: list[dict] = []
     row_start = location
-    for instruction in instructions:
-        opcode, args = instruction.opcode, instruction.args
-        if opcode in (DW_CFA.advance_loc, DW_CFA.advance_loc1, DW_CFA.advance_loc2, DW_CFA.advance_loc4, DW_CFA.set_loc):
-            new_location = args[0] if opcode == DW_CFA.set_loc else location + args[0] * code_factor
+    position, size = 0, len(code)
+    while position < size:
+        opcode = code[position]
+        position += 1
+        high, low = opcode & 0xC0, opcode & 0x3F
+        if high == 0x40 or (high == 0 and low in (0x02, 0x03, 0x04)):  # DW_CFA_advance_loc*
+            if high:
+                delta = low
+            elif low == 0x02:
+                delta = code[position]
+                position += 1
+            elif low == 0x03:
+                delta = int.from_bytes(code[position:position + 2], "little")
+                position += 2
+            else:
+                delta = int.from_bytes(code[position:position + 4], "little")
+                position += 4
+            location += delta * code_factor
+            if location != row_start:
+                rows.append((row_start, _encode(state)))
+                row_start = location
+        elif high == 0x80:  # DW_CFA_offset
+            offset, position = uleb128(code, position)
+            state[low] = ("offset", offset * data_factor)
+        elif high == 0xC0:  # DW_CFA_restore
+            _restore(state, initial, low)
+        elif low == 0x00:  # DW_CFA_nop
+            pass
+        elif low == 0x01:  # DW_CFA_set_loc
+            if cie.pointer_encoding & 0x70:
+                raise CfiError("DW_CFA_set_loc with a relative address")
+            new_location, position = read_pointer(code, position, cie.pointer_encoding, 0)
             if new_location != row_start:
                 rows.append((row_start, _encode(state)))
             location = row_start = new_location
-        elif opcode == DW_CFA.def_cfa:
-            state["cfa"] = (args[0], args[1])
-        elif opcode == DW_CFA.def_cfa_sf:
-            state["cfa"] = (args[0], args[1] * data_factor)
-        elif opcode == DW_CFA.def_cfa_register:
-            state["cfa"] = (args[0], _cfa_offset(state))
-        elif opcode == DW_CFA.def_cfa_offset:
-            state["cfa"] = (_cfa_register(state), args[0])
-        elif opcode == DW_CFA.def_cfa_offset_sf:
-            state["cfa"] = (_cfa_register(state), args[0] * data_factor)
-        elif opcode == DW_CFA.def_cfa_expression:
-            state["cfa"] = ("expression", bytes(args[0]))
-        elif opcode in (DW_CFA.offset, DW_CFA.offset_extended, DW_CFA.offset_extended_sf):
-            state[args[0]] = ("offset", args[1] * data_factor)
-        elif opcode == DW_CFA.undefined:
-            state[args[0]] = _UNDEFINED
-        elif opcode == DW_CFA.same_value:
-            state[args[0]] = _SAME
-        elif opcode in (DW_CFA.register, DW_CFA.expression, DW_CFA.val_expression, DW_CFA.val_offset, DW_CFA.val_offset_sf):
-            state[args[0]] = _OTHER
-        elif opcode in (DW_CFA.restore, DW_CFA.restore_extended):
-            register = args[0]
-            if initial is not None and register in initial:
-                state[register] = initial[register]
+        elif low in (0x05, 0x11, 0x2F):  # DW_CFA_offset_extended, _sf, GNU_negative_offset_extended
+            register, position = uleb128(code, position)
+            if low == 0x11:
+                offset, position = sleb128(code, position)
             else:
-                state.pop(register, None)
-        elif opcode == DW_CFA.remember_state:
+                offset, position = uleb128(code, position)
+                if low == 0x2F:
+                    offset = -offset
+            state[register] = ("offset", offset * data_factor)
+        elif low == 0x06:  # DW_CFA_restore_extended
+            register, position = uleb128(code, position)
+            _restore(state, initial, register)
+        elif low == 0x07:  # DW_CFA_undefined
+            register, position = uleb128(code, position)
+            state[register] = _UNDEFINED
+        elif low == 0x08:  # DW_CFA_same_value
+            register, position = uleb128(code, position)
+            state[register] = _SAME
+        elif low in (0x09, 0x14, 0x15):  # DW_CFA_register, val_offset, val_offset_sf
+            register, position = uleb128(code, position)
+            _, position = (sleb128 if low == 0x15 else uleb128)(code, position)
+            state[register] = _OTHER
+        elif low == 0x0A:  # DW_CFA_remember_state
             remembered.append(dict(state))
-        elif opcode == DW_CFA.restore_state:
+        elif low == 0x0B:  # DW_CFA_restore_state
             if remembered:
                 state = remembered.pop()
-        # DW_CFA_nop, DW_CFA_GNU_args_size (the size of pushed arguments): nothing the unwinder uses.
+        elif low == 0x0C:  # DW_CFA_def_cfa
+            register, position = uleb128(code, position)
+            offset, position = uleb128(code, position)
+            state["cfa"] = (register, offset)
+        elif low == 0x0D:  # DW_CFA_def_cfa_register
+            register, position = uleb128(code, position)
+            state["cfa"] = (register, _cfa_offset(state))
+        elif low == 0x0E:  # DW_CFA_def_cfa_offset
+            offset, position = uleb128(code, position)
+            state["cfa"] = (_cfa_register(state), offset)
+        elif low == 0x0F:  # DW_CFA_def_cfa_expression
+            length, position = uleb128(code, position)
+            state["cfa"] = ("expression", code[position:position + length])
+            position += length
+        elif low in (0x10, 0x16):  # DW_CFA_expression, val_expression
+            register, position = uleb128(code, position)
+            length, position = uleb128(code, position)
+            position += length
+            state[register] = _OTHER
+        elif low == 0x12:  # DW_CFA_def_cfa_sf
+            register, position = uleb128(code, position)
+            offset, position = sleb128(code, position)
+            state["cfa"] = (register, offset * data_factor)
+        elif low == 0x13:  # DW_CFA_def_cfa_offset_sf
+            offset, position = sleb128(code, position)
+            state["cfa"] = (_cfa_register(state), offset * data_factor)
+        elif low == 0x2E:  # DW_CFA_GNU_args_size: the size of pushed arguments, not used here
+            _, position = uleb128(code, position)
+        else:
+            raise CfiError(f"unknown CFI instruction {opcode:#x}")
     rows.append((row_start, _encode(state)))
     return state, rows
+
+
+def _restore(state: dict, initial: dict | None, register: int) -> None:
+    if initial is not None and register in initial:
+        state[register] = initial[register]
+    else:
+        state.pop(register, None)
 
 
 def _cfa_register(state: dict):
