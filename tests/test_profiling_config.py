@@ -31,6 +31,8 @@ def test_legacy_camel_case_keys_map_to_todays_keys():
         ({"samples_per_second": 0}, "receivers::profiling::samples_per_second: input should be greater than or equal to 1 (got 0)"),
         ({"map_scale_factor": 9}, "receivers::profiling::map_scale_factor: input should be less than or equal to 8 (got 9)"),
         ({"off_cpu_threshold": 2}, "receivers::profiling::off_cpu_threshold: input should be less than or equal to 1 (got 2)"),
+        ({"unwind_max_frames": 481}, "receivers::profiling::unwind_max_frames: input should be less than or equal to 480 (got 481)"),
+        ({"unwind_row_budget": 10}, "receivers::profiling::unwind_row_budget: input should be greater than or equal to 1024 (got 10)"),
         ({"reporter_interval": "5"}, "receivers::profiling::reporter_interval: invalid duration '5': use a number and a unit (ns, us, ms, s, m, h), e.g. '1m30s'"),
         ({"error_mode": "panic"}, "receivers::profiling::error_mode: input should be 'propagate' or 'ignore' (got 'panic')"),
     ],
