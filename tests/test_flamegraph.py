@@ -97,6 +97,20 @@ def test_window_keeps_only_cpu_samples():
     assert window.totals() == {}
 
 
+def test_window_names_a_frame_without_a_symbol_by_its_file_and_address_in_the_file():
+    b = ProfilesBuilder()
+    libfoo = b.mapping(0x7F1200000000, 0x7F1200010000, 0x1000, "/usr/lib/libfoo.so")
+    stripped = b.location(libfoo, 0x7F12000046CD, [], {"profile.frame.type": "native"})
+    nowhere = b.location(0, 0x7F3A00001234, [], {"profile.frame.type": "native"})
+    main = b.location(lines=[(b.function("main"), 0, 0)], attributes={"profile.frame.type": "native"})
+    profile = b.profile(b.scope_profiles(b.resource_profiles({"process.pid": 10, "process.executable.name": "app"})))
+    b.sample(profile, b.stack([stripped, nowhere, main]), [], timestamps_unix_nano=[1, 2, 3])
+    window = ProfileWindow(60)
+    assert window.add(b.data) == 3  # no values: one sample per timestamp
+    stack = (("main", "native"), ("[unknown]+0x7f3a00001234", "native"), ("[libfoo.so]+0x56cd", "native"))
+    assert dict(window.totals()[ProcessKey(10, "app", "")]) == {stack: 3}
+
+
 def test_call_tree_values_include_callees():
     tree = call_tree(collections.Counter({(("main", "native"), ("work", "native")): 3, (("main", "native"),): 1}))
     assert tree == [{"name": "main", "value": 4, "libtype": "native", "children": [{"name": "work", "value": 3, "libtype": "native", "children": []}]}]

@@ -47,6 +47,19 @@ def two_processes(start_ns: int = START_NS):
     return b.data
 
 
+def stripped_library(start_ns: int = START_NS):
+    """tool (pid 300): a frame in a stripped library, called from a frame in no mapping at all.
+    libfoo.so's code is mapped at 0x7f1200000000 from file offset 0x1000."""
+    b = ProfilesBuilder()
+    libfoo = b.mapping(0x7F1200000000, 0x7F1200010000, 0x1000, "/usr/lib/libfoo.so")
+    leaf = b.location(libfoo, 0x7F12000046CD, [], {"profile.frame.type": "native"})
+    jitted = b.location(0, 0x7F3A00001234, [], {"profile.frame.type": "native"})
+    resource = b.resource_profiles({"process.pid": 300, "process.executable.name": "tool"})
+    profile = b.profile(b.scope_profiles(resource), period=PERIOD_NS, time_unix_nano=start_ns, duration_nano=1_000_000_000)
+    b.sample(profile, b.stack([leaf, jitted]), [4])
+    return b.data
+
+
 def exporter_in(directory, **config):
     exporter = factory.create(make_settings("exporters", "pprof"), factory.config_model(directory=str(directory), **config), None)
     exporter.start(TestHost())
@@ -97,6 +110,20 @@ def test_a_profile_holds_functions_files_lines_inlining_and_mappings(tmp_path):
     assert main_binary.has_functions and main_binary.has_filenames and main_binary.has_line_numbers and main_binary.has_inline_frames
     assert sorted(profile.string_table[m.filename] for m in profile.mapping) == ["/usr/bin/app", "/usr/lib/libc.so.6", "[kernel.kallsyms]"]
     assert {location.mapping_id for location in profile.location} <= {m.id for m in profile.mapping}
+
+
+def test_a_frame_without_a_symbol_is_named_by_its_file_and_address_in_the_file(tmp_path):
+    exporter_in(tmp_path).consume(stripped_library())
+    profile = read(tmp_path / "20231114T221320.123Z-tool-300.pb.gz")
+    functions = {function.id: profile.string_table[function.name] for function in profile.function}
+    locations = {location.id: location for location in profile.location}
+    [sample] = profile.sample
+    # speedscope leaves out a location with no line: each one has a named function.
+    assert [[functions[line.function_id] for line in locations[id_].line] for id_ in sample.location_id] == [["[libfoo.so]+0x56cd"], ["[unknown]+0x7f3a00001234"]]
+    assert [locations[id_].address for id_ in sample.location_id] == [0x7F12000046CD, 0x7F3A00001234]
+    # A made-up name is no symbol: pprof may still look the address up in the file.
+    [libfoo] = profile.mapping
+    assert not libfoo.has_functions
 
 
 def test_a_process_file_holds_only_what_its_samples_reach(tmp_path):
@@ -157,3 +184,10 @@ def test_go_tool_pprof_reads_functions_files_lines_and_inlining(tmp_path):
     assert "thread.name:  app" in traces
     by_line = go_pprof("-top", "-lines", path)
     assert "helper helper.h:3 (inline)" in by_line and "work app.c:20" in by_line and "main app.c:10" in by_line, by_line
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="go (Debian golang-go) is not installed")
+def test_go_tool_pprof_shows_frames_without_a_symbol_by_file_and_address(tmp_path):
+    exporter_in(tmp_path).consume(stripped_library())
+    top = go_pprof("-top", str(tmp_path / "20231114T221320.123Z-tool-300.pb.gz"))
+    assert "[libfoo.so]+0x56cd" in top and "[unknown]+0x7f3a00001234" in top, top

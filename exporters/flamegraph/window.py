@@ -19,6 +19,8 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2
 
 from pycollector.pdata import Frame, iter_samples, sample_type
 
+from exporters.profiles import FrameNames, sample_value
+
 SAMPLES = ("samples", "count")
 SLICES_PER_WINDOW = 60
 MIN_SLICE_SECONDS = 1.0
@@ -44,6 +46,7 @@ class ProfileWindow:
     def add(self, data: profiles_pb2.ProfilesData) -> int:
         """Count ``data``'s CPU samples into the current slice; returns how many were taken."""
         counts: dict[ProcessKey, collections.Counter] = collections.defaultdict(collections.Counter)
+        names = FrameNames(data.dictionary)
         taken, current_profile, wanted = 0, None, False
         for view in iter_samples(data):
             if view.profile is not current_profile:  # samples come profile by profile
@@ -51,8 +54,8 @@ class ProfileWindow:
                 wanted = sample_type(data, view.profile) == SAMPLES
             if not wanted:
                 continue
-            count = sum(view.values) if view.values else len(view.sample.timestamps_unix_nano)
-            counts[process_key(view.resource)][stack_of(view.frames)] += count
+            count = sample_value(view)
+            counts[process_key(view.resource)][stack_of(view.frames, names.of_stack(view.sample.stack_index))] += count
             taken += count
         with self._lock:
             now_slice = int(self._clock() // self._slice_seconds)
@@ -86,14 +89,7 @@ def process_key(resource: dict) -> ProcessKey:
     return ProcessKey(pid if isinstance(pid, int) else None, str(name), str(resource.get("container.id", "")))
 
 
-def stack_of(frames: list[Frame]) -> Stack:
-    """Frames are stored leaf first; a flame graph grows from the root."""
-    return tuple((frame_name(frame), frame.frame_type) for frame in reversed(frames))
-
-
-def frame_name(frame: Frame) -> str:
-    """The function, or for an unsymbolized frame its address and the file it was mapped from."""
-    if frame.function:
-        return frame.function
-    where = frame.mapping_filename.rsplit("/", 1)[-1]
-    return f"{where}+0x{frame.address:x}" if where else f"0x{frame.address:x}"
+def stack_of(frames: list[Frame], names: tuple[str, ...]) -> Stack:
+    """Frames are stored leaf first; a flame graph grows from the root. ``names`` are the frames'
+    (``FrameNames``), so a frame with no symbol is named by its file and address."""
+    return tuple((name, frame.frame_type) for name, frame in zip(reversed(names), reversed(frames)))

@@ -22,6 +22,7 @@ from pycollector.pdata import iter_samples, sample_type
 from pycollector.pdata.resolve import BUILD_ID_KEY
 
 from exporters.pprof.profile_proto import Profile
+from exporters.profiles import location_name, sample_value
 
 SAMPLES = ("samples", "count")
 CPU_TIME = ("cpu", "nanoseconds")
@@ -61,8 +62,7 @@ def to_pprof(data: profiles_pb2.ProfilesData, merged: bool) -> list[PprofProfile
         labels = dict(view.attributes)
         if merged:
             labels.update((key, view.resource[key]) for key in PROCESS_LABEL_KEYS if key in view.resource)
-        count = sum(view.values) if view.values else len(view.sample.timestamps_unix_nano)
-        group.builder.add_sample(view.sample.stack_index, count, labels)
+        group.builder.add_sample(view.sample.stack_index, sample_value(view), labels)
     return [group.finish() for group in groups.values()]
 
 
@@ -112,6 +112,7 @@ class PprofBuilder:
         self._strings: dict[str, int] = {"": 0}
         self._mapping_ids: dict[int, int] = {}
         self._function_ids: dict[int, int] = {}
+        self._unsymbolized_ids: dict[str, int] = {}  # by name, which is made up, not a symbol
         self._location_ids: dict[int, int] = {}
         self._stacks: dict[int, list[int]] = {}
         # Go's CPU profile convention: a count and the CPU time it stands for.
@@ -165,10 +166,15 @@ class PprofBuilder:
         source = self._dictionary.location_table[index]
         location_id = self._location_ids[index] = len(self.profile.location) + 1
         location = self.profile.location.add(id=location_id, address=source.address)
-        for line in source.lines:
-            location.line.add(function_id=self._function(line.function_index), line=line.line, column=line.column)
         if source.mapping_index:
             location.mapping_id = self._mapping(source.mapping_index)
+        for line in source.lines:
+            named = self._otlp_strings[self._dictionary.function_table[line.function_index].name_strindex]
+            function_id = self._function(line.function_index) if named else self._unsymbolized_function(source)
+            location.line.add(function_id=function_id, line=line.line, column=line.column)
+        if not source.lines:
+            location.line.add(function_id=self._unsymbolized_function(source))
+        if location.mapping_id:
             self._note_symbols(location)
         return location_id
 
@@ -184,6 +190,17 @@ class PprofBuilder:
                 filename=self.string(self._otlp_strings[source.filename_strindex]),
                 start_line=source.start_line,
             )
+        return function_id
+
+    def _unsymbolized_function(self, location: profiles_pb2.Location) -> int:
+        """A function named by the frame's file and address (``[libfoo.so]+0x56cd``) for a frame
+        with no symbol: speedscope leaves out a location without lines (a stripped binary's samples
+        would vanish from its graphs) and calls every nameless function "(unknown)"."""
+        name = location_name(self._dictionary, location)
+        function_id = self._unsymbolized_ids.get(name)
+        if function_id is None:
+            function_id = self._unsymbolized_ids[name] = len(self.profile.function) + 1
+            self.profile.function.add(id=function_id, name=self.string(name), system_name=self.string(name))
         return function_id
 
     def _mapping(self, index: int) -> int:
@@ -209,10 +226,12 @@ class PprofBuilder:
         return ""
 
     def _note_symbols(self, location: Any) -> None:
-        """Set the mapping's has_* flags, which tell pprof not to symbolize what already is."""
+        """Set the mapping's has_* flags, which tell pprof not to symbolize what already is. A name
+        made from an address is no symbol: pprof may still find the function in the file."""
         mapping = self.profile.mapping[location.mapping_id - 1]
         functions = [self.profile.function[line.function_id - 1] for line in location.line]
-        mapping.has_functions |= any(function.name for function in functions)
+        names = [self.profile.string_table[function.name] for function in functions]
+        mapping.has_functions |= any(name and name not in self._unsymbolized_ids for name in names)
         mapping.has_filenames |= any(function.filename for function in functions)
         mapping.has_line_numbers |= any(line.line for line in location.line)
         mapping.has_inline_frames |= len(location.line) > 1
