@@ -51,6 +51,24 @@ def test_normal_lists_each_process_and_its_top_functions():
     assert 'process.executable.name="other app"' in text
 
 
+def test_a_sample_with_timestamps_and_no_values_counts_one_per_timestamp():
+    # The OTel eBPF profiler sends CPU samples this way.
+    builder = ProfilesBuilder()
+    mapping = builder.mapping(0x1000, 0x9000, 0, "/usr/bin/app")
+    heavy = builder.location(mapping, 0x1100, [(builder.function("spin_heavy"), 0, 0)], {"profile.frame.type": "native"})
+    light = builder.location(mapping, 0x1200, [(builder.function("spin_light"), 0, 0)], {"profile.frame.type": "native"})
+    idle = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 20, "process.executable.name": "idle"})))
+    builder.sample(idle, builder.stack([light]), [2])
+    busy = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 10, "process.executable.name": "busy"})))
+    builder.sample(busy, builder.stack([heavy]), [], timestamps_unix_nano=[1, 2, 3])
+    builder.sample(busy, builder.stack([light]), [], timestamps_unix_nano=[4])
+    lines = render("normal", builder.data).splitlines()
+    assert lines[0].startswith("ResourceProfiles #1  process.pid=10")  # 4 samples outweigh 2
+    assert lines[1].startswith("  Profile #0  samples/count  samples=2  total=4")
+    assert lines[2].split()[:3] == ["3", "75.0%", "spin_heavy"]
+    assert lines[3].split()[:3] == ["1", "25.0%", "spin_light"]
+
+
 def test_normal_lists_the_busiest_process_first():
     data = two_process_profile()
     light_first = type(data)(dictionary=data.dictionary, resource_profiles=reversed(data.resource_profiles))

@@ -22,6 +22,7 @@ from pycollector.pdata import item_count, iter_samples, resource_entries, sample
 from pycollector.pdata.attributes import to_dict
 
 from exporters.debug.config import DebugConfig
+from exporters.profiles import sample_value
 
 
 class _LogSampler:
@@ -112,7 +113,7 @@ def _render_profiles(data: Any, config: DebugConfig) -> str:
         by_profile[id(view.profile)].append(view)
 
     def weight(resource_profiles) -> int:
-        return sum(sum(view.values) for scope in resource_profiles.scope_profiles for profile in scope.profiles for view in by_profile.get(id(profile), ()))
+        return sum(sample_value(view) for scope in resource_profiles.scope_profiles for profile in scope.profiles for view in by_profile.get(id(profile), ()))
 
     resources = list(enumerate(data.resource_profiles))
     if not detailed:
@@ -133,7 +134,7 @@ def _render_profiles(data: Any, config: DebugConfig) -> str:
 
 def _profile_line(data: Any, profile: Any, index: int, views: list) -> str:
     kind, unit = sample_type(data, profile)
-    total = sum(sum(view.values) for view in views)
+    total = sum(sample_value(view) for view in views)
     strings = data.dictionary.string_table
     period = ""
     if profile.period:
@@ -151,7 +152,7 @@ def _top_functions(views: list, limit: int) -> list[str]:
     """
     self_values: collections.Counter = collections.Counter()
     for view in views:
-        self_values[_leaf_label(view.frames[0] if view.frames else None)] += sum(view.values)
+        self_values[_leaf_label(view.frames[0] if view.frames else None)] += sample_value(view)
     total = sum(self_values.values()) or 1
     lines = []
     for name, value in self_values.most_common(limit):
