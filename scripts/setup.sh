@@ -74,6 +74,10 @@ for version in 1.39.0 1.42.0; do
     fi
 done
 
+# Scratch space for the npm fetches below.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
 # The flame graph exporter inlines d3 and d3-flame-graph into its page. `npm pack` fetches the
 # pinned releases (checked against the registry's integrity hashes) and only their built files
 # are kept, in a folder the exporter reads; the stamp makes a second run a no-op.
@@ -83,8 +87,6 @@ vendor=exporters/flamegraph/vendor
 wanted="d3@$D3_VERSION d3-flame-graph@$D3_FLAME_GRAPH_VERSION"
 if [ "$(cat "$vendor/.packages" 2>/dev/null)" != "$wanted" ]; then
     say "fetching the flame graph renderer with npm: $wanted"
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
     # shellcheck disable=SC2086  # two package specs
     (cd "$work" && npm pack --silent $wanted >/dev/null 2>npm.log) || { cat "$work/npm.log" >&2; say "npm pack failed"; exit 1; }
     tar -xzf "$work/d3-$D3_VERSION.tgz" -C "$work" package/dist/d3.min.js package/LICENSE
@@ -92,4 +94,18 @@ if [ "$(cat "$vendor/.packages" 2>/dev/null)" != "$wanted" ]; then
     tar -xzf "$work/d3-flame-graph-$D3_FLAME_GRAPH_VERSION.tgz" -C "$work" package/dist/d3-flamegraph.umd.min.js package/LICENSE
     mv "$work/package/dist/d3-flamegraph.umd.min.js" "$vendor/" && mv "$work/package/LICENSE" "$vendor/d3-flame-graph.LICENSE"
     echo "$wanted" >"$vendor/.packages"
+fi
+
+# Tests open the pprof exporter's files in speedscope, in headless Chromium, as a person would. Its
+# built app (pinned, fetched the same way) is kept beside the venv, like the wheels above: the
+# tests read it, nothing ships it.
+SPEEDSCOPE_VERSION=1.25.0
+speedscope="$VENV/speedscope"
+if [ "$(cat "$speedscope/.packages" 2>/dev/null)" != "speedscope@$SPEEDSCOPE_VERSION" ]; then
+    say "fetching speedscope with npm (the tests open pprof files in it): speedscope@$SPEEDSCOPE_VERSION"
+    (cd "$work" && npm pack --silent "speedscope@$SPEEDSCOPE_VERSION" >/dev/null 2>npm.log) || { cat "$work/npm.log" >&2; say "npm pack failed"; exit 1; }
+    rm -rf "$work/package" "$speedscope"
+    tar -xzf "$work/speedscope-$SPEEDSCOPE_VERSION.tgz" -C "$work" package/dist/release package/LICENSE
+    mv "$work/package/dist/release" "$speedscope" && mv "$work/package/LICENSE" "$speedscope/speedscope.LICENSE"
+    echo "speedscope@$SPEEDSCOPE_VERSION" >"$speedscope/.packages"
 fi

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -26,14 +27,10 @@ RUN_SECONDS = 8
 TOP_ROW = re.compile(r"^\s*([\d.]+)ms\s+[\d.]+%\s+[\d.]+%\s+\S+\s+[\d.]+%\s+(\S+)")
 
 
-@pytest.mark.skipif(shutil.which("go") is None, reason="go (Debian golang-go) is not installed")
-def test_go_tool_pprof_shows_the_known_split(tmp_path):
-    if bpf_unavailable_reason():
-        pytest.skip(bpf_unavailable_reason())
-    known_split = compile_c(tmp_path, "known_split", WORKLOADS / "known_split.c")
-    out = tmp_path / "pprof"
+def pprof_file(binary: Path, seconds: float, out: Path) -> Path:
+    """The file the pprof exporter wrote for ``binary`` run for ``seconds`` under the profiling
+    receiver: one interval longer than the run, so the file written at shutdown covers all of it."""
     config = {
-        # One interval longer than the run: the file written at shutdown covers all of it.
         "receivers": {"profiling": {"samples_per_second": HZ, "reporter_interval": "30s"}},
         "exporters": {"pprof": {"directory": str(out)}},
         "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["pprof"]}}, "telemetry": {"metrics": {"level": "none"}}},
@@ -41,12 +38,20 @@ def test_go_tool_pprof_shows_the_known_split(tmp_path):
     service = Service(build_plan(config, registry_with()))
     service.start()
     try:
-        workload = subprocess.Popen([str(known_split), str(RUN_SECONDS)], stdout=subprocess.DEVNULL)
-        workload.wait(timeout=RUN_SECONDS + 30)
+        workload = subprocess.Popen([str(binary), str(seconds)], stdout=subprocess.DEVNULL)
+        workload.wait(timeout=seconds + 30)
     finally:
         service.shutdown()
+    [path] = out.glob(f"*-{binary.name}-{workload.pid}.pb.gz")
+    return path
 
-    [path] = out.glob(f"*-known_split-{workload.pid}.pb.gz")
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="go (Debian golang-go) is not installed")
+def test_go_tool_pprof_shows_the_known_split(tmp_path):
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    known_split = compile_c(tmp_path, "known_split", WORKLOADS / "known_split.c")
+    path = pprof_file(known_split, RUN_SECONDS, tmp_path / "pprof")
     result = subprocess.run(["go", "tool", "pprof", "-top", "-unit=ms", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     print(result.stdout)
