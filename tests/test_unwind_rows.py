@@ -15,6 +15,7 @@ import structlog
 
 from receivers.profiling.unwind import cache as cache_module
 from receivers.profiling.unwind.cache import RowCache
+from receivers.profiling.unwind.registry import RowSource
 from receivers.profiling.unwind.rows import (
     CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME, RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows,
     build_rows,
@@ -191,3 +192,38 @@ def test_row_cache_in_an_unwritable_place_still_builds(tmp_path):
     cache = RowCache(str(blocker / "sub"), structlog.get_logger())
     assert cache.get_or_build("k", lambda: b"x" * ROW_SIZE) == b"x" * ROW_SIZE
     assert cache.stats["write_errors"] == 1
+
+
+def test_code_without_unwind_tables_takes_its_rows_from_the_separate_debug_file(tmp_path):
+    """A build with no unwind tables has CFI only in .debug_frame; stripped, that lives in the
+    debug file its .gnu_debuglink names. The rows found through the link are the unstripped
+    file's, which readelf confirms, and they cover main, which .eh_frame (crt code only) does not."""
+    source = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "workloads", "known_split.c"))
+    if not os.path.exists(source) or shutil.which("gcc") is None or shutil.which("objcopy") is None:
+        pytest.skip("needs gcc, objcopy and ../shared/workloads/known_split.c")
+    built = tmp_path / "ks_g"
+    subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables",
+                    "-o", str(built), source], check=True)
+    compare(str(built))
+    debug = tmp_path / "ks.debug"
+    stripped = tmp_path / "bin" / "ks"
+    stripped.parent.mkdir()
+    subprocess.run(["objcopy", "--only-keep-debug", str(built), str(debug)], check=True)
+    subprocess.run(["objcopy", "--strip-debug", f"--add-gnu-debuglink={debug}", str(built), str(stripped)], check=True)
+    shutil.move(debug, stripped.parent / debug.name)  # beside the binary, where the link is looked for
+    with open(built, "rb") as stream:
+        want = build_rows(stream)
+    with open(stripped, "rb") as stream:
+        alone = build_rows(stream)
+    source_of_rows = RowSource(str(tmp_path / "cache"), structlog.get_logger())
+    fd = os.open(stripped, os.O_RDONLY)
+    try:
+        found = source_of_rows(fd, str(stripped))
+    finally:
+        os.close(fd)
+        source_of_rows.close()
+    assert found == want
+    main = int(subprocess.run(["nm", str(built)], capture_output=True, text=True, check=True).stdout.split(" T main")[0].split()[-1], 16)
+    covered = [row for row in unpack(found) if row[0] <= main]
+    assert covered and covered[-1][1] == CFA_RSP, "main's rule comes from the debug file's .debug_frame"
+    assert len(unpack(alone)) < len(unpack(found)), "the stripped file alone has only its crt code's rows"

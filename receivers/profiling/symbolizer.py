@@ -311,6 +311,26 @@ class ElfSymbols:
         return True
 
 
+DEBUG_DIRS = ("/usr/lib/debug",)
+
+
+def debug_file_candidates(build_id: str | None, debuglink: str | None, path: str, debug_dirs: Sequence[str] = DEBUG_DIRS) -> list[str]:
+    """Where the separate debug file of the file at ``path`` may be, as gdb looks: by build id
+    under each debug directory, then by its .gnu_debuglink name beside it, in .debug/ beside it,
+    and under each debug directory's copy of its directory."""
+    out = []
+    if build_id and len(build_id) > 2:
+        for d in debug_dirs:
+            out.append(f"{d}/.build-id/{build_id[:2]}/{build_id[2:]}.debug")
+    if debuglink:
+        directory = os.path.dirname(path)
+        out.append(f"{directory}/{debuglink}")
+        out.append(f"{directory}/.debug/{debuglink}")
+        for d in debug_dirs:
+            out.append(f"{d}{directory}/{debuglink}")
+    return out
+
+
 def elf_build_id(elf: ELFFile) -> str | None:
     for sec in elf.iter_sections():
         if sec["sh_type"] == "SHT_NOTE":
@@ -365,7 +385,7 @@ class Symbolizer:
         max_addresses: int = 200_000,
         max_pinned_files: int = 128,
         kallsyms_path: str = "/proc/kallsyms",
-        debug_dirs: Sequence[str] = ("/usr/lib/debug",),
+        debug_dirs: Sequence[str] = DEBUG_DIRS,
         demangle_names: bool = True,
     ) -> None:
         self.processes = processes
@@ -526,17 +546,7 @@ class Symbolizer:
         return elf
 
     def debug_file_candidates(self, elf: ElfSymbols, path: str) -> list[str]:
-        out = []
-        if elf.build_id and len(elf.build_id) > 2:
-            for d in self.debug_dirs:
-                out.append(f"{d}/.build-id/{elf.build_id[:2]}/{elf.build_id[2:]}.debug")
-        if elf.debuglink:
-            directory = os.path.dirname(path)
-            out.append(f"{directory}/{elf.debuglink}")
-            out.append(f"{directory}/.debug/{elf.debuglink}")
-            for d in self.debug_dirs:
-                out.append(f"{d}{directory}/{elf.debuglink}")
-        return out
+        return debug_file_candidates(elf.build_id, elf.debuglink, path, self.debug_dirs)
 
     def _read_debug_file(self, elf: ElfSymbols, path: str, info: ProcessInfo | None) -> bool:
         roots = [info.root, ""] if info is not None else [""]

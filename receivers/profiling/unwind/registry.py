@@ -25,7 +25,7 @@ from typing import Any
 from elftools.elf.elffile import ELFFile
 
 from receivers.profiling.processes import Mapping, ProcessInfo, open_mapped_file
-from receivers.profiling.symbolizer import elf_build_id
+from receivers.profiling.symbolizer import ElfSymbols, debug_file_candidates
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.rows import ROW_SIZE, NoRows, build_rows_at
 from receivers.profiling.unwind.space import RowSpace
@@ -71,7 +71,7 @@ class UnwindRegistry:
         self._closing = threading.Event()
         self.stats = dict.fromkeys(
             ("files_loaded", "files_without_rows", "files_failed", "rows_loaded", "rows_freed",
-             "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes"), 0)
+             "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes", "files_waiting"), 0)
 
     # -- the process side -------------------------------------------------------------------------
 
@@ -81,7 +81,10 @@ class UnwindRegistry:
         if info.kernel_thread or info.exited or _is_ours(info):
             return
         with self._lock:
+            before = self._processes.get(info.pid)
             self._processes[info.pid] = info
+            if before is not None:  # its maps were read again: let go of what it unmapped
+                self._release(info.pid, {_key(mapping) for mapping in before.mappings} - {_key(mapping) for mapping in info.mappings})
             for mapping in info.mappings:
                 key = _key(mapping)
                 if key is None:
@@ -99,6 +102,7 @@ class UnwindRegistry:
                         self.stats["file_ids_exhausted"] += 1
                 file.users.add(info.pid)
             self.stats["processes"] = len(self._processes)
+            self.stats["files_waiting"] = len(self._pending)
             self._write_process(info)
         self._ensure_worker()
 
@@ -108,19 +112,23 @@ class UnwindRegistry:
             info = self._processes.pop(tgid, None)
             if info is None:
                 return
-            for mapping in info.mappings:
-                key = _key(mapping)
-                file = self._files.get(key) if key is not None else None
-                if file is not None:
-                    file.users.discard(tgid)
-                    if not file.users:
-                        self._pending.pop(key, None)
-                        self._free(key, file)
+            self._release(tgid, {_key(mapping) for mapping in info.mappings})
             self.stats["processes"] = len(self._processes)
         try:
             del self._maps.processes[self._maps.processes.Key(tgid)]
         except KeyError:
             pass
+
+    def _release(self, tgid: int, keys: set) -> None:
+        """``tgid`` maps these files no more: the rows of those no one maps are freed."""
+        for key in keys:
+            file = self._files.get(key) if key is not None else None
+            if file is not None:
+                file.users.discard(tgid)
+                if not file.users:
+                    self._pending.pop(key, None)
+                    self._free(key, file)
+        self.stats["files_waiting"] = len(self._pending)
 
     def _write_process(self, info: ProcessInfo) -> None:
         table = self._maps.processes
@@ -160,7 +168,9 @@ class UnwindRegistry:
             if self._closing.is_set():
                 return None
             key = max(self._pending, key=self._priority)
-            return (key, *self._pending.pop(key))
+            item = (key, *self._pending.pop(key))
+            self.stats["files_waiting"] = len(self._pending)
+            return item
 
     def _priority(self, key: FileKey) -> float:
         """Samples that waited for the file's rows (the kernel counts them) and processes that
@@ -211,7 +221,7 @@ class UnwindRegistry:
             segments = _load_segments(fd)
             started = time.monotonic()
             try:
-                rows, reason = self._build(fd, mapping.path), None
+                rows, reason = self._build(fd, mapping.path, info.root), None
             except ValueError as error:
                 rows, reason = b"", str(error)
             self.log.debug("unwind rows", path=mapping.path, rows=len(rows) // ROW_SIZE, no_rows=reason,
@@ -362,23 +372,27 @@ class RowSource:
             self._pool = multiprocessing.get_context("spawn").Pool(1)
         return self._pool
 
-    def __call__(self, fd: int, path: str) -> bytes:
+    def __call__(self, fd: int, path: str, root: str = "") -> bytes:
+        """The rows of the file open as ``fd``, mapped as ``path`` by a process whose root
+        directory is ``root`` (where its separate debug file would be)."""
         with os.fdopen(os.dup(fd), "rb") as stream:
             try:
-                build_id = elf_build_id(ELFFile(stream))
+                headers = ElfSymbols.read_headers(ELFFile(stream), path)
             except Exception as error:
                 raise NoRows(f"not an ELF file: {error}") from None
-        if build_id:
-            key = build_id
+        if headers.build_id:
+            key = headers.build_id
         else:  # no build id: this very file, as long as it is not rewritten
             status = os.fstat(fd)
             key = f"{status.st_dev:x}-{status.st_ino:x}-{status.st_size:x}-{status.st_mtime_ns:x}"
-        return self.cache.get_or_build(key, lambda: self._build_elsewhere(fd))
+        debug_files = [f"{prefix}{candidate}" for candidate in debug_file_candidates(headers.build_id, headers.debuglink, path)
+                       for prefix in dict.fromkeys((root, ""))]
+        return self.cache.get_or_build(key, lambda: self._build_elsewhere(fd, debug_files))
 
-    def _build_elsewhere(self, fd: int) -> bytes:
+    def _build_elsewhere(self, fd: int, debug_files: list[str]) -> bytes:
         with self._lock:
             pool = self._start_pool()
-        pending = pool.apply_async(build_rows_at, (f"/proc/{os.getpid()}/fd/{fd}",))
+        pending = pool.apply_async(build_rows_at, (f"/proc/{os.getpid()}/fd/{fd}", debug_files))
         while True:  # a terminated pool never answers: look up now and then
             try:
                 return pending.get(timeout=0.2)

@@ -13,12 +13,14 @@ next. Where a function's FDE ends and no other starts, an UNDEFINED row says "no
 
 from __future__ import annotations
 
+import bisect
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
 from elftools.elf.elffile import ELFFile
 
+from receivers.profiling.symbolizer import elf_build_id
 from receivers.profiling.unwind.cfi import CfiError, Cie, Fde, read_pointer, records, sleb128, uleb128
 
 # struct unwind_row: u32 pc; u8 cfa_type; u8 rbp_type; s16 rbp_offset; s32 cfa_offset
@@ -55,33 +57,80 @@ class NoRows(ValueError):
     """The file has no call-frame information to give."""
 
 
-def build_rows(stream: BinaryIO) -> bytes:
-    """The packed, sorted rows of the ELF file on ``stream``. Raises NoRows when it has no CFI
-    (or is not an x86-64 ELF file)."""
+def build_rows(stream: BinaryIO, debug_files: Sequence[str] = ()) -> bytes:
+    """The packed, sorted rows of the ELF file on ``stream``, from its .eh_frame and, for code
+    that has none there (a build without unwind tables), its .debug_frame, or the .debug_frame of
+    the first of ``debug_files`` (its separate debug file's candidate paths) that exists and has
+    the same build id. Raises NoRows when there is no CFI (or it is not an x86-64 ELF file)."""
+    elf = _elf(stream)
+    fdes = _fdes(elf, ".eh_frame")
+    extra = _fdes(elf, ".debug_frame") or _debug_file_fdes(elf_build_id(elf), debug_files)
+    fdes += _not_overlapping(extra, fdes)
+    if not fdes:
+        raise NoRows("no .eh_frame or .debug_frame")
+    return pack(rows_of(fdes))
+
+
+def build_rows_at(path: str, debug_files: Sequence[str] = ()) -> bytes:
+    """build_rows of the file at ``path``."""
+    try:
+        with open(path, "rb") as stream:
+            return build_rows(stream, debug_files)
+    except OSError as error:
+        raise NoRows(f"cannot read {path}: {error}") from None
+
+
+def _elf(stream: BinaryIO) -> ELFFile:
     try:
         elf = ELFFile(stream)
     except Exception as error:  # pyelftools raises several kinds for a file that is not ELF
         raise NoRows(f"not an ELF file: {error}") from None
     if elf["e_machine"] != "EM_X86_64":
         raise NoRows(f"not x86-64 ({elf['e_machine']})")
-    for name, eh_frame in ((".eh_frame", True), (".debug_frame", False)):
-        section = elf.get_section_by_name(name)
-        if section is None or section["sh_type"] == "SHT_NOBITS" or not section["sh_size"]:
-            continue
-        try:
-            return pack(rows_of(records(section.data(), section["sh_addr"], eh_frame)))
-        except (CfiError, IndexError, struct.error, ValueError) as error:
-            raise NoRows(f"unreadable {name}: {error}") from None
-    raise NoRows("no .eh_frame or .debug_frame")
+    return elf
 
 
-def build_rows_at(path: str) -> bytes:
-    """build_rows of the file at ``path``."""
+def _fdes(elf: ELFFile, name: str) -> list[Fde]:
+    section = elf.get_section_by_name(name)
+    if section is None or section["sh_type"] == "SHT_NOBITS" or not section["sh_size"]:
+        return []
     try:
-        with open(path, "rb") as stream:
-            return build_rows(stream)
-    except OSError as error:
-        raise NoRows(f"cannot read {path}: {error}") from None
+        return list(records(section.data(), section["sh_addr"], name == ".eh_frame"))
+    except (CfiError, IndexError, struct.error, ValueError) as error:
+        raise NoRows(f"unreadable {name}: {error}") from None
+
+
+def _debug_file_fdes(build_id: str | None, candidates: Sequence[str]) -> list[Fde]:
+    for candidate in candidates:
+        try:
+            stream = open(candidate, "rb")  # noqa: SIM115 (closed below)
+        except OSError:
+            continue
+        with stream:
+            try:
+                elf = _elf(stream)
+            except NoRows:
+                continue
+            found = elf_build_id(elf)
+            if build_id and found and found != build_id:
+                continue  # the debug file of another build
+            return _fdes(elf, ".debug_frame")
+    return []
+
+
+def _not_overlapping(extra: list[Fde], fdes: list[Fde]) -> list[Fde]:
+    """The FDEs of ``extra`` that cover no address ``fdes`` cover: .eh_frame's rule wins."""
+    if not fdes:
+        return extra
+    ranges = sorted((fde.begin, fde.end) for fde in fdes)
+    begins = [begin for begin, _ in ranges]
+    kept = []
+    for fde in extra:
+        index = bisect.bisect_left(begins, fde.end) - 1  # the last range beginning before this ends
+        if index >= 0 and ranges[index][1] > fde.begin:
+            continue
+        kept.append(fde)
+    return kept
 
 
 def rows_of(fdes: Iterable[Fde]) -> list[tuple[int, int, int, int, int]]:
@@ -89,15 +138,15 @@ def rows_of(fdes: Iterable[Fde]) -> list[tuple[int, int, int, int, int]]:
     sorted, with consecutive equal rules merged."""
     starts: dict[int, tuple[int, int, int, int]] = {}
     ends: dict[int, tuple[int, int, int, int]] = {}
-    initial_states: dict[int, dict] = {}
+    initial_states: dict[int, dict] = {}  # by id(cie): two sections' CIEs may share an offset
     for fde in fdes:
         begin, end = fde.begin, fde.end
         if begin >= end or end > _ADDRESS_LIMIT:
             continue
         cie = fde.cie
-        initial = initial_states.get(cie.offset)
+        initial = initial_states.get(id(cie))
         if initial is None:
-            initial = initial_states[cie.offset] = _run(cie, cie.instructions, _initial_state(), None)[0]
+            initial = initial_states[id(cie)] = _run(cie, cie.instructions, _initial_state(), None)[0]
         ends.setdefault(end, _UNDEFINED_ROW)
         try:
             changes = _run(cie, fde.instructions, dict(initial), initial, begin)[1]
