@@ -11,7 +11,7 @@ from bench.peers import PerfRecord, ProfileBpfcc, PycollectorAgent
 CPU_TARGET = 0.01
 
 
-def _cpu_target(ours: Summary, _peer: Summary, _ratio: Summary) -> str:
+def cpu_target(ours: Summary, _peer: Summary, _ratio: Summary) -> str:
     verdict = "met" if ours.median < CPU_TARGET else f"missed by {100 * (ours.median - CPU_TARGET):.2f}% of a core"
     return f"< {100 * CPU_TARGET:g}% of a core: {verdict}"
 
@@ -26,7 +26,7 @@ def rows(runs: list) -> list[Row]:
     both = (PerfRecord.name, ProfileBpfcc.name)
     out = []
     for peer in both:
-        out.append(Row("Agent cost", "CPU seconds per second, steady state", per_round(runs, ours, "agent_cpu_per_second"), peer, per_round(runs, peer, "agent_cpu_per_second"), "{:.4f}", _cpu_target if peer == PerfRecord.name else None))
+        out.append(Row("Agent cost", "CPU seconds per second, steady state", per_round(runs, ours, "agent_cpu_per_second"), peer, per_round(runs, peer, "agent_cpu_per_second"), "{:.4f}", cpu_target if peer == PerfRecord.name else None))
     for peer in both:
         out.append(Row("Agent cost", "Peak RSS (VmHWM), MiB", per_round(runs, ours, "peak_rss_mib"), peer, per_round(runs, peer, "peak_rss_mib"), "{:.0f}", _rss_target if peer == ProfileBpfcc.name else None))
     out.append(Row("Agent cost", "BPF run time per sample, ns (bpf_stats)", per_round(runs, ours, "bpf_ns_per_sample"), ProfileBpfcc.name, per_round(runs, ProfileBpfcc.name, "bpf_ns_per_sample"), "{:.0f}"))

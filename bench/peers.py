@@ -3,6 +3,8 @@
 pycollector     the installed console script with the profiling receiver, exporting OTLP/gRPC to
                 the bench's sink (so building, encoding and sending each report is included)
 perf            `perf record -F HZ -a -g -o FILE`
+perf dwarf      `perf record -F HZ -a --call-graph dwarf -o FILE`: copies 8 KiB of each sampled
+                user stack and unwinds it afterwards, the cost eBPF unwinding avoids
 profile-bpfcc   BCC's profile tool, `profile-bpfcc -F HZ`, its output to a file
 
 Each knows when it is sampling, so the bench can measure start-up (launch to first sample) apart
@@ -37,7 +39,7 @@ class Profiler:
         self.workdir = workdir
         self.hz = hz
         self.process: subprocess.Popen | None = None
-        self.log_path = workdir / f"{self.name}.log"
+        self.log_path = workdir / f"{self.name.replace(' ', '-')}.log"
         self._launched_at = 0.0
 
     def argv(self) -> list[str]:
@@ -67,9 +69,11 @@ class Profiler:
         return time.monotonic() - self._launched_at, procfs.tree_cpu_seconds(self.pid)
 
     def sampling_program_id(self) -> int | None:
-        """The id of the BPF program that takes the samples, for a BPF profiler."""
+        """The id of the BPF program that takes the samples, for a BPF profiler: the one that
+        runs. pycollector's unwinder also holds the programs it tail-calls, whose time is counted
+        in the caller's and whose run count stays 0."""
         programs = procfs.sampling_bpf_programs(self.pid)
-        return programs[0]["prog_id"] if programs else None
+        return max(programs, key=lambda program: program["run_cnt"])["prog_id"] if programs else None
 
 
 class _BpfProfiler(Profiler):
@@ -81,17 +85,20 @@ class _BpfProfiler(Profiler):
 class PycollectorAgent(_BpfProfiler):
     name = "pycollector"
 
-    def __init__(self, workdir: Path, hz: int, sink_endpoint: str, reporter_interval_s: float) -> None:
+    def __init__(self, workdir: Path, hz: int, sink_endpoint: str, reporter_interval_s: float, unwind_cache_dir: Path, metrics_port: int = 0) -> None:
         super().__init__(workdir, hz)
         self.config_path = workdir / "pycollector-bench.yaml"
+        receiver = {"samples_per_second": hz, "reporter_interval": f"{reporter_interval_s:g}s", "unwind_cache_dir": str(unwind_cache_dir)}
         config = {
-            "receivers": {"profiling": {"samples_per_second": hz, "reporter_interval": f"{reporter_interval_s:g}s"}},
+            "receivers": {"profiling": receiver},
             "exporters": {"otlp_grpc": {"endpoint": sink_endpoint, "tls": {"insecure": True}}},
             "service": {
                 "pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["otlp_grpc"]}},
-                "telemetry": {"metrics": {"address": "127.0.0.1:0"}},  # a free port: runs may overlap others'
+                # Port 0 picks a free one (runs may overlap others'): the bench reads it only when it asks.
+                "telemetry": {"metrics": {"address": f"127.0.0.1:{metrics_port}"}},
             },
         }
+        self.metrics_port = metrics_port
         self.config_path.write_text(yaml.safe_dump(config))
 
     def argv(self) -> list[str]:
@@ -118,6 +125,13 @@ class PerfRecord(Profiler):
     def sampling(self) -> bool:
         # perf maps a ring buffer per CPU once its events are open, right before enabling them.
         return procfs.perf_event_mappings(self.pid) >= procfs.online_cpus()
+
+
+class PerfDwarf(PerfRecord):
+    name = "perf dwarf"
+
+    def argv(self) -> list[str]:
+        return [shutil.which("perf") or "perf", "record", "-F", str(self.hz), "-a", "--call-graph", "dwarf", "-o", str(self.data_path)]
 
 
 def stop(*profilers: Profiler) -> None:

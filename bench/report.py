@@ -49,6 +49,22 @@ METHOD = """\
   symbol. Sizes: the bytes of pycollector's OTLP requests (and each request gzipped at level 6)
   per sampled tick (sum of sample counts), against perf.data's size (and gzipped) per perf sample
   record.
+- **Row cache.** Before the rounds, pycollector runs on both builds of the workload until it has
+  built the unwind rows of every file the host maps ({warm_up_seconds:.0f} s this run), into the
+  cache every round then starts from, as a restarted agent does; the cold build is measured
+  under Unwinding.
+- **Unwinding.** Rounds like the ones above (no profiler, pycollector, `perf record -F {hz} -a
+  --call-graph dwarf`, profile-bpfcc, rotated) on known_split built `gcc -O2
+  -fomit-frame-pointer`, which pycollector walks with the rows of each file's .eh_frame; perf's
+  DWARF mode copies 8 KiB of each sampled stack and unwinds it afterwards (`perf report`), which
+  is not in its figure. profile-bpfcc walks frame pointers (on this build it stops after a frame
+  or two): the BPF target holds pycollector's time per sample against it. Start-up: with the
+  copies already running, pycollector starts with an empty row cache (cold), then again with the
+  cache that start filled (warm); it reports every 0.2 s, and the figure is the time from its
+  first sample to the end of the first report in which 95% of the copies' samples reach their
+  entry (`_start`, `__libc_start_call_main`). Files and rows: the unwind tables pycollector
+  loaded for the processes it sampled on this host (its `pycollector_profiling_unwind_tables`
+  metric, at the end of the warm start-up), 12 bytes of kernel memory a row.
 - **Pipeline.** A `pycollector` process runs otlp receiver (gRPC) → batch (defaults) → otlp_grpc
   exporter (uncompressed) → a sink in the bench. {senders} client threads send {payloads_per_burst}
   host reports (ProfilesBuilder: {processes} processes, stacks 8–64 frames deep through shared
@@ -59,12 +75,12 @@ METHOD = """\
 """
 
 
-def write(path: Path, rows: list[Row], settings: Settings, loads: list[str], seconds: float, pipeline_shape: dict) -> None:
+def write(path: Path, rows: list[Row], settings: Settings, loads: list[str], seconds: float, pipeline_shape: dict, warm_up_seconds: float) -> None:
     lines = ["# pycollector benchmarks", "", f"Written by `make bench` (`python -m bench`, {settings.name} mode, {settings.rounds} rounds) in {seconds / 60:.1f} minutes.", ""]
     lines += _table(["Machine", ""], _machine(loads))
     lines += ["", "## Results", ""]
     lines += _table(HEADER, [row.cells() for row in rows])
-    lines += ["", "## How each figure is measured", "", *_rewrapped(METHOD.format(**vars(settings) | pipeline_shape))]
+    lines += ["", "## How each figure is measured", "", *_rewrapped(METHOD.format(**vars(settings) | pipeline_shape, warm_up_seconds=warm_up_seconds))]
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from bench import bpf_stats, peers, procfs, workload
-from bench.peers import PerfRecord, Profiler, ProfileBpfcc, PycollectorAgent
+from bench.peers import PerfDwarf, PerfRecord, Profiler, ProfileBpfcc, PycollectorAgent
 from bench.settings import Settings
 from bench.sink import ProfilesSink
 
@@ -31,27 +31,36 @@ class Run:
     figures: dict[str, float]  # what was measured, by name
 
 
-def run_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSink) -> list[Run]:
+def run_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSink, modes: tuple[str, ...] = MODES, label: str = "round") -> list[Run]:
+    """Every mode once a round, in an order rotated round by round."""
     runs = []
     for index in range(settings.rounds):
-        rotation = index % len(MODES)
-        for mode in MODES[rotation:] + MODES[:rotation]:
-            rundir = workdir / f"round{index}-{mode}"
+        rotation = index % len(modes)
+        for mode in modes[rotation:] + modes[:rotation]:
+            rundir = workdir / f"{label}{index}-{mode.replace(' ', '-')}"
             rundir.mkdir()
             runs.append(_run(mode, index, settings, binary, rundir, sink))
-            print(f"bench: round {index + 1}/{settings.rounds} {mode}: {_progress(runs[-1])}", file=sys.stderr)
+            print(f"bench: {label} {index + 1}/{settings.rounds} {mode}: {progress(runs[-1])}", file=sys.stderr)
     return runs
 
 
-def _progress(run: Run) -> str:
+def progress(run: Run) -> str:
     return ", ".join(f"{name}={value:.4g}" for name, value in run.figures.items())
+
+
+def unwind_cache_dir(rundir: Path) -> Path:
+    """pycollector's row cache, one for the whole bench: the first run builds the rows (in its
+    settling time), the others start warm, as a restarted agent does."""
+    return rundir.parent / "unwind-cache"
 
 
 def _profiler(mode: str, settings: Settings, rundir: Path, sink: ProfilesSink) -> Profiler | None:
     if mode == PycollectorAgent.name:
-        return PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s)
+        return PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, unwind_cache_dir(rundir))
     if mode == PerfRecord.name:
         return PerfRecord(rundir, settings.hz)
+    if mode == PerfDwarf.name:
+        return PerfDwarf(rundir, settings.hz)
     if mode == ProfileBpfcc.name:
         return ProfileBpfcc(rundir, settings.hz)
     return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench import peers, perf_script, procfs, sizes, truth, workload
+from bench import peers, perf_script, procfs, rounds, sizes, truth, workload
 from bench.peers import PerfRecord, PycollectorAgent
 from bench.rounds import Run
 from bench.settings import Settings
@@ -29,7 +29,7 @@ def run_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSi
 
 
 def _round(index: int, settings: Settings, binary: Path, rundir: Path, sink: ProfilesSink) -> list[Run]:
-    agent = PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s)
+    agent = PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, rounds.unwind_cache_dir(rundir))
     perf = PerfRecord(rundir, settings.hz)
     sink.take()
     started = []

@@ -20,15 +20,25 @@ class WorkloadResult:
     pids: list[int]
 
 
-def build_known_split(directory: Path) -> Path:
-    """The frame-pointer build, so perf and both BPF profilers can unwind it."""
-    binary = directory / "known_split"
-    subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(binary), str(SOURCE)], check=True)
+def build_known_split(directory: Path, frame_pointers: bool = True) -> Path:
+    """The frame-pointer build, so perf and both BPF profilers can unwind it; without frame
+    pointers (as distributions and release builds ship code), for the unwinding rounds."""
+    binary = directory / ("known_split" if frame_pointers else "known_split_nofp")
+    flag = "-fno-omit-frame-pointer" if frame_pointers else "-fomit-frame-pointer"
+    subprocess.run(["gcc", "-O2", flag, "-o", str(binary), str(SOURCE)], check=True)
     return binary
 
 
 def run(binary: Path, seconds: float, copies: int) -> WorkloadResult:
-    processes = [children.start([str(binary), f"{seconds:g}"], stdout=subprocess.PIPE) for _ in range(copies)]
+    return finish(start(binary, seconds, copies), binary)
+
+
+def start(binary: Path, seconds: float, copies: int) -> list[subprocess.Popen]:
+    """The copies, started and left running: ``finish`` waits for them."""
+    return [children.start([str(binary), f"{seconds:g}"], stdout=subprocess.PIPE) for _ in range(copies)]
+
+
+def finish(processes: list[subprocess.Popen], binary: Path) -> WorkloadResult:
     iterations, cpu_seconds = 0, 0.0
     for process in processes:
         printed = process.stdout.read()  # until the copy exits and closes its stdout
