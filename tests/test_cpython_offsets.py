@@ -56,6 +56,7 @@ PROBE: dict[str, list[tuple[tuple[int, int], tuple[int, int], str]]] = {
     "frame_owner": [((3, 11), (3, 11), "offsetof(_PyInterpreterFrame, is_entry)"),
                     ((3, 12), LAST, "offsetof(_PyInterpreterFrame, owner)")],
     "frame_owner_c_stack": [((3, 12), LAST, "FRAME_OWNED_BY_CSTACK")],
+    "object_type": [((2, 7), LAST, "offsetof(PyObject, ob_type)")],
     "code_argcount": [((2, 7), LAST, "offsetof(PyCodeObject, co_argcount)")],
     "code_kwonlyargcount": [((3, 6), (3, 12), "offsetof(PyCodeObject, co_kwonlyargcount)")],
     "code_flags": [((2, 7), (3, 12), "offsetof(PyCodeObject, co_flags)")],
@@ -318,3 +319,39 @@ def test_a_file_named_python_that_is_not(tmp_path):
     impostor = tmp_path / "python3.12"
     shutil.copy("/bin/true", impostor)
     assert detect_cpython(str(impostor)) is None
+
+
+def test_debug_offsets_layout_of_314():
+    """No 3.14 here to run: a struct built from 3.14's header (Include/internal/
+    pycore_debug_offsets.h, v3.14.0) by section and field position, each field's value naming its
+    position (100 * section + field), must land in the right Offsets fields."""
+    # Fields per section, in order: runtime_state, interpreter_state (threads_main after
+    # threads_head; code_object_generation, tlbc_generation at the end), thread_state,
+    # interpreter_frame (+ stackpointer, tlbc_index), code_object (+ co_tlbc), pyobject,
+    # type_object, tuple, list, set (new), dict, float, long, bytes, unicode, gc, gen_object,
+    # llist_node and debugger_support (these two without a size).
+    counts = [3, 16, 9, 8, 11, 2, 4, 3, 3, 4, 3, 2, 3, 3, 4, 2, 4, 2, 6]
+    words = []
+    for section, count in enumerate(counts):
+        sized = section < 17
+        words += [10_000 if sized and field == 0 else 100 * section + field for field in range(count)]
+    data = b"xdebugpy" + (0x030E00F0).to_bytes(8, "little") + (0).to_bytes(8, "little")
+    data += b"".join(w.to_bytes(8, "little") for w in words)
+    offsets = read_debug_offsets(data)
+    assert offsets.version == (3, 14) and len(data) <= offsets_module.DEBUG_OFFSETS_MAX_SIZE
+    assert (offsets.runtime_interpreters_head, offsets.interpreter_next, offsets.interpreter_threads_head) == (2, 102, 103)
+    assert (offsets.thread_next, offsets.thread_interpreter, offsets.thread_frame) == (202, 203, 204)
+    assert (offsets.thread_id, offsets.thread_native_id) == (205, 206)
+    assert (offsets.frame_previous, offsets.frame_code, offsets.frame_instruction, offsets.frame_owner) == (301, 302, 303, 305)
+    assert (offsets.code_filename, offsets.code_name, offsets.code_qualname, offsets.code_linetable) == (401, 402, 403, 404)
+    assert (offsets.code_firstlineno, offsets.code_argcount, offsets.code_instructions) == (405, 406, 409)
+    assert offsets.object_type == 501
+    assert (offsets.bytes_size, offsets.bytes_data) == (1301, 1302)
+    assert (offsets.unicode_state, offsets.unicode_length, offsets.unicode_ascii_data) == (1401, 1402, 1403)
+    # What the struct does not say, from 3.14's headers: FRAME_OWNED_BY_CSTACK is 4 (3 is the
+    # interpreter's base frame), f_executable is a tagged _PyStackRef.
+    assert (offsets.frame_owner_c_stack, offsets.frame_owner_interpreter, offsets.frame_code_tag_mask) == (4, 3, 3)
+    assert (offsets.unicode_kind_shift, offsets.unicode_compact_bit, offsets.unicode_ascii_bit) == (2, 5, 6)
+    # Free-threaded (3.14t): `interned` is a whole byte, the kind follows it.
+    threaded = read_debug_offsets(data[:16] + (1).to_bytes(8, "little") + data[24:])
+    assert threaded.free_threaded and (threaded.unicode_kind_shift, threaded.unicode_compact_bit) == (8, 11)

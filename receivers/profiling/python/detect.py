@@ -27,7 +27,8 @@ from elftools.elf.sections import SymbolTableSection
 
 from ..symbolizer import DEBUG_DIRS, ElfSymbols, debug_file_candidates
 from .memory import ProcessMemory
-from .offsets import DEBUG_OFFSETS_MAX_SIZE, FIRST_WITH_DEBUG_OFFSETS, Offsets, UnknownLayout, debug_offsets_version, read_debug_offsets, table_offsets
+from .offsets import (DEBUG_OFFSETS_MAX_SIZE, FIRST_WITH_DEBUG_OFFSETS, Offsets, UnknownLayout, debug_offsets_version,
+                      read_debug_offsets, table_offsets)
 
 _EXECUTABLE = re.compile(r"python(\d)\.(\d+)[a-z]*")  # abi flags: m (<= 3.7), d, t (free-threaded)
 _LIBRARY = re.compile(r"libpython(\d)\.(\d+)[a-z]*\.so(\.\d+)*")

@@ -78,6 +78,7 @@ class Offsets:
     frame_owner_c_stack: int | None  # owner of the shim frame an eval loop call starts with
     frame_owner_interpreter: int | None  # owner of a thread's base frame, no code (3.14+)
     # Code objects
+    object_type: int  # PyObject.ob_type: every code object of a process has the same one
     code_argcount: int  # ints, with the next three the identity check of a cached code object
     code_kwonlyargcount: int | None  # (3.13+: not in _Py_DebugOffsets)
     code_flags: int | None  # (3.13+: not in _Py_DebugOffsets)
@@ -120,7 +121,7 @@ _V27 = Offsets(
     frame_code=32, frame_code_tag_mask=0, frame_previous=24, frame_instruction=120,
     instruction_kind=InstructionKind.LASTI_BYTES,
     frame_owner=None, entry_kind=None, frame_owner_c_stack=None, frame_owner_interpreter=None,
-    code_argcount=16, code_kwonlyargcount=None, code_flags=28, code_firstlineno=96, code_name=88,
+    object_type=8, code_argcount=16, code_kwonlyargcount=None, code_flags=28, code_firstlineno=96, code_name=88,
     code_qualname=None, code_filename=80, code_linetable=104, linetable_kind=LineTableKind.LNOTAB_UNSIGNED,
     code_instructions=None,
     string_kind=StringKind.BYTES, bytes_size=16, bytes_data=36,
@@ -298,6 +299,7 @@ _USED = {
     "thread_state": ("next", "interp", "current_frame", "thread_id", "native_thread_id"),
     "interpreter_frame": ("previous", "executable", "instr_ptr", "owner"),
     "code_object": ("filename", "name", "qualname", "linetable", "firstlineno", "argcount", "co_code_adaptive"),
+    "pyobject": ("ob_type",),
     "bytes_object": ("ob_size", "ob_sval"),
     "unicode_object": ("state", "length", "asciiobject_size"),
 }
@@ -340,6 +342,7 @@ def _from_debug_offsets(version, version_hex, free_threaded, f) -> Offsets:
         entry_kind=EntryKind.OWNER,
         frame_owner_c_stack=facts.owner_c_stack,
         frame_owner_interpreter=facts.owner_interpreter,
+        object_type=f["pyobject"]["ob_type"],
         code_argcount=code["argcount"],
         code_kwonlyargcount=None,
         code_flags=None,

@@ -1,0 +1,196 @@
+"""Code objects of another process: (code object address, instruction) -> function, file, line.
+
+The kernel walker records each Python frame as its code object's address and instruction; this
+reads the code object through /proc/PID/mem (name, co_qualname where it exists, file, first line,
+line table) and caches it per (process, address). An address can be freed and reused for
+another code object (a function defined in a loop, a module reloaded), so a cached entry is
+checked once per epoch (the caller starts one per report) by reading again the fields that tell
+code objects apart: its type, argument counts, flags, first line, and the name, file and line
+table pointers, in one read of a few words.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .linetable import LineTable
+from .memory import MemoryReadError, ProcessMemory
+from .offsets import Offsets, StringKind
+
+MAX_STRING = 1 << 16  # characters in a name or file name: more is not a string we read
+MAX_LINE_TABLE = 1 << 22
+
+
+class CodeReadError(Exception):
+    """A code object could not be read (the memory is gone) or does not look like one."""
+
+
+@dataclass(frozen=True, slots=True)
+class PythonLocation:
+    function: str  # co_qualname where it exists (3.11+), else co_name
+    file: str  # co_filename
+    line: int | None  # the instruction's line, None when the line table has none for it
+    first_line: int  # co_firstlineno
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CodeObject:
+    address: int
+    name: str  # co_name
+    qualname: str | None  # co_qualname (3.11+)
+    file: str
+    first_line: int
+    identity: tuple[int, ...]  # see CodeReader.identity
+    lines: LineTable
+
+    @property
+    def function(self) -> str:
+        return self.qualname or self.name
+
+    def locate(self, instruction: int) -> PythonLocation:
+        return PythonLocation(self.function, self.file, self.lines.line(instruction), self.first_line)
+
+
+# The fields of a code object's identity: (offset field, struct format); absent ones are skipped.
+_IDENTITY = (("object_type", "Q"), ("code_argcount", "i"), ("code_kwonlyargcount", "i"), ("code_flags", "i"),
+             ("code_firstlineno", "i"), ("code_name", "Q"), ("code_qualname", "Q"), ("code_filename", "Q"),
+             ("code_linetable", "Q"))
+
+
+class CodeReader:
+    """Reads code objects laid out as ``offsets`` say."""
+
+    def __init__(self, offsets: Offsets):
+        self.offsets = offsets
+        fields = [(getattr(offsets, name), fmt, name) for name, fmt in _IDENTITY if getattr(offsets, name) is not None]
+        self._start = min(offset for offset, _, _ in fields)
+        self._size = max(offset + struct.calcsize(fmt) for offset, fmt, _ in fields) - self._start
+        self._fields = [(offset - self._start, struct.Struct("<" + fmt), name) for offset, fmt, name in fields]
+        self._names = [name for _, _, name in self._fields]
+
+    def identity(self, memory: ProcessMemory, address: int) -> tuple[int, ...]:
+        """The identity fields' values, in one read."""
+        data = _read(memory, address + self._start, self._size)
+        return tuple(fmt.unpack_from(data, offset)[0] for offset, fmt, _ in self._fields)
+
+    def read(self, memory: ProcessMemory, address: int) -> CodeObject:
+        o = self.offsets
+        identity = self.identity(memory, address)
+        value = dict(zip(self._names, identity))
+        if value["code_firstlineno"] < 0 or value["code_argcount"] < 0:
+            raise CodeReadError(f"0x{address:x} is not a code object (first line {value['code_firstlineno']}, "
+                                f"{value['code_argcount']} arguments)")
+        name = self.read_string(memory, value["code_name"])
+        qualname = self.read_string(memory, value["code_qualname"]) if o.code_qualname is not None else None
+        file = self.read_string(memory, value["code_filename"])
+        table = self.read_bytes(memory, value["code_linetable"], MAX_LINE_TABLE)
+        first_line = value["code_firstlineno"]
+        return CodeObject(address, name, qualname, file, first_line, identity, LineTable(o.linetable_kind, table, first_line))
+
+    def read_bytes(self, memory: ProcessMemory, address: int, limit: int) -> bytes:
+        """A bytes object's contents (2.7: a str)."""
+        o = self.offsets
+        size = struct.unpack("<q", _read(memory, address + o.bytes_size, 8))[0]
+        if not 0 <= size <= limit:
+            raise CodeReadError(f"a bytes object of {size} bytes at 0x{address:x}")
+        return _read(memory, address + o.bytes_data, size) if size else b""
+
+    def read_string(self, memory: ProcessMemory, address: int) -> str:
+        """A str: 2.7's bytes (decoded as UTF-8), 3.x's compact or legacy unicode."""
+        o = self.offsets
+        if o.string_kind is StringKind.BYTES:
+            return self.read_bytes(memory, address, MAX_STRING).decode("utf-8", "replace")
+        header = _read(memory, address, o.unicode_compact_data)
+        length = struct.unpack_from("<q", header, o.unicode_length)[0]
+        state = struct.unpack_from("<I", header, o.unicode_state)[0]
+        kind = state >> o.unicode_kind_shift & 7
+        if not 0 <= length <= MAX_STRING or kind not in (1, 2, 4):
+            raise CodeReadError(f"no string at 0x{address:x} (length {length}, kind {kind})")
+        if state >> o.unicode_compact_bit & 1:
+            is_ascii = state >> o.unicode_ascii_bit & 1
+            data_at = address + (o.unicode_ascii_data if is_ascii else o.unicode_compact_data)
+        else:  # a legacy string: its characters are elsewhere
+            data_at = struct.unpack("<Q", _read(memory, address + o.unicode_legacy_data, 8))[0]
+        data = _read(memory, data_at, length * kind) if length else b""
+        return data.decode(_ENCODINGS[kind], "replace")
+
+
+_ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
+
+
+def _read(memory: ProcessMemory, address: int, size: int) -> bytes:
+    try:
+        return memory.read(address, size)
+    except MemoryReadError as e:
+        raise CodeReadError(str(e)) from e
+
+
+@functools.lru_cache(maxsize=64)
+def reader_for(offsets: Offsets) -> CodeReader:
+    return CodeReader(offsets)
+
+
+class CodeCache:
+    """Code objects per (pid, address), at most ``max_entries`` (least recently used go first).
+
+    locate() reads a code object the first time it is asked for and rechecks a cached one's
+    identity the first time it is asked for in each epoch; a changed identity means the address
+    now holds another code object, which is read instead. Errors are raised (CodeReadError), and
+    counted in ``stats``, for the caller to count and go on."""
+
+    def __init__(self, max_entries: int = 65536):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[int, int], list] = OrderedDict()  # -> [CodeObject, epoch checked]
+        self._epoch = 0
+        self._lock = threading.Lock()
+        self.stats = {"hits": 0, "reads": 0, "replaced": 0, "errors": 0}
+
+    def new_epoch(self) -> None:
+        """From now on, each cached code object is checked again on its next use."""
+        with self._lock:
+            self._epoch += 1
+
+    def locate(self, pid: int, memory: ProcessMemory, offsets: Offsets, address: int, instruction: int) -> PythonLocation:
+        return self.code(pid, memory, offsets, address).locate(instruction)
+
+    def code(self, pid: int, memory: ProcessMemory, offsets: Offsets, address: int) -> CodeObject:
+        key = (pid, address)
+        reader = reader_for(offsets)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            epoch = self._epoch
+        try:
+            if entry is not None:
+                if entry[1] == epoch:
+                    self.stats["hits"] += 1
+                    return entry[0]
+                if reader.identity(memory, address) == entry[0].identity:
+                    entry[1] = epoch
+                    self.stats["hits"] += 1
+                    return entry[0]
+                self.stats["replaced"] += 1
+            code = reader.read(memory, address)
+        except CodeReadError:
+            self.stats["errors"] += 1
+            raise
+        self.stats["reads"] += 1
+        with self._lock:
+            self._entries[key] = [code, epoch]
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return code
+
+    def forget_process(self, pid: int) -> None:
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == pid]:
+                del self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
