@@ -25,7 +25,7 @@ from receivers.profiling.python.detect import detect_cpython
 from receivers.profiling.python.memory import MemoryReadError, ProcessMemory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_cpython_offsets import installed_versions, runtime_address  # noqa: E402
+from test_cpython_offsets import installed_versions, load_bias  # noqa: E402
 
 FAR = 300  # blank lines inside a function: line increments beyond one lnotab byte
 WIDE = 150  # terms on one line: byte increments beyond one lnotab byte
@@ -189,7 +189,7 @@ def _start(python: Path, script: Path):
 def _offsets(cpython, pid):
     if cpython.version >= (3, 13):
         with ProcessMemory(pid) as memory:  # as the process holds them
-            return cpython.debug_offsets(memory, runtime_address(pid, cpython))
+            return cpython.debug_offsets(memory, cpython.symbols["_PyRuntime"] + load_bias(pid, cpython))
     return cpython.offsets()
 
 

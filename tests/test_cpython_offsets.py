@@ -183,16 +183,16 @@ def _python_executable(prefix: Path, version: tuple[int, int]) -> Path:
     return prefix / "bin" / f"python{version[0]}.{version[1]}"
 
 
-def runtime_address(pid: int, cpython) -> int:
-    """Where ``cpython``'s _PyRuntime is in process ``pid``: its ELF address plus the load bias
-    of the file's executable mapping in /proc/PID/maps."""
+def load_bias(pid: int, cpython) -> int:
+    """Process address - ELF address for ``cpython``'s file in process ``pid``, from its
+    executable mapping in /proc/PID/maps."""
     with open(f"/proc/{pid}/maps") as maps:
         for line in maps:
             parts = line.split()
             if len(parts) >= 6 and "x" in parts[1] and os.path.realpath(parts[5]) == os.path.realpath(cpython.path):
                 bias = cpython.bias(int(parts[0].split("-")[0], 16), int(parts[2], 16))
                 assert bias is not None
-                return cpython.symbols["_PyRuntime"] + bias
+                return bias
     raise AssertionError(f"{cpython.path} is not mapped by {pid}")
 
 
@@ -211,7 +211,7 @@ def test_debug_offsets_of_a_running_313(tmp_path):
                                stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().strip() == "up"
-        address = runtime_address(process.pid, cpython)
+        address = cpython.symbols["_PyRuntime"] + load_bias(process.pid, cpython)
         with ProcessMemory(process.pid) as memory:
             offsets = read_debug_offsets(memory.read(address, offsets_module.DEBUG_OFFSETS_MAX_SIZE))
     finally:
