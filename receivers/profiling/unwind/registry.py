@@ -9,7 +9,9 @@ process that maps the file is written again. A file no registered process maps a
 rows back.
 
 Threading: ``register`` and ``forget`` are called from the sampler's and the report's threads and
-return at once; the worker is the only one that builds, and one lock guards the bookkeeping.
+return at once. Two workers build: one takes any file, the most wanted first; the other only small
+ones, so a library dlopen()ed while libpython's rows are being built waits milliseconds, not the
+half second that takes. One lock guards the bookkeeping.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from receivers.profiling.symbolizer import ElfSymbols, debug_file_candidates
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.rows import ROW_SIZE, NoRows, build_rows_at
 from receivers.profiling.unwind.space import RowSpace
+
+# Files whose code mapping is at most this large are small: their rows take milliseconds, built in
+# this process (RowSource), and the small files' worker takes nothing else.
+SMALL_FILE_CODE = 512 * 1024
 
 # unwind_process holds this many mappings (profile.h UNWIND_MAX_MAPPINGS); past it, the lowest
 # addresses are kept and the rest counted.
@@ -52,9 +58,9 @@ class _File:
 
 
 class UnwindRegistry:
-    def __init__(self, maps: Any, build: Callable[[int, str], bytes], logger: Any, *, max_files: int, row_budget: int):
-        """``maps``: the sampler's UnwindMaps. ``build(fd, path)``: the packed rows of the file
-        open on ``fd`` (ValueError when it has none to give)."""
+    def __init__(self, maps: Any, build: Callable[..., bytes], logger: Any, *, max_files: int, row_budget: int):
+        """``maps``: the sampler's UnwindMaps. ``build(fd, path, root, small=...)``: the packed
+        rows of the file open on ``fd`` (ValueError when it has none to give)."""
         self._maps = maps
         self._build = build
         self.log = logger
@@ -67,7 +73,7 @@ class UnwindRegistry:
         # busy host queues hundreds; the worker takes the most wanted first (_priority).
         self._pending: dict[FileKey, tuple[ProcessInfo, Mapping]] = {}
         self._wake = threading.Condition(self._lock)
-        self._worker: threading.Thread | None = None
+        self._workers: list[threading.Thread] = []
         self._closing = threading.Event()
         self.stats = dict.fromkeys(
             ("files_loaded", "files_without_rows", "files_failed", "rows_loaded", "rows_freed",
@@ -96,7 +102,7 @@ class UnwindRegistry:
                         file.file_id = self._free_ids.pop()
                         self._maps.demand[self._maps.demand.Key(file.file_id)] = self._maps.demand.Leaf(0)
                         self._pending[key] = (info, mapping)
-                        self._wake.notify()
+                        self._wake.notify_all()  # the workers wait for different files
                     else:
                         file.state = "failed"
                         self.stats["file_ids_exhausted"] += 1
@@ -104,7 +110,7 @@ class UnwindRegistry:
             self.stats["processes"] = len(self._processes)
             self.stats["files_waiting"] = len(self._pending)
             self._write_process(info)
-        self._ensure_worker()
+            self._ensure_workers()
 
     def forget(self, tgid: int) -> None:
         """The process exited: drop its mappings, and the rows of files no one maps any more."""
@@ -156,18 +162,25 @@ class UnwindRegistry:
 
     # -- the file side ----------------------------------------------------------------------------
 
-    def _ensure_worker(self) -> None:
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._work, name="unwind-tables", daemon=True)
-            self._worker.start()
+    def _ensure_workers(self) -> None:
+        if not self._workers:
+            self._workers = [threading.Thread(target=self._work, args=(small_only,), daemon=True,
+                                              name="unwind-tables-small" if small_only else "unwind-tables")
+                             for small_only in (False, True)]
+            for worker in self._workers:
+                worker.start()
 
-    def _next(self) -> tuple[FileKey, ProcessInfo, Mapping] | None:
+    def _next(self, small_only: bool) -> tuple[FileKey, ProcessInfo, Mapping] | None:
         with self._lock:
-            while not self._pending and not self._closing.is_set():
+            while True:
+                if self._closing.is_set():
+                    return None
+                candidates = [key for key, (_, mapping) in self._pending.items() if _is_small(mapping)] \
+                    if small_only else list(self._pending)
+                if candidates:
+                    break
                 self._wake.wait()
-            if self._closing.is_set():
-                return None
-            key = max(self._pending, key=self._priority)
+            key = max(candidates, key=self._priority)
             item = (key, *self._pending.pop(key))
             self.stats["files_waiting"] = len(self._pending)
             return item
@@ -185,9 +198,9 @@ class UnwindRegistry:
             waited = 0
         return (waited + len(file.users)) / (mapping.end - mapping.start)
 
-    def _work(self) -> None:
+    def _work(self, small_only: bool) -> None:
         while True:
-            item = self._next()
+            item = self._next(small_only)
             if item is None:
                 return
             key, info, mapping = item
@@ -221,7 +234,7 @@ class UnwindRegistry:
             segments = _load_segments(fd)
             started = time.monotonic()
             try:
-                rows, reason = self._build(fd, mapping.path, info.root), None
+                rows, reason = self._build(fd, mapping.path, info.root, small=_is_small(mapping)), None
             except ValueError as error:
                 rows, reason = b"", str(error)
             self.log.debug("unwind rows", path=mapping.path, rows=len(rows) // ROW_SIZE, no_rows=reason,
@@ -278,8 +291,8 @@ class UnwindRegistry:
         with self._lock:
             self._closing.set()
             self._wake.notify_all()
-        if self._worker is not None:
-            self._worker.join(timeout=5)
+        for worker in self._workers:
+            worker.join(timeout=5)
 
 
 def _is_ours(info: ProcessInfo) -> bool:
@@ -289,6 +302,10 @@ def _is_ours(info: ProcessInfo) -> bool:
     if info.pid == _OWN_PID:
         return True
     return info.parent_pid == _OWN_PID and any(child.pid == info.pid for child in multiprocessing.active_children())
+
+
+def _is_small(mapping: Mapping) -> bool:
+    return mapping.end - mapping.start <= SMALL_FILE_CODE
 
 
 def _key(mapping: Mapping) -> FileKey | None:
@@ -372,9 +389,10 @@ class RowSource:
             self._pool = multiprocessing.get_context("spawn").Pool(1)
         return self._pool
 
-    def __call__(self, fd: int, path: str, root: str = "") -> bytes:
+    def __call__(self, fd: int, path: str, root: str = "", *, small: bool = False) -> bytes:
         """The rows of the file open as ``fd``, mapped as ``path`` by a process whose root
-        directory is ``root`` (where its separate debug file would be)."""
+        directory is ``root`` (where its separate debug file would be). A ``small`` one is built
+        here: its milliseconds would otherwise wait behind the helper's build of a large one."""
         with os.fdopen(os.dup(fd), "rb") as stream:
             try:
                 headers = ElfSymbols.read_headers(ELFFile(stream), path)
@@ -387,6 +405,8 @@ class RowSource:
             key = f"{status.st_dev:x}-{status.st_ino:x}-{status.st_size:x}-{status.st_mtime_ns:x}"
         debug_files = [f"{prefix}{candidate}" for candidate in debug_file_candidates(headers.build_id, headers.debuglink, path)
                        for prefix in dict.fromkeys((root, ""))]
+        if small:
+            return self.cache.get_or_build(key, lambda: build_rows_at(f"/proc/self/fd/{fd}", debug_files))
         return self.cache.get_or_build(key, lambda: self._build_elsewhere(fd, debug_files))
 
     def _build_elsewhere(self, fd: int, debug_files: list[str]) -> bytes:
