@@ -209,6 +209,7 @@ static __always_inline void announce(struct bpf_perf_event_data *ctx, struct sam
 }
 
 #include "unwind.bpf.c"
+#include "python.bpf.c"
 
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {

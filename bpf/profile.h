@@ -83,7 +83,7 @@ struct unwind_row {
     u8 cfa_type;     /* enum unwind_cfa_type */
     u8 rbp_type;     /* enum unwind_rbp_type */
     s16 rbp_offset;  /* RBP_AT_CFA: the caller's rbp is at CFA + rbp_offset */
-    s32 cfa_offset;  /* CFA_RSP, CFA_RBP: CFA = rsp or rbp + cfa_offset */
+    s32 cfa_offset;  /* CFA_RSP, CFA_RBP: CFA = rsp or rbp + cfa_offset; *_DEREF: see there */
 };
 
 enum unwind_cfa_type {
@@ -93,6 +93,10 @@ enum unwind_cfa_type {
     CFA_PLT = 3,          /* CFA = rsp + 8, + 8 more when (pc & 15) >= cfa_offset (11 or 10) */
     CFA_END = 4,          /* the return address is undefined: the stack is complete */
     CFA_UNSUPPORTED = 5,  /* a rule a row cannot express: counted, then a frame-pointer step */
+    /* CFA = *(rsp or rbp + (s16)cfa_offset) + (cfa_offset >> 16): a function that realigned its
+     * stack keeps the caller's stack pointer in a slot (OpenSSL's assembly, glibc's start code). */
+    CFA_RSP_DEREF = 6,
+    CFA_RBP_DEREF = 7,
 };
 
 enum unwind_rbp_type {
@@ -140,6 +144,54 @@ struct unwind_event {
     u64 pc;
 };
 
+/* ---- Python frames: where user space found a CPython in a process (receivers/profiling/python/) ---- */
+
+#ifndef PYTHON_MAX_FRAMES
+#define PYTHON_MAX_FRAMES 64  /* Python frames recorded a stack, innermost first */
+#endif
+#define PYTHON_NO_OFFSET 0xffff
+
+/* A Python frame among a user stack's frames: bit 63 set, which no user address has. Bit 62 marks
+ * the outermost frame one call of the eval loop runs (before 3.11, every frame): user space puts
+ * the frames up to such a mark where that call's native frame was. Bits 47-61: the instruction
+ * (raw f_lasti before 3.11, else the index of the code unit), saturating; bits 0-46: the code
+ * object's address. */
+#define PYTHON_FRAME_TAG (1ULL << 63)
+#define PYTHON_FRAME_LAST_OF_CALL (1ULL << 62)
+#define PYTHON_INSTRUCTION_SHIFT 47
+#define PYTHON_INSTRUCTION_MAX 0x7fffULL
+#define PYTHON_ADDRESS_MASK ((1ULL << 47) - 1)
+
+enum python_frame_layout {
+    PYTHON_FRAME_OBJECTS = 1,      /* 2.7, 3.6-3.10: PyFrameObject, f_lasti an int */
+    PYTHON_INTERPRETER_FRAMES = 2, /* 3.11+: _PyInterpreterFrame, a pointer to the instruction */
+};
+
+enum python_owner_kind {
+    PYTHON_OWNER_NONE = 0,     /* every frame is its own eval loop call (before 3.11) */
+    PYTHON_OWNER_IS_ENTRY = 1, /* 3.11: a bool, set on the first frame of an eval loop call */
+    PYTHON_OWNER_BYTE = 2,     /* 3.12+: a char; owner_c_stack marks the entry shim frames */
+};
+
+/* Offsets are in bytes; PYTHON_NO_OFFSET where a version has no such field. */
+struct python_process {
+    u64 interpreters;       /* address of the pointer to the first PyInterpreterState */
+    u16 interp_threads;     /* PyInterpreterState: its first PyThreadState */
+    u16 thread_next;        /* PyThreadState: the next one */
+    u16 thread_id;          /* PyThreadState.thread_id: the thread's pthread_self(), its fsbase */
+    u16 thread_frame;       /* PyThreadState: frame, cframe (3.11-3.12) or current_frame */
+    u16 cframe_frame;       /* _PyCFrame.current_frame (3.11-3.12) */
+    u16 frame_code;         /* f_code, f_executable */
+    u16 frame_previous;     /* f_back, previous */
+    u16 frame_instruction;  /* f_lasti; prev_instr, instr_ptr */
+    u16 frame_owner;        /* is_entry (3.11), owner (3.12+) */
+    u16 code_instructions;  /* 3.11+: where a code object's instructions begin (co_code_adaptive) */
+    u8 layout;              /* enum python_frame_layout */
+    u8 owner_kind;          /* enum python_owner_kind */
+    u8 owner_c_stack;       /* PYTHON_OWNER_BYTE: the owner value of a shim frame */
+    u8 reserved[3];
+};
+
 /* Indices into the per-CPU `counters` array.  Cumulative since load; user space sums the CPUs. */
 enum profile_counter {
     COUNTER_SAMPLES = 0,                 /* non-idle samples seen */
@@ -169,7 +221,12 @@ enum profile_counter {
     COUNTER_UNWIND_STACK_MAP_FULL = 23,  /* user_stacks_N full: sent by value */
     COUNTER_UNWIND_TAIL_CALL_FAILED = 24,/* the unwinder program could not be entered: frame pointers */
     COUNTER_UNWIND_MAP_REQUESTS = 25,    /* unwind_events sent (maps to read again) */
-    PROFILE_NR_COUNTERS = 26,
+    COUNTER_PYTHON_SAMPLES = 26,         /* samples of a process running CPython */
+    COUNTER_PYTHON_NO_THREAD = 27,       /* its sampled thread has no PyThreadState (not Python's) */
+    COUNTER_PYTHON_READ_ERRORS = 28,     /* interpreter memory that could not be read */
+    COUNTER_PYTHON_FRAMES = 29,          /* Python frames recorded */
+    COUNTER_PYTHON_TRUNCATED = 30,       /* Python stacks cut at PYTHON_MAX_FRAMES */
+    PROFILE_NR_COUNTERS = 31,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

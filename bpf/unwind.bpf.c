@@ -29,13 +29,19 @@
 #define UNWIND_MAPPING_SEARCH_STEPS 10  /* log2(UNWIND_MAX_MAPPINGS) + 1 for up to 512 */
 #define UNWIND_EVENT_INTERVAL_NS 100000000ULL  /* 100 ms: a re-read costs user space a fraction of a ms */
 #define UNWIND_STEP_PROGRAM 0
+#define PYTHON_WALK_PROGRAM 1  /* python.bpf.c */
+#ifndef TASK_FSBASE_OFFSET
+#define TASK_FSBASE_OFFSET 0  /* unknown (no BTF): user space registers no Python process */
+#endif
 
 BPF_ARRAY(unwind_rows, struct unwind_row, UNWIND_ROW_BUDGET);
 BPF_ARRAY(unwind_files, struct unwind_file, UNWIND_MAX_FILES);
 /* Frames that needed a file whose rows were still loading: user space loads the most wanted first. */
 BPF_ARRAY(unwind_demand, u32, UNWIND_MAX_FILES);
 BPF_F_TABLE("hash", u32, struct unwind_process, unwind_processes, UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
-BPF_PROG_ARRAY(unwind_programs, 1);
+BPF_PROG_ARRAY(unwind_programs, 2);
+/* Processes running CPython, and where its thread states and frames are (python.bpf.c). */
+BPF_HASH(python_processes, u32, struct python_process, UNWIND_MAX_PROCESSES);
 BPF_PERF_OUTPUT(unwind_events);
 BPF_TABLE("lru_hash", u32, u64, unwind_event_times, 1024);
 BPF_HASH(user_stacks_0, u64, struct user_stack, STACK_STORAGE_SIZE);
@@ -51,6 +57,10 @@ struct unwind_state {
     u32 bp_known;  /* 0 once a row said rbp cannot be recovered: no frame-pointer step after that */
     u32 reserved;
     u64 leaf_return;  /* as sample_key.user_leaf_return: for a first step by frame pointer */
+    u64 python_frame;  /* python_walk: the next Python frame to record */
+    u32 python_len;    /* Python frames in `python`, which finish_walk appends to the stack */
+    u32 python_reserved;
+    u64 python[PYTHON_MAX_FRAMES];
     struct user_stack stack;
 };
 BPF_PERCPU_ARRAY(unwind_state, struct unwind_state, 1);
@@ -187,8 +197,8 @@ static __always_inline enum step_result unwind_one(struct bpf_perf_event_data *c
                                                    struct unwind_process *process)
 {
     u32 depth = state->stack.len;
-    if (depth >= UNWIND_MAX_FRAMES)
-        return STEP_DONE;
+    if (depth >= UNWIND_MAX_FRAMES || depth + state->python_len >= UNWIND_MAX_FRAMES)
+        return STEP_DONE;  /* (the Python frames are appended after the native ones) */
     state->stack.ips[depth] = state->pc;
     state->stack.len = depth + 1;
     /* A return address follows its call: the call, one byte back, is what ran in this frame (a
@@ -231,6 +241,19 @@ static __always_inline enum step_result unwind_one(struct bpf_perf_event_data *c
         /* The entry has pushed its argument once past the threshold in cfa_offset (11, or 10). */
         cfa = state->sp + 8 + (((state->pc - mapping->bias) & 15) >= row->cfa_offset ? 8 : 0);
         break;
+    case CFA_RSP_DEREF:
+    case CFA_RBP_DEREF: {
+        if (row->cfa_type == CFA_RBP_DEREF && !state->bp_known)
+            return STEP_DONE;
+        u32 packed = row->cfa_offset;
+        u64 slot = (row->cfa_type == CFA_RSP_DEREF ? state->sp : state->bp) + (s16)(packed & 0xffff);
+        if (bpf_probe_read_user(&cfa, sizeof(cfa), (void *)slot)) {
+            count(COUNTER_UNWIND_READ_ERRORS);
+            return STEP_DONE;
+        }
+        cfa += packed >> 16;
+        break;
+    }
     case CFA_END:
         return STEP_COMPLETE;
     case CFA_UNSUPPORTED:
@@ -296,6 +319,21 @@ static __always_inline int send_walked_by_value(struct bpf_perf_event_data *ctx,
     return stack_overflow.perf_submit(ctx, event, __builtin_offsetof(struct stack_overflow_event, kernel_ips) + klen);
 }
 
+/* The Python frames python_walk recorded, after the native frames. */
+static __always_inline void append_python_frames(struct unwind_state *state)
+{
+    for (int i = 0; i < PYTHON_MAX_FRAMES; i++) {
+        if (i >= state->python_len)
+            break;
+        u32 depth = state->stack.len;
+        OPAQUE(depth);  /* else clang indexes by the first length plus i, which the verifier cannot bound */
+        if (depth >= UNWIND_MAX_FRAMES)
+            break;
+        state->stack.ips[depth] = state->python[i];
+        state->stack.len = depth + 1;
+    }
+}
+
 /* Store the walked stack in the slot's user_stacks map and count the sample under its hash. */
 static __always_inline void finish_walk(struct bpf_perf_event_data *ctx, struct unwind_state *state, int complete)
 {
@@ -305,6 +343,7 @@ static __always_inline void finish_walk(struct bpf_perf_event_data *ctx, struct 
     else if (state->stack.len >= UNWIND_MAX_FRAMES)
         count(COUNTER_UNWIND_TRUNCATED);
     state->stack.complete = complete;
+    append_python_frames(state);
     u64 key, check;
     hash_frames(&state->stack, &key, &check);
     state->stack.check = check;
@@ -363,7 +402,10 @@ static __always_inline void start_walk(struct bpf_perf_event_data *ctx, struct s
     state->bp_known = 1;
     state->leaf_return = user_leaf_return(ctx);
     state->stack.len = 0;
-    unwind_programs.call(ctx, UNWIND_STEP_PROGRAM);
+    state->python_len = 0;
+    state->python_frame = 0;
+    /* A Python process has its Python frames recorded first; python_walk goes on to unwind_step. */
+    unwind_programs.call(ctx, python_processes.lookup(&key->tgid) ? PYTHON_WALK_PROGRAM : UNWIND_STEP_PROGRAM);
     count(COUNTER_UNWIND_TAIL_CALL_FAILED);
 }
 

@@ -37,10 +37,19 @@ def location_name(dictionary: profiles_pb2.ProfilesDictionary, location: profile
     return unsymbolized_name(location.address, dictionary.string_table[mapping.filename_strindex], mapping.memory_start, mapping.file_offset)
 
 
+def with_source_line(function: str, filename: str, line: int) -> str:
+    """``spin_heavy (known_split.py:16)``: a frame of interpreted code named as py-spy names it,
+    the file's base name and the line; a name without both stays as it is."""
+    if not function or not filename or not line:
+        return function
+    return f"{function} ({filename.rsplit('/', 1)[-1]}:{line})"
+
+
 class FrameNames:
     """The name of each frame ``iter_samples`` gives for a stack, leaf first, as it gives them (one
-    per line of a location, one for a location without lines): the function's, else
-    ``unsymbolized_name`` of the location. Each stack of the dictionary is named once."""
+    per line of a location, one for a location without lines): the function's, with its source
+    file and line where the line has both (``with_source_line``), else ``unsymbolized_name`` of
+    the location. Each stack of the dictionary is named once."""
 
     def __init__(self, dictionary: profiles_pb2.ProfilesDictionary):
         self._dictionary = with_zero_entries(dictionary)
@@ -59,9 +68,13 @@ class FrameNames:
         names = self._locations.get(index)
         if names is None:
             location = self._dictionary.location_table[index]
-            functions = [self._strings[self._dictionary.function_table[line.function_index].name_strindex] for line in location.lines]
+            functions = [self._line_name(line) for line in location.lines]
             if not functions or not all(functions):
                 fallback = location_name(self._dictionary, location)
                 functions = [function or fallback for function in functions] or [fallback]
             names = self._locations[index] = tuple(functions)
         return names
+
+    def _line_name(self, line: profiles_pb2.Line) -> str:
+        function = self._dictionary.function_table[line.function_index]
+        return with_source_line(self._strings[function.name_strindex], self._strings[function.filename_strindex], line.line)

@@ -23,6 +23,17 @@ def test_legacy_camel_case_keys_map_to_todays_keys():
     assert (config.samples_per_second, config.tracers, config.bpf_verifier_log_level) == (97, "perl,php", 1)
     assert config.legacy_keys_used == ["SamplesPerSecond", "Tracers", "BpfVerifierLogLevel"]
     assert config.not_implemented() == ["tracers"]
+    assert not config.python_frames()
+
+
+@pytest.mark.parametrize(
+    "settings, python",
+    [({}, True), ({"tracers": "all"}, True), ({"tracers": "perl,python"}, True), ({"Tracers": "php"}, False),
+     ({"interpreters": {"python": {"enabled": False}}}, False), ({"interpreters": {"python": False}}, False),
+     ({"interpreters": {"python": {}}}, True)],
+)
+def test_tracers_and_interpreters_turn_python_frames_on_and_off(settings, python):
+    assert ProfilingConfig.model_validate(settings).python_frames() is python
 
 
 @pytest.mark.parametrize(
@@ -46,7 +57,7 @@ def test_bad_values_name_their_key(settings, problem):
 
 @pytest.mark.bpf
 def test_deprecated_and_unimplemented_keys_are_logged_once_at_start(log_output):
-    config = ProfilingConfig.model_validate({"SamplesPerSecond": 49, "off_cpu_threshold": 0.5, "interpreters": {"python": {}}, "reporter_interval": "200ms"})
+    config = ProfilingConfig.model_validate({"SamplesPerSecond": 49, "off_cpu_threshold": 0.5, "interpreters": {"ruby": {}}, "reporter_interval": "200ms"})
     for _ in range(2):  # two receivers in one process: still one warning per key
         receiver = factory.create(make_settings("receivers", "profiling"), config, CapturingConsumer())
         receiver.start(TestHost())

@@ -307,8 +307,8 @@ def test_compile_error_carries_clang_message(tmp_path):
     require_bpf()
     bad = tmp_path / "profile.bpf.c"
     bad.write_text(BPF_SOURCE.read_text().replace("key.pid = pid;", "key.pid = pid +;"))
-    shutil.copy(BPF_SOURCE.parent / "profile.h", tmp_path / "profile.h")
-    shutil.copy(BPF_SOURCE.parent / "unwind.bpf.c", tmp_path / "unwind.bpf.c")
+    for part in ("profile.h", "unwind.bpf.c", "python.bpf.c"):
+        shutil.copy(BPF_SOURCE.parent / part, tmp_path / part)
     with pytest.raises(BPFCompileError) as err:
         Sampler(HZ, 1024, 1024, source=bad).start()
     assert "error: expected expression" in str(err.value)

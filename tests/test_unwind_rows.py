@@ -17,8 +17,8 @@ from receivers.profiling.unwind import cache as cache_module
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.registry import RowSource
 from receivers.profiling.unwind.rows import (
-    CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME, RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows,
-    build_rows,
+    CFA_END, CFA_PLT, CFA_RBP, CFA_RBP_DEREF, CFA_RSP, CFA_RSP_DEREF, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME,
+    RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows, build_rows,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf (binutils) is not installed")
@@ -75,7 +75,7 @@ def expected(cfa: str, rbp: str, ra: str):
         kind = CFA_RSP if cfa.startswith("rsp") else CFA_RBP
         cfa_rule = (kind, int(cfa[4:]))
     elif cfa == "exp":
-        cfa_rule = None  # PLT (checked separately) or unsupported
+        cfa_rule = None  # PLT, a stack slot (both checked separately) or unsupported
     else:
         return ("unsupported",)
     if rbp == "u":
@@ -116,10 +116,11 @@ def compare(path: str) -> dict[str, int]:
         else:
             cfa_rule, rbp_rule = want[1], want[2]
             if cfa_rule is None:
-                ok = row[1] in (CFA_PLT, CFA_UNSUPPORTED)
+                ok = row[1] in (CFA_PLT, CFA_UNSUPPORTED, CFA_RSP_DEREF, CFA_RBP_DEREF)
                 tally["plt"] += row[1] == CFA_PLT
             else:
-                ok = (row[1], row[4]) == cfa_rule and (row[2], row[3]) == rbp_rule
+                ok = (row[1], row[4]) == cfa_rule
+            ok = ok and (cfa_rule is None and row[1] == CFA_UNSUPPORTED or (row[2], row[3]) == rbp_rule)
         if not ok:
             mismatches.append((hex(pc), cfa, rbp, ra, row))
     tally["mismatches"] = len(mismatches)
@@ -150,6 +151,40 @@ def test_optimized_c_program_rows_match_readelf(tmp_path):
     # _start says "no return address": the walk ends there, complete.
     assert any(row[1] == CFA_END for row in rows)
     assert tally["rules"] > 5
+
+
+_ADVANCE = re.compile(r"DW_CFA_advance_loc\d?: \d+ to ([0-9a-f]+)")
+_DEREF = re.compile(r"DW_CFA_def_cfa_expression \(DW_OP_breg([67]) \(r[sb]p\): (-?\d+); DW_OP_deref(?:; DW_OP_plus_uconst: (\d+))?\)$")
+
+
+def test_a_cfa_read_from_a_stack_slot_is_a_row_of_its_own():
+    """OpenSSL's SHA-256 (what hashlib runs) realigns its stack and says so as a CFA expression
+    that reads the caller's stack pointer from a slot: each such rule, as readelf prints the raw
+    instructions, is a DEREF row with the slot's offset and the addend."""
+    path = os.path.realpath("/usr/lib/x86_64-linux-gnu/libcrypto.so.3")
+    if not os.path.exists(path):
+        pytest.skip("Debian's libcrypto3 is not installed")
+    text = subprocess.run(["readelf", "--debug-dump=frames", path], capture_output=True, text=True, check=True).stdout
+    wanted, location = [], None
+    for line in text.splitlines():
+        if (fde := _FDE.match(line)) is not None:
+            location = int(fde.group(2), 16)
+        elif (advance := _ADVANCE.search(line)) is not None:
+            location = int(advance.group(1), 16)
+        elif location is not None and (deref := _DEREF.search(line.strip())) is not None:
+            kind = CFA_RSP_DEREF if deref.group(1) == "7" else CFA_RBP_DEREF
+            wanted.append((location, kind, int(deref.group(2)), int(deref.group(3) or 0)))
+    with open(path, "rb") as stream:
+        rows = unpack(build_rows(stream))
+    starts = [row[0] for row in rows]
+    got = []
+    for location, *_ in wanted:
+        row = row_at(rows, starts, location)
+        packed = row[4] & 0xFFFFFFFF
+        slot = (packed & 0xFFFF) - (0x10000 if packed & 0x8000 else 0)
+        got.append((location, row[1], slot, packed >> 16))
+    assert len(wanted) >= 20
+    assert got == wanted
 
 
 def test_a_file_without_cfi_has_no_rows(tmp_path):

@@ -22,7 +22,7 @@ from pycollector.pdata import item_count, iter_samples, resource_entries, sample
 from pycollector.pdata.attributes import to_dict
 
 from exporters.debug.config import DebugConfig
-from exporters.profiles import sample_value
+from exporters.profiles import sample_value, with_source_line
 
 
 class _LogSampler:
@@ -169,7 +169,8 @@ def _leaf_label(leaf) -> str:
     binary = leaf.mapping_filename.rsplit("/", 1)[-1]
     if not leaf.function:
         return f"(no symbol)  [{binary}]" if binary else f"0x{leaf.address:x}"
-    return f"{leaf.function}  [{binary}]" if binary else leaf.function
+    function = with_source_line(leaf.function, leaf.filename, leaf.line)
+    return f"{function}  [{binary}]" if binary else function
 
 
 def _sample_lines(views: list) -> list[str]:

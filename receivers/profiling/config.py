@@ -63,9 +63,12 @@ class ProfilingConfig(ComponentConfig):
     unwind_max_frames: int = pydantic.Field(DEFAULT_UNWIND_MAX_FRAMES, ge=16, le=MAX_UNWIND_FRAMES)
     unwind_cache_dir: str = DEFAULT_UNWIND_CACHE_DIR
 
-    # Accepted for compatibility; see NOT_IMPLEMENTED.
+    # Which interpreters' frames are read (Go's comma-separated list; "" or "all": every one we
+    # have, today CPython), and per interpreter {enabled: false} to leave one out.
     tracers: str = ""
     interpreters: dict[str, Any] | None = None
+
+    # Accepted for compatibility; see NOT_IMPLEMENTED.
     off_cpu_threshold: float = pydantic.Field(0.0, ge=0, le=1)
     monitor_interval: Duration = 5.0
     probabilistic_interval: Duration = 60.0
@@ -109,17 +112,36 @@ class ProfilingConfig(ComponentConfig):
     def env_var_names(self) -> list[str]:
         return [name.strip() for name in self.include_env_vars.split(",") if name.strip()]
 
+    def _tracer_names(self) -> set[str]:
+        return {name.strip().lower() for name in self.tracers.split(",") if name.strip()}
+
+    def python_frames(self) -> bool:
+        """Whether CPython's frames are read: ``tracers`` ("all" by default, as Go's; a list
+        without "python" leaves it out) and ``interpreters: {python: {enabled: false}}``."""
+        names = self._tracer_names()
+        if names and not names & {"all", "python"}:
+            return False
+        python = (self.interpreters or {}).get("python")
+        if isinstance(python, bool):
+            return python
+        return not isinstance(python, dict) or python.get("enabled", True) is not False
+
     def not_implemented(self) -> list[str]:
-        """Keys set to something other than their default that this receiver does not act on yet."""
+        """Keys set to something other than their default that this receiver does not act on yet
+        (for ``tracers`` and ``interpreters``: naming an interpreter other than Python)."""
         defaults = type(self)()
-        return [key for key in NOT_IMPLEMENTED if getattr(self, key) != getattr(defaults, key)]
+        unset = [key for key in NOT_IMPLEMENTED if getattr(self, key) != getattr(defaults, key)]
+        if self._tracer_names() - IMPLEMENTED_TRACERS:
+            unset.insert(0, "tracers")
+        if set(self.interpreters or {}) - IMPLEMENTED_TRACERS:
+            unset.insert(1 if unset[:1] == ["tracers"] else 0, "interpreters")
+        return unset
 
 
-# Native and kernel frames are unwound here; interpreters (Python, JVM...), off-CPU profiling and
-# the rest of these Go receiver features are not built yet.
+# Native and kernel frames are unwound here, and CPython's frames read; the other interpreters
+# (JVM, V8...), off-CPU profiling and the rest of these Go receiver features are not built yet.
+IMPLEMENTED_TRACERS = {"all", "python"}
 NOT_IMPLEMENTED = (
-    "tracers",
-    "interpreters",
     "off_cpu_threshold",
     "probabilistic_interval",
     "probabilistic_threshold",

@@ -27,6 +27,7 @@ from pycollector.process_memory import trim_heap
 
 from receivers.profiling.config import ProfilingConfig
 from receivers.profiling.processes import ProcessTable
+from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.report import ReportBuilder
 from receivers.profiling.bpf_counters import counter_warnings, unwind_warnings
 from receivers.profiling.bpf_program import SamplerError
@@ -64,6 +65,8 @@ class ProfilingReceiver(Component):
         self._stats = telemetry.gauge("pycollector_profiling_symbolization", "Symbolizer and /proc snapshot counts since start.", ("stat",))
         self._unwind_stats = telemetry.gauge("pycollector_profiling_unwind_tables", "Native unwinding: files and rows loaded into the kernel, the row cache's hits, counts since start.", ("stat",))
         self._last_unwind_stats: dict[str, int] = {}
+        self._python_stats = telemetry.gauge("pycollector_profiling_python", "Python frames: processes running a CPython the walker knows, frames named and not, code objects read, counts since start.", ("stat",))
+        self.python: PythonInterpreters | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -105,10 +108,13 @@ class ProfilingReceiver(Component):
             for name in owner.stats:
                 self._unwind_stats.labels(stat=f"cache_{name}" if owner is self.row_source.cache else name).set_function(
                     lambda owner=owner, name=name: owner.stats.get(name, 0))
+        self._start_python(sampler)
         for tgid in self.processes.tgids():  # announced while the program was being attached
             info = self.processes.lookup(tgid)
             if info is not None:
                 self.unwind.register(info)
+                if self.python is not None:
+                    self.python.register(info)
         # Compiling the program with BCC's LLVM leaves tens of MiB of freed heap mapped; hand it
         # back (measured: steady RSS 204 -> 149 MiB; the peak during the compile stays).
         trim_heap()
@@ -117,6 +123,22 @@ class ProfilingReceiver(Component):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _start_python(self, sampler: Sampler) -> None:
+        """Python frames, unless the settings leave them out or the kernel cannot say where a
+        thread's TLS base is (which is how the walker finds the sampled thread's state)."""
+        if not self.config.python_frames():
+            return
+        if sampler.task_fsbase_offset is None:
+            self.log.warning("no Python frames: the kernel's BTF does not say where a thread's TLS base is kept", reason=sampler.python_frames_error)
+            return
+        self.python = PythonInterpreters(sampler.unwind_maps.python, self.log)
+        self.reports.python = self.python
+        self.processes.add_listener(self.python.register)
+        for owner in (self.python, self.python.code):
+            for name in owner.stats:
+                self._python_stats.labels(stat=f"code_{name}" if owner is self.python.code else name).set_function(
+                    lambda owner=owner, name=name: owner.stats.get(name, 0))
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -168,6 +190,8 @@ class ProfilingReceiver(Component):
         for pid in self.processes.forget_exited():
             self._sampler.forget_process(pid)
             self.unwind.forget(pid)
+            if self.python is not None:
+                self.python.forget(pid)
         self._processes_gauge.set(len(self.processes))
         if self._held is not None:
             data = merge(self._held, data)

@@ -20,6 +20,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2
 from pycollector.pdata import ProfilesBuilder
 
 from receivers.profiling.processes import ProcessInfo, ProcessTable
+from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND, PythonInterpreters
 from receivers.profiling.sampler import Interval, StackCount
 from receivers.profiling.symbolizer import Frame, Symbolizer
 
@@ -32,11 +33,14 @@ class ReportBuilder:
         self.processes = processes
         self.symbolizer = symbolizer
         self.host_name = host_name or socket.gethostname()
+        self.python: PythonInterpreters | None = None  # names Python frames, when they are walked
 
     def build(self, interval: Interval, on_error: Callable[[int, int, Exception], None] | None = None) -> profiles_pb2.ProfilesData:
         """One ResourceProfiles per process. A process whose stacks cannot be symbolized is left
         out and reported to ``on_error(tgid, samples, error)``; the others are still built."""
         builder = ProfilesBuilder()
+        if self.python is not None:
+            self.python.new_report()
         locations: dict[Frame, int] = {}  # the same frame recurs across stacks and threads
         by_process: dict[int, list[StackCount]] = collections.defaultdict(list)
         for stack in interval.stacks:
@@ -55,7 +59,9 @@ class ReportBuilder:
     def _frames(self, tgid: int, stack: StackCount) -> list[Frame]:
         frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
         if stack.user_addrs:
-            frames += self.symbolizer.symbolize_user(tgid, stack.user_addrs)
+            user = self.python.user_frames(tgid, stack.user_addrs, lambda native: self.symbolizer.symbolize_user(tgid, native)) \
+                if self.python is not None else None
+            frames += user if user is not None else self.symbolizer.symbolize_user(tgid, stack.user_addrs)
         return frames
 
     def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, symbolized: list, locations: dict) -> None:
@@ -96,6 +102,11 @@ class ReportBuilder:
     @staticmethod
     def _location(builder: ProfilesBuilder, frame: Frame, memo: dict[Frame, int]) -> int:
         if frame in memo:
+            return memo[frame]
+        if frame.kind == PYTHON_FRAME_KIND:  # no mapping: the code object is named, not an address
+            lines = [(builder.function(frame.name, system_name=frame.name, filename=frame.source_file or "", start_line=frame.first_line),
+                      frame.line, 0)] if frame.name else ()
+            memo[frame] = builder.location(0, frame.address, lines, attributes={"profile.frame.type": frame.kind})
             return memo[frame]
         mapping = 0
         if frame.file:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import structlog
 
-from receivers.profiling import bpf_program
+from receivers.profiling import bpf_program, kernel_btf
 from receivers.profiling.bpf_counters import USER_COUNTERS, read_counter_names
 from receivers.profiling.bpf_program import SamplerError
 
@@ -43,7 +43,8 @@ BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 BPF_SOURCE = BPF_DIR / "profile.bpf.c"
 
 PROGRAM_NAME = b"on_cpu_sample"
-UNWIND_STEP_NAME = b"unwind_step"  # tail-called from PROGRAM_NAME (bpf/unwind.h)
+UNWIND_STEP_NAME = b"unwind_step"  # tail-called from PROGRAM_NAME (bpf/unwind.bpf.c)
+PYTHON_WALK_NAME = b"python_walk"  # tail-called before it for a Python process (bpf/python.bpf.c)
 USER_STACK_HASHED = -61  # profile.h: user_stack_id of a stack the unwinder walked
 
 # How long collect() waits after flipping the active slot before draining the old one.  The BPF
@@ -94,6 +95,7 @@ class UnwindMaps:
     files: object  # unwind_files: file id -> (first row, row count)
     processes: object  # unwind_processes: tgid -> its executable mappings
     demand: object  # unwind_demand: file id -> frames that waited for its rows
+    python: object  # python_processes: tgid -> where its CPython keeps threads and frames
 
 
 @dataclass(slots=True)
@@ -209,6 +211,14 @@ class Sampler:
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
         self.counter_names = read_counter_names(self.source.parent / "profile.h")
         self.compile_log = ""  # whatever clang / the verifier printed during start()
+        # Where task_struct keeps a thread's TLS base, which CPython's thread states are matched
+        # on; None when the kernel's BTF does not say (then no Python frames: python_frames_error).
+        self.task_fsbase_offset: int | None = None
+        self.python_frames_error = ""
+        try:
+            self.task_fsbase_offset = kernel_btf.task_fsbase_offset()
+        except kernel_btf.BtfError as error:
+            self.python_frames_error = str(error)
 
         self._bpf = None
         self._closed = False
@@ -251,6 +261,7 @@ class Sampler:
             f"-DCOUNT_MAP_SIZE={self.count_map_size}",
             f"-DKNOWN_PROCESSES_SIZE={self.known_processes_size}",
             *self.unwind.cflags(),
+            *([f"-DTASK_FSBASE_OFFSET={self.task_fsbase_offset}"] if self.task_fsbase_offset is not None else []),
         ]
 
     def describe_program(self) -> str:
@@ -265,17 +276,19 @@ class Sampler:
             raise SamplerError("Sampler already started")
         from bcc import table as bcc_table
 
-        programs = {PROGRAM_NAME: "PERF_EVENT", UNWIND_STEP_NAME: "PERF_EVENT"}
+        programs = {PROGRAM_NAME: "PERF_EVENT", UNWIND_STEP_NAME: "PERF_EVENT", PYTHON_WALK_NAME: "PERF_EVENT"}
         bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), self.verifier_log_level, programs)
         try:
-            step = bpf.load_func(UNWIND_STEP_NAME, 0)  # loaded above; BCC hands back the same fd
-            bpf[b"unwind_programs"][ct.c_int(0)] = ct.c_int(step.fd)
+            # Loaded above: BCC hands back the same fds. Their places are bpf/unwind.bpf.c's
+            # UNWIND_STEP_PROGRAM and PYTHON_WALK_PROGRAM.
+            for index, name in enumerate((UNWIND_STEP_NAME, PYTHON_WALK_NAME)):
+                bpf[b"unwind_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
             bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, self.frequency_hz)
             self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
             self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
             self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
             self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
-                                          bpf[b"unwind_demand"])
+                                          bpf[b"unwind_demand"], bpf[b"python_processes"])
             unwind_events = bpf[b"unwind_events"]
             self._unwind_event_type = bcc_table._get_event_class(unwind_events)
             unwind_events.open_perf_buffer(self._on_unwind_event, page_cnt=8, lost_cb=self._on_lost)

@@ -170,7 +170,15 @@ class CodeCache:
                 if entry[1] == epoch:
                     self.stats["hits"] += 1
                     return entry[0]
-                if reader.identity(memory, address) == entry[0].identity:
+                try:
+                    same = reader.identity(memory, address) == entry[0].identity
+                except CodeReadError:
+                    # Nothing is there now (the process exited since the sample, or freed the
+                    # object): another code object would be readable, so the one the sample
+                    # saw was the one cached.
+                    self.stats["hits"] += 1
+                    return entry[0]
+                if same:
                     entry[1] = epoch
                     self.stats["hits"] += 1
                     return entry[0]

@@ -66,5 +66,7 @@ class ProcessMemory:
         self.close()
 
     def __del__(self) -> None:
+        # Readers shared between threads are let go rather than closed: a closed descriptor's
+        # number may be reused by another process's reader while a thread still reads through it.
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)

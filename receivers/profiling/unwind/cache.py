@@ -20,7 +20,7 @@ from receivers.profiling.unwind.rows import ROW_SIZE
 
 MAGIC = b"PCUNWIND"
 # Bump when the rows' meaning or layout changes (profile.h struct unwind_row, rows.py).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: CFA_RSP_DEREF and CFA_RBP_DEREF rows (were CFA_UNSUPPORTED)
 _HEADER = struct.Struct("<8sIII")  # magic, version, row count, crc32
 
 

@@ -4,7 +4,9 @@ The CFI of an x86-64 function says, for each address range, how to find the call
 CFA (the stack pointer before the call) as rsp or rbp plus an offset, the return address just
 below it, and where the caller's rbp was saved. The interpreter here runs each FDE's instructions
 (after its CIE's) and keeps only what the kernel uses; rules it cannot express become
-CFA_UNSUPPORTED rows, which the kernel counts and steps past by frame pointer. cfi.py reads the
+CFA_UNSUPPORTED rows, which the kernel counts and steps past by frame pointer. Two expressions
+are common enough to have rows of their own: the PLT's, and a CFA read from a stack slot (code that
+realigns its stack, such as OpenSSL's hashing). cfi.py reads the
 records; pyelftools finds the sections.
 
 Rows are packed as profile.h's ``struct unwind_row`` and sorted by address; each holds until the
@@ -28,7 +30,7 @@ ROW = struct.Struct("<IBBhi")
 ROW_SIZE = ROW.size
 
 # enum unwind_cfa_type, enum unwind_rbp_type (profile.h)
-CFA_UNDEFINED, CFA_RSP, CFA_RBP, CFA_PLT, CFA_END, CFA_UNSUPPORTED = range(6)
+CFA_UNDEFINED, CFA_RSP, CFA_RBP, CFA_PLT, CFA_END, CFA_UNSUPPORTED, CFA_RSP_DEREF, CFA_RBP_DEREF = range(8)
 RBP_SAME, RBP_AT_CFA, RBP_UNSUPPORTED = range(3)
 
 # DWARF register numbers on x86-64.
@@ -45,6 +47,9 @@ _OTHER = ("other",)
 _PLT_HEAD = bytes([0x77, 0x08, 0x80, 0x00, 0x3F, 0x1A])  # breg7 +8; breg16 +0; lit15; and
 _PLT_TAIL = bytes([0x2A, 0x33, 0x24, 0x22])  # ge; lit3; shl; plus
 _DW_OP_LIT0 = 0x30
+_DW_OP_BREG_RBP, _DW_OP_BREG_RSP = 0x76, 0x77
+_DW_OP_DEREF = 0x06
+_DW_OP_PLUS_UCONST = 0x23
 
 _UNDEFINED_ROW = (CFA_UNDEFINED, RBP_SAME, 0, 0)
 _UNSUPPORTED_ROW = (CFA_UNSUPPORTED, RBP_UNSUPPORTED, 0, 0)
@@ -311,6 +316,8 @@ def _encode(state: dict) -> tuple[int, int, int, int]:
         cfa = (CFA_RBP, value)
     elif register == "expression" and _plt_threshold(value) is not None:
         cfa = (CFA_PLT, _plt_threshold(value))
+    elif register == "expression" and (deref := _deref(value)) is not None:
+        cfa = deref
     else:
         return (CFA_UNSUPPORTED, RBP_UNSUPPORTED, 0, 0)
     rbp = state.get(RBP, _SAME)
@@ -321,6 +328,27 @@ def _encode(state: dict) -> tuple[int, int, int, int]:
     else:
         saved = (RBP_UNSUPPORTED, 0)
     return (cfa[0], saved[0], saved[1], cfa[1])
+
+
+def _deref(expression: bytes) -> tuple[int, int] | None:
+    """(CFA_RSP_DEREF or CFA_RBP_DEREF, packed offsets) for ``DW_OP_breg7/6 N; DW_OP_deref;
+    [DW_OP_plus_uconst M]``: the CFA is read from a stack slot, then M added (profile.h)."""
+    if not expression or expression[0] not in (_DW_OP_BREG_RSP, _DW_OP_BREG_RBP):
+        return None
+    try:
+        slot, position = sleb128(expression, 1)
+        if expression[position] != _DW_OP_DEREF:
+            return None
+        position += 1
+        added = 0
+        if position < len(expression) and expression[position] == _DW_OP_PLUS_UCONST:
+            added, position = uleb128(expression, position + 1)
+    except IndexError:
+        return None
+    if position != len(expression) or slot not in _S16 or not 0 <= added < 1 << 15:
+        return None
+    kind = CFA_RSP_DEREF if expression[0] == _DW_OP_BREG_RSP else CFA_RBP_DEREF
+    return kind, added << 16 | slot & 0xFFFF
 
 
 def _plt_threshold(expression: bytes) -> int | None:
