@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import agent_cost, bpf_stats, children, overhead, pipeline, procfs, report, rounds, side_by_side, sizes, truth, unwinding, workload
+from bench import agent_cost, bpf_stats, children, overhead, pipeline, procfs, python_frames, report, rounds, side_by_side, sizes, truth, unwinding, workload
 from bench.settings import FULL, QUICK
 from bench.sink import ProfilesSink
 
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs = rounds.run_rounds(settings, binary, workdir, sink)
                 side_by_side_runs = side_by_side.run_rounds(settings, binary, workdir, sink)
                 unwinding_runs, startup_runs = unwinding.run_rounds(settings, binary_without_frame_pointers, workdir, sink)
+                python_runs = python_frames.run_rounds(settings, workdir, sink)
             pipeline_dir = workdir / "pipeline"
             pipeline_dir.mkdir()
             pipeline_results, pipeline_shape = pipeline.run_rounds(pipeline_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
@@ -66,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         children.kill_all()
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-    loads += [run.load for run in runs + side_by_side_runs + unwinding_runs + startup_runs] + [procfs.load_average()]
-    rows = overhead.rows(runs) + agent_cost.rows(runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs) + pipeline.rows(pipeline_results) + sizes.rows(side_by_side_runs)
+    loads += [run.load for run in runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs] + [procfs.load_average()]
+    rows = (overhead.rows(runs) + agent_cost.rows(runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
+            + python_frames.rows(python_runs) + pipeline.rows(pipeline_results) + sizes.rows(side_by_side_runs))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)
     print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)
     return 0

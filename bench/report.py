@@ -65,6 +65,12 @@ METHOD = """\
   entry (`_start`, `__libc_start_call_main`). Files and rows: the unwind tables pycollector
   loaded for the processes it sampled on this host (its `pycollector_profiling_unwind_tables`
   metric, at the end of the warm start-up), 12 bytes of kernel memory a row.
+- **Python frames.** One `known_split.py` per CPU, under different CPythons (pyenv's newest, then
+  Debian's python3), runs through each round; pycollector (Python frames on, its default) and
+  then `py-spy record --rate {hz} --pid PID` on each of them, rotated, each settling
+  {settle_seconds:g} s before a {workload_seconds:g} s window. pycollector's total is its own CPU
+  and its BPF program's run time (bpf_stats), which the kernel charges to the sampled processes;
+  py-spy's is the CPU of all its processes (it reads the interpreters' memory from its own).
 - **Pipeline.** A `pycollector` process runs otlp receiver (gRPC) → batch (defaults) → otlp_grpc
   exporter (uncompressed) → a sink in the bench. {senders} client threads send {payloads_per_burst}
   host reports (ProfilesBuilder: {processes} processes, stacks 8–64 frames deep through shared

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import structlog
 
+from exporters.pprof.convert import to_pprof
+from exporters.profiles import FrameNames
 from pycollector.config.validate import build_plan
 from pycollector.pdata import iter_samples
 from pycollector.service import Service
@@ -291,3 +293,27 @@ def test_c_frames_sit_on_the_python_frame_that_called_them(profiled):
     hashing = share(stacks, c_code_over_caller)
     print(f"hashing: {hashing:.1%} of samples are SHA-256 code under hash_chunks")
     assert hashing >= 0.80, commonest(stacks, c_code_over_caller)
+
+
+def test_outputs_name_python_frames_by_file_and_line(profiled):
+    """The same run through what people open: pprof's functions carry the file and its lines the
+    line; the flame graph (and the debug exporter) name the frame ``spin_heavy (known_split.py:N)``."""
+    pid = profiled["pids"]["debian-3"]
+    pprof_lines, flame_names = set(), set()
+    for message in profiled["messages"]:
+        for converted in to_pprof(message, merged=False):
+            if converted.pid != pid:
+                continue
+            profile = converted.profile
+            functions = {function.id: function for function in profile.function}
+            for location in profile.location:
+                for line in location.line:
+                    function = functions[line.function_id]
+                    if profile.string_table[function.name] == "spin_heavy":
+                        pprof_lines.add((profile.string_table[function.filename], line.line))
+        names = FrameNames(message.dictionary)
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") == pid:
+                flame_names.update(name for name in names.of_stack(view.sample.stack_index) if name.startswith("spin_heavy"))
+    assert pprof_lines and {file for file, _ in pprof_lines} == {str(WORKLOADS / "known_split.py")}
+    assert {f"spin_heavy (known_split.py:{line})" for _, line in pprof_lines} == flame_names

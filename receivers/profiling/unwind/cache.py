@@ -56,7 +56,10 @@ class RowCache:
         rows = decode(data)
         if rows is None:
             self.stats["rejected"] += 1
-            self.log.warning("unwind cache file is damaged or from another version; rebuilding it", path=self.path(key))
+            if _other_version(data):  # after an upgrade, every file: expected, not a fault
+                self.log.info("unwind cache file is from another version of pycollector; rebuilding it", path=self.path(key))
+            else:
+                self.log.warning("unwind cache file is damaged; rebuilding it", path=self.path(key))
         return rows
 
     def _write(self, key: str, rows: bytes) -> None:
@@ -93,3 +96,10 @@ def decode(data: bytes) -> bytes | None:
     if magic != MAGIC or version != FORMAT_VERSION or len(rows) != count * ROW_SIZE or zlib.crc32(rows) != checksum:
         return None
     return rows
+
+
+def _other_version(data: bytes) -> bool:
+    if len(data) < _HEADER.size:
+        return False
+    magic, version, _, _ = _HEADER.unpack_from(data)
+    return magic == MAGIC and version != FORMAT_VERSION
