@@ -34,6 +34,7 @@ class ReportBuilder:
         self.symbolizer = symbolizer
         self.host_name = host_name or socket.gethostname()
         self.python: PythonInterpreters | None = None  # names Python frames, when they are walked
+        self._native_frames: dict[int, dict] = {}
 
     def build(self, interval: Interval, on_error: Callable[[int, int, Exception], None] | None = None) -> profiles_pb2.ProfilesData:
         """One ResourceProfiles per process. A process whose stacks cannot be symbolized is left
@@ -41,6 +42,7 @@ class ReportBuilder:
         builder = ProfilesBuilder()
         if self.python is not None:
             self.python.new_report()
+        self._native_frames = collections.defaultdict(dict)  # per process, for this report: see symbolize_user
         locations: dict[Frame, int] = {}  # the same frame recurs across stacks and threads
         by_process: dict[int, list[StackCount]] = collections.defaultdict(list)
         for stack in interval.stacks:
@@ -59,9 +61,10 @@ class ReportBuilder:
     def _frames(self, tgid: int, stack: StackCount) -> list[Frame]:
         frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
         if stack.user_addrs:
-            user = self.python.user_frames(tgid, stack.user_addrs, lambda native: self.symbolizer.symbolize_user(tgid, native)) \
+            memo = self._native_frames[tgid]
+            user = self.python.user_frames(tgid, stack.user_addrs, lambda native: self.symbolizer.symbolize_user(tgid, native, memo)) \
                 if self.python is not None else None
-            frames += user if user is not None else self.symbolizer.symbolize_user(tgid, stack.user_addrs)
+            frames += user if user is not None else self.symbolizer.symbolize_user(tgid, stack.user_addrs, memo)
         return frames
 
     def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, symbolized: list, locations: dict) -> None:

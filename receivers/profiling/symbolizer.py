@@ -428,8 +428,9 @@ class Symbolizer:
 
     # ----------------------------------------------------------------------- user
 
-    def symbolize_user(self, tgid: int, addrs: Sequence[int]) -> list[Frame]:
-        """Native user stack of process tgid, leaf first (needs a ProcessTable)."""
+    def symbolize_user(self, tgid: int, addrs: Sequence[int], memo: dict | None = None) -> list[Frame]:
+        """Native user stack of process tgid, leaf first (needs a ProcessTable). ``memo``: the
+        frames already made for this process (a report's stacks share most of their frames)."""
         if self.processes is None:
             raise ValueError("Symbolizer was created without a ProcessTable; "
                              "use symbolize_process(info, addrs)")
@@ -437,14 +438,21 @@ class Symbolizer:
         if info is None:
             return [Frame(a, "native") for a in addrs]
         return self.symbolize_process(
-            info, addrs, find_mapping=lambda a: self.processes.find_mapping(tgid, a))
+            info, addrs, find_mapping=lambda a: self.processes.find_mapping(tgid, a), memo=memo)
 
     def symbolize_process(self, info: ProcessInfo, addrs: Sequence[int],
-                          find_mapping=None) -> list[Frame]:
+                          find_mapping=None, memo: dict | None = None) -> list[Frame]:
         find = find_mapping or info.find_mapping
+        memo = {} if memo is None else memo
+        out = []
         with self._lock:
-            return [self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr))
-                    for i, addr in enumerate(addrs)]
+            for i, addr in enumerate(addrs):
+                key = (addr, i > 0)  # a return address is looked up one byte back
+                frame = memo.get(key)
+                if frame is None:
+                    frame = memo[key] = self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr))
+                out.append(frame)
+        return out
 
     def _symbolize_one(self, info: ProcessInfo, addr: int, lookup_addr: int,
                        m: Mapping | None) -> Frame:
