@@ -5,17 +5,21 @@ independent reader of the same bytes). And the row cache: a hit, and damaged fil
 from __future__ import annotations
 
 import bisect
+import glob
+import multiprocessing
 import os
 import re
 import shutil
 import subprocess
+import threading
+import time
 
 import pytest
 import structlog
 
 from receivers.profiling.unwind import cache as cache_module
 from receivers.profiling.unwind.cache import RowCache
-from receivers.profiling.unwind.registry import RowSource
+from receivers.profiling.unwind.registry import HelperDied, RowSource
 from receivers.profiling.unwind.rows import (
     CFA_END, CFA_PLT, CFA_RBP, CFA_RBP_DEREF, CFA_RSP, CFA_RSP_DEREF, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME,
     RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows, build_rows,
@@ -262,3 +266,48 @@ def test_code_without_unwind_tables_takes_its_rows_from_the_separate_debug_file(
     covered = [row for row in unpack(found) if row[0] <= main]
     assert covered and covered[-1][1] == CFA_RSP, "main's rule comes from the debug file's .debug_frame"
     assert len(unpack(alone)) < len(unpack(found)), "the stripped file alone has only its crt code's rows"
+
+
+def test_a_row_builder_that_dies_fails_its_file_and_the_next_file_gets_a_new_one(tmp_path):
+    """The helper process that builds a large file's rows is killed mid-build (the OOM killer
+    would): the build waiting on it fails at once, rather than waiting forever and leaving every
+    large file after it without rows, and the next file is built by a new helper."""
+    large = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libLLVM-*.so.1"))
+    if not large:
+        pytest.skip("no libLLVM here (BCC's dependency) to take the helper seconds")
+    source = RowSource(str(tmp_path / "cache"), structlog.get_logger())
+    source.start()
+    outcome: dict = {}
+
+    def build() -> None:
+        fd = os.open(large[0], os.O_RDONLY)
+        try:
+            outcome["rows"] = source(fd, large[0])
+        except Exception as error:  # noqa: BLE001 - the test looks at what it was
+            outcome["error"] = error
+        finally:
+            os.close(fd)
+            outcome["at"] = time.monotonic()
+
+    try:
+        builder = threading.Thread(target=build)
+        builder.start()
+        time.sleep(1.0)  # libLLVM's rows take the helper several seconds
+        helpers = multiprocessing.active_children()
+        assert helpers and "at" not in outcome, "the helper should be building libLLVM's rows"
+        for helper in helpers:
+            helper.kill()
+        killed = time.monotonic()
+        builder.join(timeout=10)
+        assert not builder.is_alive(), "the build waits for a helper that is gone"
+        assert isinstance(outcome.get("error"), HelperDied), outcome
+        assert outcome["at"] - killed < 2
+        libc = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+        fd = os.open(libc, os.O_RDONLY)
+        try:
+            rows = source(fd, libc)
+        finally:
+            os.close(fd)
+        assert len(rows) // ROW_SIZE > 1000, "libc's rows, from a new helper"
+    finally:
+        source.close()

@@ -22,6 +22,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from elftools.elf.elffile import ELFFile
@@ -371,7 +373,7 @@ class RowSource:
     def __init__(self, cache_dir: str, logger: Any):
         self.cache = RowCache(cache_dir, logger)
         self.log = logger
-        self._pool = None
+        self._pool: ProcessPoolExecutor | None = None
         self._closed = False
         self._lock = threading.Lock()
 
@@ -379,14 +381,16 @@ class RowSource:
         """Start the helper process now (it takes a few tenths of a second), not at the first
         file the cache does not have."""
         with self._lock:
-            self._start_pool()
+            self._start_pool().submit(os.getpid)  # the executor starts its process at a first task
 
-    def _start_pool(self):
+    def _start_pool(self) -> ProcessPoolExecutor:
         if self._closed:
             raise NoRows("stopping")
         if self._pool is None:
-            # spawn, not fork: this process has threads and BPF maps a fork would copy.
-            self._pool = multiprocessing.get_context("spawn").Pool(1)
+            # spawn, not fork: this process has threads and BPF maps a fork would copy. An
+            # executor, not multiprocessing.Pool: when its process dies (the OOM killer) the
+            # waiting build fails at once, where a Pool's would wait forever.
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         return self._pool
 
     def __call__(self, fd: int, path: str, root: str = "", *, small: bool = False) -> bytes:
@@ -410,15 +414,34 @@ class RowSource:
         return self.cache.get_or_build(key, lambda: self._build_elsewhere(fd, debug_files))
 
     def _build_elsewhere(self, fd: int, debug_files: list[str]) -> bytes:
-        with self._lock:
-            pool = self._start_pool()
-        pending = pool.apply_async(build_rows_at, (f"/proc/{os.getpid()}/fd/{fd}", debug_files))
-        while True:  # a terminated pool never answers: look up now and then
+        for _attempt in range(2):
+            with self._lock:
+                pool = self._start_pool()
             try:
-                return pending.get(timeout=0.2)
-            except multiprocessing.TimeoutError:
-                if self._closed:
-                    raise NoRows("stopping") from None
+                pending = pool.submit(build_rows_at, f"/proc/{os.getpid()}/fd/{fd}", debug_files)
+            except BrokenProcessPool:  # the helper died while idle: the next one builds this file
+                self._discard(pool)
+                continue
+            while True:
+                try:
+                    return pending.result(timeout=0.2)
+                except TimeoutError:  # look up now and then: close() may be waiting for us
+                    if self._closed:
+                        raise NoRows("stopping") from None
+                except BrokenProcessPool:
+                    self._discard(pool)
+                    if self._closed:
+                        raise NoRows("stopping") from None
+                    # Not tried again: the file may be what killed it (memory).
+                    raise HelperDied("the helper process building unwind rows died while building this file's; "
+                                     "another is started for the next file") from None
+        raise HelperDied("the helper process building unwind rows died twice before it could start on this file")
+
+    def _discard(self, pool: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        pool.shutdown(wait=False)
 
     def close(self) -> None:
         """Stop the helper, abandoning a build under way."""
@@ -426,4 +449,12 @@ class RowSource:
             pool, self._pool = self._pool, None
             self._closed = True
         if pool is not None:
-            pool.terminate()
+            # The executor has no way to stop a task that runs: end its process (its private
+            # table of processes is all there is until Python 3.14's terminate_workers()).
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+class HelperDied(RuntimeError):
+    """The row builder's process ended while it was building a file's rows."""
