@@ -9,6 +9,7 @@ came out: the known 3:1 split, kernel frames under a syscall loop, 20 processes 
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import shutil
 import subprocess
@@ -187,6 +188,21 @@ def test_resource_sample_and_location_attributes(profiled):
     assert all(frame.build_id for frame in view.frames if frame.mapping_filename.endswith("/known_split"))
     profile = view.profile
     assert profile.period == 1_000_000_000 // HZ
+    # Each of its mappings carries the file's ids, as OTel profiling conventions name them
+    # (exact values: test_profiling_symbolizer), and the data names the conventions' release.
+    binary = Path(view.resource["process.executable.path"]).read_bytes()
+    htlhash = hashlib.sha256(binary[:4096] + binary[-4096:] + len(binary).to_bytes(8, "big")).hexdigest()[:32]
+    for message in profiled["messages"]:
+        dictionary = message.dictionary
+        for resource_profiles in message.resource_profiles:
+            assert resource_profiles.schema_url.startswith("https://opentelemetry.io/schemas/1.")
+            assert all(scope.schema_url == resource_profiles.schema_url for scope in resource_profiles.scope_profiles)
+        for mapping in dictionary.mapping_table:
+            if dictionary.string_table[mapping.filename_strindex].endswith("/known_split"):
+                entries = [dictionary.attribute_table[index] for index in mapping.attribute_indices]
+                ids = {dictionary.string_table[entry.key_strindex]: entry.value.string_value for entry in entries}
+                assert ids["process.executable.build_id.htlhash"] == htlhash
+                assert len(ids["process.executable.build_id.gnu"]) == 40 and "process.executable.build_id.go" not in ids
 
 
 def test_syscall_workload_has_kernel_frames_above_user_frames(profiled):

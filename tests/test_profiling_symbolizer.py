@@ -13,6 +13,7 @@ from elftools.elf.elffile import ELFFile
 
 from receivers.profiling.processes import ProcessTable
 from receivers.profiling.symbolizer import (
+    ElfSymbols,
     KernelSymbols,
     Symbolizer,
     demangle,
@@ -282,3 +283,29 @@ def test_kallsyms_parsing_modules_aliases_and_bounds(tmp_path):
     assert look(0xFFFFFFFFC0200010)[2] == "[bpf]"
     frame = ks.lookup(0xFFFFFFFFC0100010)
     assert (frame.mapping_start, frame.mapping_limit) == (0xFFFFFFFFC0100000, 0xFFFFFFFFC0101000)
+
+
+def test_file_ids_match_what_other_tools_compute(tmp_path):
+    """A mapping's ids: the GNU build id as readelf prints it, a Go program's build id as `go
+    tool buildid` prints it, and the OTel profiling file id (htlhash) as coreutils compute the
+    spec's recipe: SHA-256 of the first and last 4096 bytes and the big-endian length, 16 bytes."""
+    libc = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+    go = os.path.realpath(shutil.which("go") or "")
+    if not go or not os.path.exists(go):
+        pytest.skip("no go toolchain (golang-go) to read a Go program's build id")
+    for path in (libc, go):
+        length = tmp_path / "length"
+        length.write_bytes(os.path.getsize(path).to_bytes(8, "big"))
+        recipe = f"(head -c 4096 '{path}'; tail -c 4096 '{path}'; cat '{length}') | sha256sum"
+        expected = subprocess.run(["sh", "-c", recipe], capture_output=True, text=True, check=True).stdout[:32]
+        assert headers_of(path).htlhash == expected, path
+    readelf = subprocess.run(["readelf", "-n", libc], capture_output=True, text=True, check=True).stdout
+    assert headers_of(libc).build_id == readelf.split("Build ID: ")[1].split()[0]
+    assert headers_of(libc).go_build_id is None
+    buildid = subprocess.run(["go", "tool", "buildid", go], capture_output=True, text=True, check=True).stdout.strip()
+    assert buildid and headers_of(go).go_build_id == buildid
+
+
+def headers_of(path: str) -> ElfSymbols:
+    with open(path, "rb") as stream:
+        return ElfSymbols.read_headers(ELFFile(stream), path)

@@ -299,10 +299,10 @@ class ProfilesBuilder:
         return resource_profiles
 
     def scope_profiles(
-        self, resource_profiles: profiles_pb2.ResourceProfiles, name: str = "", version: str = ""
+        self, resource_profiles: profiles_pb2.ResourceProfiles, name: str = "", version: str = "", schema_url: str = ""
     ) -> profiles_pb2.ScopeProfiles:
         return resource_profiles.scope_profiles.add(
-            scope=common_pb2.InstrumentationScope(name=name, version=version)
+            scope=common_pb2.InstrumentationScope(name=name, version=version), schema_url=schema_url
         )
 
     def profile(

@@ -4,8 +4,9 @@ The shape follows what opentelemetry-ebpf-profiler sends, so backends treat our 
 one ResourceProfiles per process (``process.pid``, ``process.executable.name``,
 ``process.executable.path``, ``container.id``, ``host.name``), one Profile with sample type
 ``samples/count`` and period ``cpu/nanoseconds``, samples carrying ``thread.id`` and
-``thread.name``, locations carrying ``profile.frame.type`` and mappings carrying
-``process.executable.build_id.gnu``. Stacks are leaf first: kernel frames (when the sample was
+``thread.name``, locations carrying ``profile.frame.type`` and mappings carrying the file's ids
+(``process.executable.build_id.gnu``, ``.go`` and ``.htlhash``, which every file has); the
+resource and scope name the semantic conventions release these names are from. Stacks are leaf first: kernel frames (when the sample was
 taken in the kernel) above the user frames that called into it.
 """
 
@@ -26,6 +27,9 @@ from receivers.profiling.symbolizer import Frame, Symbolizer
 
 SCOPE_NAME = "pycollector/receivers/profiling"
 SCOPE_VERSION = "0.1.0"
+# The semantic conventions release whose attribute names the profiles carry (htlhash and
+# profile.frame.type are in it).
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.34.0"
 
 
 class ReportBuilder:
@@ -69,9 +73,9 @@ class ReportBuilder:
 
     def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, symbolized: list, locations: dict) -> None:
         stacks = [stack for stack, _ in symbolized]
-        resource = builder.resource_profiles(self._resource_attributes(tgid, self.processes.lookup(tgid), stacks))
+        resource = builder.resource_profiles(self._resource_attributes(tgid, self.processes.lookup(tgid), stacks), schema_url=SCHEMA_URL)
         profile = builder.profile(
-            builder.scope_profiles(resource, name=SCOPE_NAME, version=SCOPE_VERSION),
+            builder.scope_profiles(resource, name=SCOPE_NAME, version=SCOPE_VERSION, schema_url=SCHEMA_URL),
             sample_type=("samples", "count"),
             period_type=("cpu", "nanoseconds"),
             period=interval.period_ns,
@@ -118,8 +122,18 @@ class ReportBuilder:
                 memory_limit=frame.mapping_limit,
                 file_offset=frame.mapping_offset,
                 filename=frame.file,
-                attributes={"process.executable.build_id.gnu": frame.build_id} if frame.build_id else None,
+                attributes=_file_ids(frame),
             )
         lines = [(builder.function(frame.name, system_name=frame.name), 0, 0)] if frame.name else ()
         memo[frame] = builder.location(mapping, frame.address, lines, attributes={"profile.frame.type": frame.kind})
         return memo[frame]
+
+
+# A mapping's file ids, under the names OpenTelemetry's profiling conventions give them.
+_FILE_ID_KEYS = (("build_id", "process.executable.build_id.gnu"), ("go_build_id", "process.executable.build_id.go"),
+                 ("htlhash", "process.executable.build_id.htlhash"))
+
+
+def _file_ids(frame: Frame) -> dict[str, str] | None:
+    ids = {key: getattr(frame, field) for field, key in _FILE_ID_KEYS if getattr(frame, field)}
+    return ids or None

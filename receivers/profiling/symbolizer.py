@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import ctypes.util
+import hashlib
 import os
 import struct
 import threading
@@ -37,6 +38,7 @@ from elftools.elf.elffile import ELFFile
 from .processes import Mapping, ProcessInfo, ProcessTable, open_mapped_file
 
 KERNEL_FILE = "[kernel.kallsyms]"
+NT_GO_BUILD_ID = 4
 NT_GNU_BUILD_ID = 3
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _KALLSYMS_TEXT_TYPES = frozenset("TtWw")
@@ -55,6 +57,8 @@ class Frame:
     offset: int = 0  # address - start of the symbol (0 without a symbol)
     file: str | None = None  # mapped path as the process sees it, "[kernel.kallsyms]", "[mod]"
     build_id: str | None = None  # GNU build id, hex
+    go_build_id: str | None = None  # a Go program's own build id (.note.go.buildid)
+    htlhash: str | None = None  # the OTel profiling file id: see file_htlhash
     mapping_start: int = 0
     mapping_limit: int = 0
     mapping_offset: int = 0  # file offset of mapping_start
@@ -108,17 +112,24 @@ demangle = _Demangler()
 # Kernel
 
 
-def parse_build_id_notes(data: bytes) -> str | None:
-    """The GNU build id in a raw ELF note blob (/sys/kernel/notes, .note.gnu.build-id)."""
+def find_note(data: bytes, owner: bytes, note_type: int) -> bytes | None:
+    """The descriptor of the first note from ``owner`` of ``note_type`` in a raw ELF note blob
+    (little-endian, 4-byte aligned as x86-64's are)."""
     pos = 0
     while pos + 12 <= len(data):
         namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
         name_at = pos + 12
         desc_at = name_at + ((namesz + 3) & ~3)
-        if ntype == NT_GNU_BUILD_ID and data[name_at:name_at + namesz].rstrip(b"\0") == b"GNU":
-            return data[desc_at:desc_at + descsz].hex()
+        if ntype == note_type and data[name_at:name_at + namesz].rstrip(b"\0") == owner and desc_at + descsz <= len(data):
+            return data[desc_at:desc_at + descsz]
         pos = desc_at + ((descsz + 3) & ~3)
     return None
+
+
+def parse_build_id_notes(data: bytes) -> str | None:
+    """The GNU build id in a raw ELF note blob (/sys/kernel/notes, .note.gnu.build-id)."""
+    found = find_note(data, b"GNU", NT_GNU_BUILD_ID)
+    return found.hex() if found is not None else None
 
 
 def _read_bytes(path: str) -> bytes | None:
@@ -235,12 +246,19 @@ class ElfSymbols:
     def __init__(self, path: str) -> None:
         self.path = path
         self.build_id: str | None = None
+        self.go_build_id: str | None = None
+        self.htlhash: str | None = None
         self.debuglink: str | None = None
         self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_filesz, p_vaddr)
         self.symbol_source = ""  # ".symtab", ".dynsym", or the debug file used
         self._starts: list[int] = []
         self._ends: list[int] = []
         self._names: list[str] = []
+
+    @property
+    def ids(self) -> dict[str, str | None]:
+        """The file's ids, as Frame fields."""
+        return {"build_id": self.build_id, "go_build_id": self.go_build_id, "htlhash": self.htlhash}
 
     @property
     def symbol_count(self) -> int:
@@ -267,6 +285,8 @@ class ElfSymbols:
             if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
                 out.loads.append((seg["p_offset"], seg["p_filesz"], seg["p_vaddr"]))
         out.build_id = elf_build_id(elf)
+        out.go_build_id = go_build_id(elf)
+        out.htlhash = file_htlhash(elf.stream)
         link = elf.get_section_by_name(".gnu_debuglink")
         if link is not None:
             data = link.data()
@@ -347,6 +367,35 @@ def elf_build_id(elf: ELFFile) -> str | None:
                 if note["n_type"] == "NT_GNU_BUILD_ID":
                     return note["n_desc"]
     return None
+
+
+def go_build_id(elf: ELFFile) -> str | None:
+    """The Go toolchain's build id: the note of .note.go.buildid (owner "Go", type 4)."""
+    section = elf.get_section_by_name(".note.go.buildid")
+    if section is None or section["sh_type"] == "SHT_NOBITS" or not elf.little_endian:
+        return None
+    found = find_note(section.data(), b"Go", NT_GO_BUILD_ID)
+    return found.decode("ascii", "replace") if found else None
+
+
+HTLHASH_PAGE = 4096
+
+
+def file_htlhash(stream) -> str | None:
+    """The file id OpenTelemetry's profiling conventions define for mappings
+    (``process.executable.build_id.htlhash``, the one id every file has): the first 16 bytes of
+    SHA-256 over the file's first and last 4096 bytes (overlapping in a small file) and its
+    length as a big-endian uint64, in hex. Backends match it with what other profilers send."""
+    try:
+        stream.seek(0, os.SEEK_END)
+        size = stream.tell()
+        stream.seek(0)
+        head = stream.read(HTLHASH_PAGE)
+        stream.seek(max(0, size - HTLHASH_PAGE))
+        tail = stream.read(HTLHASH_PAGE)
+    except OSError:
+        return None
+    return hashlib.sha256(head + tail + size.to_bytes(8, "big")).digest()[:16].hex()
 
 
 class _LRU(OrderedDict):
@@ -479,10 +528,10 @@ class Symbolizer:
         vaddr, sym = hit
         file_address = None if vaddr is None else vaddr + (addr - lookup_addr)
         if sym is None:
-            return Frame(addr, "native", build_id=elf.build_id, file_address=file_address, **base)
+            return Frame(addr, "native", file_address=file_address, **elf.ids, **base)
         name, start = sym
         return Frame(addr, "native", name=name, offset=file_address - start if file_address
-                     is not None else 0, build_id=elf.build_id, file_address=file_address, **base)
+                     is not None else 0, file_address=file_address, **elf.ids, **base)
 
     # ----------------------------------------------------------------------- files
 
