@@ -4,6 +4,7 @@ functions, and the symbolizer must name them from the process's mappings and ELF
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +20,8 @@ from receivers.profiling.symbolizer import (
     demangle,
     parse_build_id_notes,
 )
+
+from tests.conftest import WORKLOADS
 
 PROGRAM_C = r"""
 #include <stdio.h>
@@ -211,6 +214,26 @@ def test_cplusplus_names_are_demangled(tmp_path, table):
     assert demangle("_ZN3foo3barEv") == "foo::bar()"
     assert demangle("not_mangled") == "not_mangled"
     assert demangle("_Zbroken") == "_Zbroken"
+
+
+@pytest.mark.parametrize("scheme", ["legacy", "v0"])
+def test_rust_names_are_demangled_without_their_hash(tmp_path, scheme):
+    """Both of rustc's symbol schemes, as rustc writes them for known_split.rs: the functions
+    are named as the source has them (legacy's ::h<hash> suffix dropped, as perf shows it)."""
+    need("rustc")
+    binary = tmp_path / f"known_split_{scheme}"
+    scheme_flags = [] if scheme == "legacy" else ["-C", "symbol-mangling-version=v0"]  # legacy: stable rustc's default
+    subprocess.run(["rustc", "-O", *scheme_flags, "-o", str(binary), str(WORKLOADS / "known_split.rs")], check=True, capture_output=True)
+    with open(binary, "rb") as stream:
+        elf = ELFFile(stream)
+        raw = {symbol.name: symbol["st_value"] for symbol in elf.get_section_by_name(".symtab").iter_symbols()
+               if "known_split" in symbol.name and symbol["st_info"]["type"] == "STT_FUNC"}
+        headers = ElfSymbols.read_headers(elf, str(binary))
+        assert headers.read_symbols(elf, ".symtab", demangle)
+    assert raw and all(name.startswith("_ZN" if scheme == "legacy" else "_R") for name in raw), raw
+    names = {headers.lookup(address)[0] for address in raw.values()}
+    assert {"known_split::spin_heavy", "known_split::spin_light", "known_split::main"} <= names, names
+    assert not [name for name in names if re.search(r"::h[0-9a-f]{16}$", name)], names
 
 
 def test_files_stay_readable_after_exit_and_delete(tmp_path, table):

@@ -20,8 +20,6 @@ that is the last instruction of a function is not attributed to the next one.
 from __future__ import annotations
 
 import bisect
-import ctypes
-import ctypes.util
 import hashlib
 import os
 import struct
@@ -32,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pydemumble
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
@@ -73,39 +72,16 @@ Symbol = Frame
 
 
 # --------------------------------------------------------------------------------------------
-# C++ demangling through libstdc++'s __cxa_demangle
+# Demangling: C++ (Itanium), Rust legacy and Rust v0
 
 
-class _Demangler:
-    def __init__(self) -> None:
-        self._fn = None
-        self._free = None
-        try:
-            lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        except OSError:
-            return
-        fn = getattr(lib, "__cxa_demangle")  # (getattr: a class body would mangle the name)
-        fn.restype = ctypes.c_void_p
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.POINTER(ctypes.c_int)]
-        libc.free.argtypes = [ctypes.c_void_p]
-        self._fn, self._free = fn, libc.free
-
-    def __call__(self, name: str) -> str:
-        if self._fn is None or not name.startswith("_Z"):
-            return name
-        status = ctypes.c_int(0)
-        ptr = self._fn(name.encode(), None, None, ctypes.byref(status))
-        if not ptr:
-            return name
-        try:
-            return ctypes.string_at(ptr).decode("utf-8", "replace") if status.value == 0 else name
-        finally:
-            self._free(ptr)
-
-
-demangle = _Demangler()
+def demangle(name: str) -> str:
+    """``name`` as people read it: ``known_split::spin_heavy`` for Rust's legacy
+    ``_ZN11known_split10spin_heavy17h929ba14e6bb210d5E`` (the hash dropped, as perf and rustfilt
+    show it) and its v0 ``_RNv...``; C++ with its parameter types. Others are returned as given."""
+    if not name.startswith(("_Z", "_R")):  # neither scheme: most C symbols, without a call
+        return name
+    return pydemumble.demangle(name) or name
 
 
 # --------------------------------------------------------------------------------------------
