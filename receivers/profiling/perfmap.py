@@ -1,0 +1,351 @@
+"""Names for JIT-compiled code, from the perf map a runtime writes (/tmp/perf-<pid>.map).
+
+The file: one line per code object, ``START SIZE name`` (START and SIZE in hex, with or without
+0x; the name runs to the end of the line and may hold spaces), appended as code is compiled.  A
+later line whose range overlaps an earlier one replaces it: the earlier code was freed and its
+space reused (V8), or the file was rewritten (a JVM).  Who writes one:
+
+- Node.js: ``node --perf-basic-prof`` (or ``--perf-basic-prof-only-functions``) appends a line for
+  every builtin, bytecode handler and compiled function ("JS:*name file:line:col"; ``*`` optimized,
+  ``^`` baseline, ``~`` interpreted).  The file outlives the process.  (Node 20 also writes a
+  small isolate-*-v8.log into its working directory.)
+- HotSpot JVM (JDK 17): ``jcmd <pid> Compiler.perfmap``.  No VM option is needed.  The JVM itself,
+  not jcmd, writes the file: /tmp/perf-<pid>.map in its own /tmp (so a container's), named with its
+  own pid (the pid inside its pid namespace), truncated and rewritten in place with every blob then
+  in the code cache: compiled methods as "long KnownSplit.spinHeavy(long)" (return type,
+  class.method(argument types)), other blobs as "Interpreter" (every interpreted method runs in
+  it), "StubRoutines (1)", "I2C/C2I adapters" and so on.  It is a snapshot: methods compiled later
+  have no name until the command is run again (at exit, ``-XX:+UnlockDiagnosticVMOptions
+  -XX:+DumpPerfMapAtExit`` writes one, too late for a live profile).  JDK 17's command takes no
+  file name.  For the unwinder to walk through compiled Java frames, run the JVM with
+  ``-XX:+PreserveFramePointer``.
+
+Reading: the file is opened through the process's root (/proc/PID/root), so a container's /tmp is
+read, and named with the pid inside the process's pid namespace (the last field of ``NSpid:`` in
+/proc/PID/status).  As perf does, a file owned by neither root nor the process's user is refused
+(anyone can create a file in /tmp), and so is one not modified since before the process started
+(a map left by an earlier process with the same pid: Node never removes its map).  Only the bytes
+appended since the last read are read; a file that was replaced (another inode), shrank, or was
+rewritten in place (same size but a new mtime, or the bytes before our offset changed) is read
+again from the start, and replaces what was read before.
+
+When the file is checked: at the first lookup for a process; then on a lookup that misses, at most
+once per ``refresh_interval_s`` per process (new code is what misses); and on any lookup once the
+last check is ``max_age_s`` old (code replaced in place hits under its old name until then).  A
+check is one stat() when nothing changed.  Lookups are a bisect over sorted, non-overlapping
+ranges; lines read in one check are merged in one batch (see `_merge`).
+
+Memory: at most ``max_entries`` ranges per process (about 180 bytes a range with Node's names:
+18 MB at the default 100,000; a read holds at most twice that).  When full, new ranges are
+dropped (counted in stats["entries_dropped"]), but the older ranges they overlap are removed all
+the same: a name may be missing, never stale.  `forget(pid)` drops a process.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import heapq
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from .processes import ProcessInfo
+
+DEFAULT_MAX_ENTRIES = 100_000
+DEFAULT_REFRESH_INTERVAL_S = 1.0
+DEFAULT_MAX_AGE_S = 10.0
+
+_READ_CHUNK = 4 << 20
+_TAIL = 64  # bytes before the read offset kept to tell an append from a rewrite
+# A batch up to this long is merged range by range: each costs a list insert, a memmove of the
+# index (~30 us at 100k ranges, less at the end); a longer one by one sweep (~0.4 us a range).
+_FEW = 1000
+# A process's start time comes from btime (whole seconds) and clock ticks: allow for that.
+_START_SLACK_NS = 2_000_000_000
+
+
+def parse_line(line: bytes) -> tuple[int, int, str] | None:
+    """(start, end, name) of one perf map line, or None when it is not one."""
+    parts = line.split(None, 2)
+    if len(parts) != 3:
+        return None
+    try:
+        start, size = int(parts[0], 16), int(parts[1], 16)  # int() takes the 0x itself
+    except ValueError:
+        return None
+    if start < 0 or size <= 0:
+        return None
+    return start, start + size, parts[2].rstrip().decode("utf-8", "replace")
+
+
+def status_ids(pid: int, proc_root: str = "/proc") -> tuple[int, frozenset[int]]:
+    """(the pid the process has in its own pid namespace, which names its perf map; its uids)
+    from /proc/PID/status.  The pid itself when there is no NSpid line (kernels before 4.1) or
+    the process is gone (then no uids either)."""
+    nspid, uids = pid, frozenset()
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    nspid = int(line.split()[-1])
+                elif line.startswith(b"Uid:"):
+                    uids = frozenset(int(u) for u in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return nspid, uids
+
+
+def jit_runtime(exe_path: str | None, mapping_paths: Iterable[str]) -> str | None:
+    """The frame type of a process's JIT-compiled code, as OpenTelemetry's profiling
+    conventions name it: "v8js" for Node.js (executable node or nodejs, or libnode mapped),
+    "jvm" for a HotSpot JVM (libjvm.so mapped, whatever the launcher), else None."""
+    if os.path.basename(exe_path or "") in ("node", "nodejs"):
+        return "v8js"
+    for path in mapping_paths:
+        name = os.path.basename(path)
+        if name == "libjvm.so":
+            return "jvm"
+        if name.startswith("libnode.so"):  # a node built shared (Debian's) has V8 in libnode.so.NNN
+            return "v8js"
+    return None
+
+
+def process_jit_runtime(info: ProcessInfo) -> str | None:
+    return jit_runtime(info.executable_name, (m.path for m in info.mappings))
+
+
+class _Map:
+    """One process's perf map: the file as last seen, and the ranges read from it."""
+
+    __slots__ = ("path", "uids", "started_ns", "checked_at", "file", "read_to", "mtime_ns",
+                 "offset", "tail", "starts", "ends", "names")
+
+    def __init__(self, path: str, uids: frozenset[int], started_ns: int | None) -> None:
+        self.path, self.uids, self.started_ns = path, uids, started_ns
+        self.checked_at = 0.0
+        self.file: tuple[int, int] | None = None  # (dev, inode) read from
+        self.read_to = 0  # bytes examined (a partial last line included)
+        self.mtime_ns = 0
+        self.reset(None)
+
+    def reset(self, file: tuple[int, int] | None) -> None:
+        self.file = file
+        self.offset = 0  # end of the last complete line read
+        self.tail = b""  # the bytes just before offset
+        self.starts: list[int] = []  # sorted, non-overlapping [start, end) ranges
+        self.ends: list[int] = []
+        self.names: list[str] = []
+
+    def find(self, addr: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0 and addr < self.ends[i]:
+            return self.names[i], self.starts[i]
+        return None
+
+
+class PerfMaps:
+    """Perf maps of the sampled processes, keyed by pid.  Thread-safe.
+
+    max_entries:         ranges kept per process (see the module docstring).
+    refresh_interval_s:  a lookup that misses re-checks the file at most this often.
+    max_age_s:           any lookup re-checks a file last checked this long ago.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        proc_root: str = "/proc",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_entries = max_entries
+        self.refresh_interval_s = refresh_interval_s
+        self.max_age_s = max_age_s
+        self.proc = proc_root
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._maps: dict[int, _Map] = {}
+        self.stats = {"files_read": 0, "appends_read": 0, "lines": 0, "malformed_lines": 0,
+                      "entries_replaced": 0, "entries_dropped": 0, "files_refused": 0}
+
+    def lookup(self, pid: int, addr: int, *, root: str | None = None, nspid: int | None = None,
+               started_ns: int | None = None) -> tuple[str, int] | None:
+        """(name, start) of the JIT code of process ``pid`` that holds ``addr``, or None.
+
+        The first lookup of a pid fixes where its file is: ``root`` (default /proc/PID/root),
+        ``nspid`` (default: read from /proc/PID/status) and ``started_ns`` (the process's start,
+        wall clock ns, as ProcessInfo.start_time_ns; None: no check against stale files)."""
+        with self._lock:
+            now = self._clock()
+            m = self._maps.get(pid)
+            if m is None:
+                m = self._maps[pid] = self._new_map(pid, root, nspid, started_ns)
+                self._check(m, now)
+            hit = m.find(addr)
+            age = now - m.checked_at
+            if age >= self.max_age_s or (hit is None and age >= self.refresh_interval_s):
+                self._check(m, now)
+                hit = m.find(addr)
+            return hit
+
+    def lookup_process(self, info: ProcessInfo, addr: int) -> tuple[str, int] | None:
+        return self.lookup(info.pid, addr, started_ns=info.start_time_ns)
+
+    def forget(self, pid: int) -> None:
+        """Drop an exited process (its pid may come back as another process): call it with the
+        tgids ProcessTable.forget_exited() returns."""
+        with self._lock:
+            self._maps.pop(pid, None)
+
+    def entries(self, pid: int) -> int:
+        with self._lock:
+            m = self._maps.get(pid)
+            return len(m.starts) if m else 0
+
+    # ----------------------------------------------------------------------- reading
+
+    def _new_map(self, pid: int, root: str | None, nspid: int | None,
+                 started_ns: int | None) -> _Map:
+        own_nspid, uids = status_ids(pid, self.proc)
+        root = f"{self.proc}/{pid}/root" if root is None else root
+        return _Map(f"{root}/tmp/perf-{own_nspid if nspid is None else nspid}.map", uids,
+                    started_ns)
+
+    def _check(self, m: _Map, now: float) -> None:
+        m.checked_at = now
+        try:
+            st = os.lstat(m.path)
+        except OSError:
+            return  # none yet (a JVM before jcmd), or the process is gone: keep what we have
+        if ((st.st_dev, st.st_ino) == m.file and st.st_size == m.read_to
+                and st.st_mtime_ns == m.mtime_ns):
+            return
+        try:
+            # O_NONBLOCK: a FIFO planted in /tmp must not hang us (it is refused below).
+            fd = os.open(m.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink: refused, as any file but a regular one
+                self._refuse(m)
+            return
+        try:
+            st = os.fstat(fd)
+            if not self._acceptable(m, st):
+                self._refuse(m)
+                return
+            file = (st.st_dev, st.st_ino)
+            appended = (file == m.file and st.st_size >= m.read_to
+                        and not (st.st_size == m.read_to and st.st_mtime_ns != m.mtime_ns)
+                        and os.pread(fd, len(m.tail), m.offset - len(m.tail)) == m.tail)
+            if appended:
+                self.stats["appends_read"] += 1
+            else:
+                self.stats["files_read"] += 1
+                m.reset(file)
+            self._read(m, fd)
+            m.mtime_ns = os.fstat(fd).st_mtime_ns
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _refuse(self, m: _Map) -> None:
+        self.stats["files_refused"] += 1
+        m.reset(None)
+        m.read_to = m.mtime_ns = 0
+
+    def _acceptable(self, m: _Map, st: os.stat_result) -> bool:
+        if not stat.S_ISREG(st.st_mode) or (st.st_uid != 0 and st.st_uid not in m.uids):
+            return False
+        return m.started_ns is None or st.st_mtime_ns >= m.started_ns - _START_SLACK_NS
+
+    def _read(self, m: _Map, fd: int) -> None:
+        """Read from m.offset to the end of the file; merge the complete lines."""
+        pos, rest, batch = m.offset, b"", []
+        while True:
+            data = os.pread(fd, _READ_CHUNK, pos)
+            if not data:
+                break
+            pos += len(data)
+            data = rest + data
+            cut = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+            rest = data[cut:]
+            lines = data[:cut].splitlines()
+            self.stats["lines"] += len(lines)
+            for line in lines:
+                entry = parse_line(line)
+                if entry is not None:
+                    batch.append(entry)
+                elif line.strip():
+                    self.stats["malformed_lines"] += 1
+            if len(batch) >= self.max_entries:  # bound what a huge file holds in memory
+                self._merge(m, batch)
+                batch = []
+            if cut:
+                m.offset = pos - len(rest)
+                m.tail = (m.tail + data[max(0, cut - _TAIL):cut])[-_TAIL:]
+        self._merge(m, batch)
+        m.read_to = pos
+
+    # ----------------------------------------------------------------------- the index
+
+    def _merge(self, m: _Map, batch: list[tuple[int, int, str]]) -> None:
+        """Add the ranges read, in file order, to m's index: replaying them one by one, each
+        removing the older ranges it overlaps.  Up to _FEW are inserted in place (a bisect and
+        a list insert each); a longer batch (a file's first read) is merged by one sweep."""
+        if len(batch) <= _FEW:
+            starts, ends, names = m.starts, m.ends, m.names
+            for start, end, name in batch:
+                lo = bisect.bisect_right(ends, start)  # the first range that ends after start
+                hi = bisect.bisect_left(starts, end, lo)  # the first that starts at or after end
+                if hi > lo:
+                    del starts[lo:hi], ends[lo:hi], names[lo:hi]
+                    self.stats["entries_replaced"] += hi - lo
+                elif len(starts) >= self.max_entries:
+                    self.stats["entries_dropped"] += 1
+                    continue
+                starts.insert(lo, start)
+                ends.insert(lo, end)
+                names.insert(lo, name)
+            return
+        kept = list(zip(m.starts, m.ends, m.names))  # all older than the batch, disjoint
+        before = len(kept) + len(batch)
+        kept = _survivors(kept + batch)
+        self.stats["entries_replaced"] += before - len(kept)
+        if len(kept) > self.max_entries:  # full: the newest ranges go
+            cut = sorted(seq for _s, seq, _e, _n in kept)[self.max_entries]
+            self.stats["entries_dropped"] += len(kept) - self.max_entries
+            kept = [k for k in kept if k[1] < cut]
+        m.starts = [k[0] for k in kept]
+        m.ends = [k[2] for k in kept]
+        m.names = [k[3] for k in kept]
+
+
+def _survivors(entries: list[tuple[int, int, str]]) -> list[tuple[int, int, int, str]]:
+    """The entries (in file order) that no later entry overlaps, as (start, seq, end, name)
+    sorted by start.
+
+    One sweep by start: every range active at a start point contains that point, so any two of
+    them overlap and, of all the ranges active there, only the newest can still be alive.  A
+    heap of the active ranges keyed by newest first gives that one: a new range either is older
+    than it (and dies) or kills it.  Ranges that no earlier range reaches start a new heap, so
+    the usual disjoint file costs one sort and a loop."""
+    order = sorted((s, seq, e, name) for seq, (s, e, name) in enumerate(entries))
+    dead = bytearray(len(entries))
+    heap: list[tuple[int, int]] = []  # (-seq, end) of the ranges active at the current start
+    reach = -1  # the largest end so far
+    for start, seq, end, _name in order:
+        if start >= reach:
+            heap = [(-seq, end)]
+        else:
+            while heap[0][1] <= start:  # never empties: the range that reaches `reach` stays
+                heapq.heappop(heap)
+            newest = -heap[0][0]
+            dead[seq if newest > seq else newest] = 1
+            heapq.heappush(heap, (-seq, end))
+        reach = max(reach, end)
+    return [o for o in order if not dead[o[1]]]
