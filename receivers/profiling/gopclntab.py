@@ -1,0 +1,277 @@
+"""Function names, files and lines of Go programs from their own function table, the pclntab.
+
+`go build -ldflags="-s -w"` drops .symtab and DWARF, but the Go runtime needs its function table
+for tracebacks, so every Go binary keeps it: sorted function entries, each function's name, and
+per-function tables mapping pc to file and line.  GoFunctions reads it once per file and keeps the
+entries in an array that lookup() bisects; a function's name and its pc tables are decoded only
+when an address in it is looked up: a profile touches a few hundred functions, and decoding all
+of them up front costs 0.45 s for terraform's 102k functions against 20 ms for reading the table.
+It keeps the table's bytes, about a third of a Go binary (19.5 MB of kubectl's 60 MB).
+
+Where the table is: the section .gopclntab (internal linking, and external linking without RELRO),
+else .data.rel.ro.gopclntab (-buildmode=pie, internal linking), else inside .data.rel.ro, found by
+its header, where the host linker merged it (external linking with RELRO, e.g. an externally
+linked PIE, or Docker's CLI); that search runs only in a Go program (.go.buildinfo or
+.note.go.buildid), so other large files pay nothing.
+
+Layouts, told apart by the header's magic (Go's src/debug/gosym/pclntab.go and runtime/symtab.go):
+  0xfffffffb  Go 1.2-1.15   the function table is pairs of pointer-sized (entry pc, offset of the
+                            function record); names, files and pc tables are offsets from the table
+                            start; a function's file number indexes one global file table.
+  0xfffffffa  Go 1.16-1.17  the header gives the offsets of the name, compilation-unit, file, pc
+                            and function tables; a file number goes through the function's
+                            compilation unit (cutab) to an offset in the file name table.
+  0xfffffff0  Go 1.18-1.19  as 1.16, with 32-bit entries relative to the header's text start.
+  0xfffffff1  Go 1.20+      as 1.18 for what is read here (1.20 added fields after them).
+The header's pointer size and pc quantum are used, not assumed; tables must be little-endian.
+
+Tested against the Go toolchain here (tests/test_gopclntab.py): 1.18-1.19 (Debian's go1.19, and
+what it builds: internally and externally linked, executable and PIE) and 1.20+ (binaries of
+go1.21 to go1.25 found on this machine, Docker's CLI among them).  Not tested: 1.2-1.15 and
+1.16-1.17, as no binary or toolchain of those versions is here; that code follows debug/gosym.
+
+Not handled: big-endian tables; more than one text section (only ppc64/arm64 binaries large
+enough for the linker to split their text have them); a table found neither by section name nor
+in .data.rel.ro.  Inlined calls are not expanded: an address in inlined code gets the outer
+function's name with the inlined code's own file and line, as the pc tables (and go tool
+addr2line) give it.  Naming the inlined function too needs the inline tree (a funcdata and a
+pcdata table whose indexes and record layout changed across versions): not cheap, so skipped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+import struct
+import sys
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+# Layout versions by magic: what changed is named in the module docstring.
+_GO12, _GO116, _GO118 = 12, 116, 118
+_MAGICS = {0xFFFFFFFB: _GO12, 0xFFFFFFFA: _GO116, 0xFFFFFFF0: _GO118, 0xFFFFFFF1: _GO118}
+# A function record (_func) after its entry field, the same in every layout: nameoff, args,
+# deferreturn, pcsp, pcfile, pcln, npcdata, then cuOffset (1.16+) or nfuncdata (1.2).
+_FUNC_FIELDS = struct.Struct("<i12xII")  # nameoff, pcfile, pcln
+_CU_OFFSET_AT = 28
+_RECORD_SIZE = 32  # what is read of a record, past its entry field
+_NO_FILE = 0xFFFFFFFF  # a cutab slot for a file the compilation unit does not use
+
+
+class GoTableError(ValueError):
+    """The bytes are not a pclntab this module reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class GoFunction:
+    name: str
+    entry: int  # ELF virtual address of the function's first instruction
+    file: str | None  # source file of the looked-up address; None when the table has none
+    line: int  # its line; 0 when unknown
+
+
+class GoFunctions:
+    """The function table of one Go binary: lookup(address) -> GoFunction | None.
+
+    data: the pclntab from its header on (more bytes after it do no harm); text_address: where
+    the text starts, used only when a Go 1.18+ header does not say.  Raises GoTableError on
+    anything it cannot read; from_elf() returns None instead."""
+
+    def __init__(self, data: bytes, text_address: int = 0) -> None:
+        try:
+            self._parse(bytes(data), text_address)
+        except (IndexError, struct.error, OverflowError) as e:
+            raise GoTableError(f"damaged pclntab: {e}") from None
+
+    @classmethod
+    def from_elf(cls, elf: ELFFile) -> GoFunctions | None:
+        """The table of a Go ELF file, or None when it has none or it is damaged (the caller
+        counts it).  Found by section name or inside .data.rel.ro; the module docstring says
+        what is not handled."""
+        try:
+            text = elf.get_section_by_name(".text")
+            text_address = text["sh_addr"] if text is not None else 0
+            for data in _candidates(elf):
+                try:
+                    return cls(data, text_address)
+                except GoTableError:
+                    continue
+        except (ELFError, OSError, ValueError, struct.error):
+            pass
+        return None
+
+    def __len__(self) -> int:
+        return len(self._funcoffs)
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        """(entry, name) of every function, in address order; a damaged record is left out."""
+        for i in range(len(self._funcoffs)):
+            try:
+                nameoff = _FUNC_FIELDS.unpack_from(self._data, self._record(i))[0]
+                yield self._base + self._entries[i], self._name(nameoff)
+            except (struct.error, ValueError):
+                continue
+
+    def lookup(self, vaddr: int) -> GoFunction | None:
+        """The function holding ELF virtual address vaddr, with the file and line of vaddr
+        itself (give a return address minus one to name its call).  None outside the table, or
+        when the function's record is damaged."""
+        offset = vaddr - self._base
+        i = bisect.bisect_right(self._entries, offset) - 1
+        if i < 0 or i >= len(self._funcoffs):  # before the first function, past the last's end
+            return None
+        entry = self._base + self._entries[i]
+        try:
+            record = self._record(i)
+            nameoff, pcfile, pcln = _FUNC_FIELDS.unpack_from(self._data, record)
+            return GoFunction(self._name(nameoff), entry,
+                              self._file(record, pcfile, entry, vaddr),
+                              max(self._pcvalue(pcln, entry, vaddr), 0))
+        except (IndexError, struct.error, ValueError):
+            return None
+
+    # -- parsing
+
+    def _parse(self, data: bytes, text_address: int) -> None:
+        magic, pad, quantum, ptrsize = struct.unpack_from("<IHBB", data)
+        version = _MAGICS.get(magic)
+        if version is None or pad or quantum not in (1, 2, 4) or ptrsize not in (4, 8):
+            raise GoTableError("no pclntab header")
+        word = "<Q" if ptrsize == 8 else "<I"
+
+        def header(i: int) -> int:
+            return struct.unpack_from(word, data, 8 + i * ptrsize)[0]
+
+        nfunc = header(0)
+        self._base = 0  # what the function table's entries are relative to
+        self._cutab = 0
+        if version == _GO118:
+            # Word 2 is runtime.text, relocated in the file by the linker (also in a PIE, where it
+            # holds the relocation's addend).  Zero only if a toolchain stops writing it.
+            self._base = header(2) or text_address
+            self._names, self._cutab, self._filetab, self._pctab, self._funcdata = (
+                header(i) for i in range(3, 8))
+            ftab, field = self._funcdata, "I"
+        elif version == _GO116:
+            self._names, self._cutab, self._filetab, self._pctab, self._funcdata = (
+                header(i) for i in range(2, 7))
+            ftab, field = self._funcdata, word[1]
+        else:
+            self._names = self._pctab = self._funcdata = 0
+            ftab, field = 8 + ptrsize, word[1]
+        size = struct.calcsize(field)
+        ftab_end = ftab + (2 * nfunc + 1) * size
+        if nfunc == 0 or ftab_end > len(data):
+            raise GoTableError(f"{nfunc} functions do not fit in {len(data)} bytes")
+        if version == _GO12:
+            self._filetab = struct.unpack_from("<I", data, ftab_end)[0]
+            self._nfiles = struct.unpack_from("<I", data, self._filetab)[0]
+        if max(self._names, self._cutab, self._filetab, self._pctab) >= len(data):
+            raise GoTableError("a table offset is past the end")
+        table = array(field)
+        table.frombytes(data[ftab:ftab_end])
+        if sys.byteorder == "big":
+            table.byteswap()
+        self._entries = table[0::2]  # nfunc + 1: the last is the end of the last function
+        self._funcoffs = table[1::2]
+        if not all(map(operator.le, self._entries, islice(self._entries, 1, None))):
+            raise GoTableError("function entries are not sorted")
+        self._entry_size = 4 if version == _GO118 else ptrsize  # _func's first field
+        if self._funcdata + max(self._funcoffs) + self._entry_size + _RECORD_SIZE > len(data):
+            raise GoTableError("a function record is past the end")
+        self._data = data
+        self._version = version
+        self._quantum = quantum
+
+    # -- one function
+
+    def _record(self, i: int) -> int:
+        """Offset of function i's record past its entry field (the fields all layouts share)."""
+        return self._funcdata + self._funcoffs[i] + self._entry_size
+
+    def _string(self, at: int) -> str:
+        if at < 0:  # a damaged offset; bytes.index would count it from the end
+            raise ValueError(f"string at {at}")
+        data = self._data
+        return data[at:data.index(b"\0", at)].decode("utf-8", "replace")
+
+    def _name(self, nameoff: int) -> str:
+        return self._string(self._names + nameoff)
+
+    def _file(self, record: int, pcfile: int, entry: int, pc: int) -> str | None:
+        number = self._pcvalue(pcfile, entry, pc)
+        if self._version == _GO12:  # one global table; number 0 is its length, not a file
+            if not 0 < number < self._nfiles:
+                return None
+            return self._string(struct.unpack_from("<I", self._data, self._filetab + 4 * number)[0])
+        if number < 0:
+            return None
+        cu = struct.unpack_from("<I", self._data, record + _CU_OFFSET_AT)[0]
+        at = struct.unpack_from("<I", self._data, self._cutab + 4 * (cu + number))[0]
+        return None if at == _NO_FILE else self._string(self._filetab + at)
+
+    def _pcvalue(self, table: int, entry: int, pc: int) -> int:
+        """The value a pc-value table (pcfile, pcln) gives pc, or -1.  The table is a run of
+        (value delta, pc delta) pairs from the function's entry, as zig-zag and plain varints;
+        a zero value delta after the first pair ends it.  Most varints are one byte, so that
+        case is read inline."""
+        if table == 0:  # no table (C code linked in by cgo, linker markers), as the runtime says
+            return -1
+        data, quantum = self._data, self._quantum
+        at = self._pctab + table
+        value, at_pc, first = -1, entry, True
+        while True:
+            delta = data[at]
+            at += 1
+            if delta & 0x80:
+                delta, at = _varint(data, at, delta)
+            if delta == 0 and not first:
+                return -1
+            first = False
+            value += -(delta >> 1) - 1 if delta & 1 else delta >> 1
+            step = data[at]
+            at += 1
+            if step & 0x80:
+                step, at = _varint(data, at, step)
+            at_pc += step * quantum
+            if pc < at_pc:
+                return value
+
+
+def _varint(data: bytes, at: int, first: int) -> tuple[int, int]:
+    """An unsigned LEB128 number whose first byte, ``first``, was read before ``at``."""
+    value, shift = first & 0x7F, 7
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _candidates(elf: ELFFile):
+    """The bytes where a pclntab may start, most likely first."""
+    for name in (".gopclntab", ".data.rel.ro.gopclntab"):
+        section = elf.get_section_by_name(name)
+        if section is not None and section["sh_type"] != "SHT_NOBITS":
+            yield section.data()
+            return
+    if elf.get_section_by_name(".go.buildinfo") is None and elf.get_section_by_name(
+            ".note.go.buildid") is None:
+        return  # not a Go program: do not read a C++ library's large .data.rel.ro
+    section = elf.get_section_by_name(".data.rel.ro")
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return
+    data = section.data()
+    for magic in _MAGICS:
+        pattern = struct.pack("<IH", magic, 0)
+        at = data.find(pattern)
+        while at >= 0:
+            yield data[at:]
+            at = data.find(pattern, at + 1)
