@@ -3,6 +3,7 @@ environment does not demand it (CI sets PYCOLLECTOR_REQUIRE_BPF=1, and then they
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import shutil
@@ -72,3 +73,14 @@ def log_output():
     logs.configure("console", "info", stream=buffer)
     yield buffer
     logs.configure("console", "warn")
+
+
+def perf_leaves(data: Path) -> collections.Counter:
+    """Samples by leaf function, as perf's own DWARF unwinding and symbolization saw them."""
+    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym"], capture_output=True, text=True, check=True).stdout
+    leaves: collections.Counter = collections.Counter()
+    for block in script.strip().split("\n\n"):
+        lines = block.strip().splitlines()
+        if lines:
+            leaves[lines[0].split(None, 1)[-1]] += 1
+    return leaves

@@ -22,8 +22,8 @@ def test_legacy_camel_case_keys_map_to_todays_keys():
     config = ProfilingConfig.model_validate({"SamplesPerSecond": 97, "Tracers": "perl,php", "BpfVerifierLogLevel": 1})
     assert (config.samples_per_second, config.tracers, config.bpf_verifier_log_level) == (97, "perl,php", 1)
     assert config.legacy_keys_used == ["SamplesPerSecond", "Tracers", "BpfVerifierLogLevel"]
-    assert config.not_implemented() == ["tracers"]
-    assert not config.python_frames()
+    assert config.not_implemented() == [] and config.unsupported_tracers() == ["perl", "php"]
+    assert not config.python_frames() and not config.tracer_enabled("go")
 
 
 @pytest.mark.parametrize(
@@ -34,6 +34,13 @@ def test_legacy_camel_case_keys_map_to_todays_keys():
 )
 def test_tracers_and_interpreters_turn_python_frames_on_and_off(settings, python):
     assert ProfilingConfig.model_validate(settings).python_frames() is python
+
+
+def test_tracers_name_each_runtime_and_the_unsupported_ones_are_listed_by_name():
+    config = ProfilingConfig.model_validate({"tracers": "perl,php,python,hotspot,ruby,v8,dotnet,go", "interpreters": {"beam": {}, "go": {"enabled": False}}})
+    assert [config.tracer_enabled(name) for name in ("python", "go", "v8", "hotspot")] == [True, False, True, True]
+    assert config.unsupported_tracers() == ["perl", "php", "ruby", "dotnet", "beam"]
+    assert ProfilingConfig().unsupported_tracers() == [] and ProfilingConfig(tracers="all").unsupported_tracers() == []
 
 
 @pytest.mark.parametrize(
@@ -68,5 +75,5 @@ def test_deprecated_and_unimplemented_keys_are_logged_once_at_start(log_output):
         return sum(1 for line in lines if event in line and field in line)
 
     assert count("deprecated key; use the snake_case name", "key=SamplesPerSecond") == 1
-    for key in ("off_cpu_threshold", "interpreters"):
-        assert count("setting accepted but not implemented yet; it has no effect", f"key={key}") == 1
+    assert count("setting accepted but not implemented yet; it has no effect", "key=off_cpu_threshold") == 1
+    assert count("this runtime's frames are not read yet", "tracer=ruby") == 1

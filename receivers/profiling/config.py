@@ -13,7 +13,7 @@ from typing import Any, Literal
 import pydantic
 
 from pycollector.component import ComponentConfig
-from pycollector.config.types import Duration
+from pycollector.config.types import Duration, NonNegativeDuration
 
 DEFAULT_SAMPLES_PER_SECOND = 20
 DEFAULT_REPORTER_INTERVAL = 5.0
@@ -63,10 +63,13 @@ class ProfilingConfig(ComponentConfig):
     unwind_max_frames: int = pydantic.Field(DEFAULT_UNWIND_MAX_FRAMES, ge=16, le=MAX_UNWIND_FRAMES)
     unwind_cache_dir: str = DEFAULT_UNWIND_CACHE_DIR
 
-    # Which interpreters' frames are read (Go's comma-separated list; "" or "all": every one we
-    # have, today CPython), and per interpreter {enabled: false} to leave one out.
+    # Which runtimes' frames are read or named (Go's comma-separated list; "" or "all": every one
+    # in TRACERS), and per runtime {enabled: false} to leave one out.
     tracers: str = ""
     interpreters: dict[str, Any] | None = None
+    # How often each JVM is asked to write its perf map (jcmd PID Compiler.perfmap), which names
+    # its compiled methods; 0: never (the default: each request costs a small JVM's start).
+    jvm_perf_map_interval: NonNegativeDuration = 0.0
 
     # Accepted for compatibility; see NOT_IMPLEMENTED.
     off_cpu_threshold: float = pydantic.Field(0.0, ge=0, le=1)
@@ -115,32 +118,40 @@ class ProfilingConfig(ComponentConfig):
     def _tracer_names(self) -> set[str]:
         return {name.strip().lower() for name in self.tracers.split(",") if name.strip()}
 
-    def python_frames(self) -> bool:
-        """Whether CPython's frames are read: ``tracers`` ("all" by default, as Go's; a list
-        without "python" leaves it out) and ``interpreters: {python: {enabled: false}}``."""
+    def tracer_enabled(self, name: str) -> bool:
+        """Whether the frames of runtime ``name`` (a TRACERS name) are read or named: ``tracers``
+        ("all" by default, as Go's; a list without ``name`` leaves it out) and
+        ``interpreters: {name: {enabled: false}}`` (or ``name: false``)."""
         names = self._tracer_names()
-        if names and not names & {"all", "python"}:
+        if names and not names & {"all", name}:
             return False
-        python = (self.interpreters or {}).get("python")
-        if isinstance(python, bool):
-            return python
-        return not isinstance(python, dict) or python.get("enabled", True) is not False
+        settings = (self.interpreters or {}).get(name)
+        if isinstance(settings, bool):
+            return settings
+        return not isinstance(settings, dict) or settings.get("enabled", True) is not False
+
+    def python_frames(self) -> bool:
+        return self.tracer_enabled("python")
+
+    def unsupported_tracers(self) -> list[str]:
+        """The runtimes ``tracers`` or ``interpreters`` name that this receiver does not read
+        (their frames stay native), in the order given."""
+        named = [name.strip().lower() for name in self.tracers.split(",") if name.strip()] + [str(name).lower() for name in self.interpreters or {}]
+        return [name for name in dict.fromkeys(named) if name not in TRACERS and name != "all"]
 
     def not_implemented(self) -> list[str]:
         """Keys set to something other than their default that this receiver does not act on yet
-        (for ``tracers`` and ``interpreters``: naming an interpreter other than Python)."""
+        (runtimes it does not read are in unsupported_tracers)."""
         defaults = type(self)()
-        unset = [key for key in NOT_IMPLEMENTED if getattr(self, key) != getattr(defaults, key)]
-        if self._tracer_names() - IMPLEMENTED_TRACERS:
-            unset.insert(0, "tracers")
-        if set(self.interpreters or {}) - IMPLEMENTED_TRACERS:
-            unset.insert(1 if unset[:1] == ["tracers"] else 0, "interpreters")
-        return unset
+        return [key for key in NOT_IMPLEMENTED if getattr(self, key) != getattr(defaults, key)]
 
 
-# Native and kernel frames are unwound here, and CPython's frames read; the other interpreters
-# (JVM, V8...), off-CPU profiling and the rest of these Go receiver features are not built yet.
-IMPLEMENTED_TRACERS = {"all", "python"}
+# The Go receiver's tracer names this receiver acts on: CPython's frames are read; Go programs are
+# named from their .gopclntab; V8's (Node) and HotSpot's (Java) compiled code from perf maps.
+TRACERS = ("python", "go", "v8", "hotspot")
+
+
+# Off-CPU profiling and the rest of these Go receiver features are not built yet.
 NOT_IMPLEMENTED = (
     "off_cpu_threshold",
     "probabilistic_interval",

@@ -52,6 +52,8 @@ from itertools import islice
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from .unwind.cfi import uleb128  # Go's varints are unsigned LEB128, as DWARF's are
+
 # Layout versions by magic: what changed is named in the module docstring.
 _GO12, _GO116, _GO118 = 12, 116, 118
 _MAGICS = {0xFFFFFFFB: _GO12, 0xFFFFFFFA: _GO116, 0xFFFFFFF0: _GO118, 0xFFFFFFF1: _GO118}
@@ -229,7 +231,7 @@ class GoFunctions:
             delta = data[at]
             at += 1
             if delta & 0x80:
-                delta, at = _varint(data, at, delta)
+                delta, at = uleb128(data, at - 1)
             if delta == 0 and not first:
                 return -1
             first = False
@@ -237,22 +239,10 @@ class GoFunctions:
             step = data[at]
             at += 1
             if step & 0x80:
-                step, at = _varint(data, at, step)
+                step, at = uleb128(data, at - 1)
             at_pc += step * quantum
             if pc < at_pc:
                 return value
-
-
-def _varint(data: bytes, at: int, first: int) -> tuple[int, int]:
-    """An unsigned LEB128 number whose first byte, ``first``, was read before ``at``."""
-    value, shift = first & 0x7F, 7
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
 
 
 def _candidates(elf: ELFFile):

@@ -25,7 +25,10 @@ from pycollector.logs import log_once
 from pycollector.pdata import merge, sample_count
 from pycollector.process_memory import trim_heap
 
-from receivers.profiling.config import ProfilingConfig
+from receivers.profiling.config import TRACERS, ProfilingConfig
+from receivers.profiling.jit import TRACER_OF_RUNTIME, JitNames
+from receivers.profiling.jvm_perfmap import JvmPerfMapRequester
+from receivers.profiling.perfmap import PerfMaps
 from receivers.profiling.processes import ProcessTable
 from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.report import ReportBuilder
@@ -67,6 +70,7 @@ class ProfilingReceiver(Component):
         self._last_unwind_stats: dict[str, int] = {}
         self._python_stats = telemetry.gauge("pycollector_profiling_python", "Python frames: processes running a CPython the walker knows, frames named and not, code objects read, counts since start.", ("stat",))
         self.python: PythonInterpreters | None = None
+        self.jvm_perf_maps: JvmPerfMapRequester | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -74,11 +78,15 @@ class ProfilingReceiver(Component):
         self._warn_about_settings()
         scale = 2 ** self.config.map_scale_factor
         self.processes = ProcessTable(self.config.env_var_names())
-        self.symbolizer = Symbolizer(self.processes)
+        jit_runtimes = {runtime for runtime, tracer in TRACER_OF_RUNTIME.items() if self.config.tracer_enabled(tracer)}
+        self.jit = JitNames(PerfMaps(), jit_runtimes)
+        self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"))
         self.reports = ReportBuilder(self.processes, self.symbolizer)
-        for owner, names in ((self.symbolizer, ("files_parsed", "files_failed", "files_unreadable")), (self.processes, ("snapshots", "partial_snapshots"))):
+        for owner, names in ((self.symbolizer, ("files_parsed", "files_failed", "files_unreadable")), (self.processes, ("snapshots", "partial_snapshots")),
+                             (self.jit.perf_maps, ("files_read", "malformed_lines", "entries_dropped", "files_refused"))):
             for name in names:
-                self._stats.labels(stat=name).set_function(lambda owner=owner, name=name: owner.stats.get(name, 0))
+                label = f"perf_map_{name}" if owner is self.jit.perf_maps else name
+                self._stats.labels(stat=label).set_function(lambda owner=owner, name=name: owner.stats.get(name, 0))
         sampler = Sampler(
             frequency_hz=self.config.samples_per_second,
             stack_storage_size=BASE_STACK_STORAGE_SIZE * scale,
@@ -109,6 +117,7 @@ class ProfilingReceiver(Component):
                 self._unwind_stats.labels(stat=f"cache_{name}" if owner is self.row_source.cache else name).set_function(
                     lambda owner=owner, name=name: owner.stats.get(name, 0))
         self._start_python(sampler)
+        self._start_jvm_perf_maps()
         for tgid in self.processes.tgids():  # announced while the program was being attached
             info = self.processes.lookup(tgid)
             if info is not None:
@@ -140,6 +149,14 @@ class ProfilingReceiver(Component):
                 self._python_stats.labels(stat=f"code_{name}" if owner is self.python.code else name).set_function(
                     lambda owner=owner, name=name: owner.stats.get(name, 0))
 
+    def _start_jvm_perf_maps(self) -> None:
+        if self.config.jvm_perf_map_interval <= 0 or not self.config.tracer_enabled("hotspot"):
+            return
+        self.jvm_perf_maps = JvmPerfMapRequester(self.processes, self.config.jvm_perf_map_interval, self.log)
+        for name in self.jvm_perf_maps.stats:
+            self._stats.labels(stat=f"jvm_perf_map_{name}").set_function(lambda name=name: self.jvm_perf_maps.stats.get(name, 0))
+        self.jvm_perf_maps.start()
+
     def shutdown(self) -> None:
         self._stop.set()
         deadline = time.monotonic() + SHUTDOWN_JOIN_TIMEOUT
@@ -152,6 +169,8 @@ class ProfilingReceiver(Component):
             self._drop(self._held, "shutdown", "the pipeline refused the last report while stopping")
             self._held = None
         if self._sampler is not None:
+            if self.jvm_perf_maps is not None:
+                self.jvm_perf_maps.close()
             self.row_source.close()  # first: the registry's worker may be waiting on it
             self.unwind.close()
             self._sampler.close()
@@ -163,6 +182,9 @@ class ProfilingReceiver(Component):
             log_once(self.log, ("legacy-key", key), "warning", "deprecated key; use the snake_case name", key=key)
         for key in self.config.not_implemented():
             log_once(self.log, ("not-implemented", key), "warning", "setting accepted but not implemented yet; it has no effect", key=key)
+        for name in self.config.unsupported_tracers():
+            log_once(self.log, ("unsupported-tracer", name), "warning", "this runtime's frames are not read yet; they stay native frames",
+                     tracer=name, supported=",".join(TRACERS))
 
     # -- threads -------------------------------------------------------------------------------
 
@@ -190,6 +212,7 @@ class ProfilingReceiver(Component):
         for pid in self.processes.forget_exited():
             self._sampler.forget_process(pid)
             self.unwind.forget(pid)
+            self.jit.forget(pid)
             if self.python is not None:
                 self.python.forget(pid)
         self._processes_gauge.set(len(self.processes))

@@ -124,7 +124,9 @@ class ReportBuilder:
                 filename=frame.file,
                 attributes=_file_ids(frame),
             )
-        lines = [(builder.function(frame.name, system_name=frame.name), 0, 0)] if frame.name else ()
+        # A Go function's file and line come from its .gopclntab; other native code has neither.
+        lines = [(builder.function(frame.name, system_name=frame.name, filename=frame.source_file or "", start_line=frame.first_line),
+                  frame.line, 0)] if frame.name else ()
         memo[frame] = builder.location(mapping, frame.address, lines, attributes={"profile.frame.type": frame.kind})
         return memo[frame]
 

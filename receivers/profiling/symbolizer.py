@@ -34,6 +34,8 @@ import pydemumble
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from .gopclntab import GoFunctions
+from .jit import JitNames
 from .processes import Mapping, ProcessInfo, ProcessTable, open_mapped_file
 
 KERNEL_FILE = "[kernel.kallsyms]"
@@ -225,6 +227,7 @@ class ElfSymbols:
         self.go_build_id: str | None = None
         self.htlhash: str | None = None
         self.debuglink: str | None = None
+        self.go: GoFunctions | None = None  # a Go program's function table (.gopclntab)
         self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_filesz, p_vaddr)
         self.symbol_source = ""  # ".symtab", ".dynsym", or the debug file used
         self._starts: list[int] = []
@@ -416,8 +419,12 @@ class Symbolizer:
         kallsyms_path: str = "/proc/kallsyms",
         debug_dirs: Sequence[str] = DEBUG_DIRS,
         demangle_names: bool = True,
+        jit: JitNames | None = None,
+        go_names: bool = True,
     ) -> None:
         self.processes = processes
+        self.go_names = go_names
+        self.jit = jit  # names JIT-compiled code from perf maps
         self.kernel = KernelSymbols(kallsyms_path)
         self.debug_dirs = tuple(debug_dirs)
         self._demangler = demangle if demangle_names else None
@@ -486,7 +493,10 @@ class Symbolizer:
         base = dict(file=m.path or None, mapping_start=m.start, mapping_limit=m.end,
                     mapping_offset=m.offset)
         if not m.file_backed:
-            return Frame(addr, "native", **base)
+            if self.jit is None:
+                return Frame(addr, "native", **base)
+            name, start, kind = self.jit.frame(info, addr)
+            return Frame(addr, kind, name=name, offset=addr - start if name else 0, **base)
         elf = self._elf_for(info, m)
         if elf is None:
             return Frame(addr, "native", **base)
@@ -496,13 +506,21 @@ class Symbolizer:
         hit = self._addresses.get_touch(key)
         if hit is None:
             vaddr = elf.vaddr(file_offset)
-            sym = elf.lookup(vaddr) if vaddr is not None else None
-            hit = (vaddr, sym)
+            go = elf.go.lookup(vaddr) if elf.go is not None and vaddr is not None else None
+            sym = elf.lookup(vaddr) if vaddr is not None and go is None else None
+            hit = (vaddr, sym, go)
             self._addresses.put(key, hit)
         else:
             self.stats["address_cache_hits"] += 1
-        vaddr, sym = hit
+        vaddr, sym, go = hit
         file_address = None if vaddr is None else vaddr + (addr - lookup_addr)
+        if go is not None:  # (a Go program's C code, cgo's, is not in Go's table: native below)
+            return Frame(addr, "go", name=go.name, offset=file_address - go.entry, file_address=file_address,
+                         source_file=go.file, line=go.line, **elf.ids, **base)
+        if sym is None and self.jit is not None:
+            sym = self.jit.name(info, addr)
+            if sym is not None:  # a perf map's names are of addresses, not of file offsets
+                return Frame(addr, "native", name=sym[0], offset=addr - sym[1], file_address=file_address, **elf.ids, **base)
         if sym is None:
             return Frame(addr, "native", file_address=file_address, **elf.ids, **base)
         name, start = sym
@@ -569,6 +587,8 @@ class Symbolizer:
                     shared = self._by_build_id.get(elf.build_id)
                     if shared is not None:
                         return shared
+                if self.go_names:  # Go's own table names Go code, stripped or not, with file and line
+                    elf.go = GoFunctions.from_elf(elf_file)
                 if not elf.read_symbols(elf_file, ".symtab", self._demangler):
                     if not self._read_debug_file(elf, path, info):
                         elf.read_symbols(elf_file, ".dynsym", self._demangler)
