@@ -7,11 +7,15 @@ import collections
 import functools
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pycollector import logs
 
@@ -84,3 +88,59 @@ def perf_leaves(data: Path) -> collections.Counter:
         if lines:
             leaves[lines[0].split(None, 1)[-1]] += 1
     return leaves
+
+
+PYCOLLECTOR = shutil.which("pycollector", path=str(Path(sys.executable).parent))
+STARTUP_TIMEOUT = 20.0
+
+
+class Collector:
+    """A pycollector process run from a config written to ``folder``; stop() sends Ctrl-C."""
+
+    def __init__(self, folder: Path, name: str, config: dict):
+        self.config_path = folder / f"{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = folder / f"{name}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen([PYCOLLECTOR, "--config", str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_listening(self, port: int) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"pycollector exited early:\n{self.log()}"
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"pycollector did not listen on {port}:\n{self.log()}")
+
+    def stop(self) -> tuple[int, float]:
+        """Ctrl-C; (exit code, seconds it took to exit)."""
+        began = time.monotonic()
+        self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(timeout=15)
+        return code, time.monotonic() - began
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def collectors(tmp_path):
+    started: list[Collector] = []
+
+    def start(name: str, config: dict) -> Collector:
+        collector = Collector(tmp_path, name, config)
+        started.append(collector)
+        return collector
+
+    yield start
+    for collector in started:
+        collector.kill()

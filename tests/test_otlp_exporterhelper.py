@@ -63,7 +63,7 @@ def test_retry_and_queue_settings_are_validated_like_go():
         QueueSettings(num_consumers=0)
     defaults = (RetrySettings(), QueueSettings())
     assert defaults[0].model_dump(mode="json") == {"enabled": True, "initial_interval": "5s", "randomization_factor": 0.5, "multiplier": 1.5, "max_interval": "30s", "max_elapsed_time": "5m"}
-    assert defaults[1].model_dump() == {"enabled": True, "num_consumers": 10, "queue_size": 1000, "block_on_overflow": False}
+    assert defaults[1].model_dump() == {"enabled": True, "num_consumers": 10, "queue_size": 1000, "block_on_overflow": False, "sizer": "requests", "storage": None}
 
 
 def test_bounded_queue_refuses_when_full_and_drains_in_order_after_close():

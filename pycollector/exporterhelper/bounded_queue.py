@@ -6,17 +6,22 @@ import collections
 import threading
 from typing import Any
 
+from pycollector.exporterhelper.sizer import Sizer
+
 
 class BoundedQueue:
-    """A FIFO of at most ``capacity`` requests.
+    """A FIFO holding at most ``capacity``, counted by ``sizer`` (requests by default). A request
+    larger than the whole capacity still goes into an empty queue, rather than never.
 
     ``close`` stops new requests and wakes every waiter; consumers still take what is left, then
     get None, so a stopping exporter drains in order.
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, sizer: Sizer | None = None):
         self.capacity = capacity
-        self._items: collections.deque[Any] = collections.deque()
+        self._sizer = sizer or Sizer("requests")
+        self._items: collections.deque[tuple[Any, int]] = collections.deque()
+        self._used = 0
         self._closed = False
         self._changed = threading.Condition()
 
@@ -24,21 +29,23 @@ class BoundedQueue:
         with self._changed:
             return len(self._items)
 
+    def used(self) -> int:
+        with self._changed:
+            return self._used
+
     def offer(self, item: Any) -> bool:
         """Add without waiting; False when full or closed."""
+        size = self._sizer.of(item)
         with self._changed:
-            if self._closed or len(self._items) >= self.capacity:
-                return False
-            self._items.append(item)
-            self._changed.notify_all()
-            return True
+            return self._add(item, size)
 
     def put(self, item: Any) -> bool:
         """Add, waiting for room; False if the queue closes first."""
+        size = self._sizer.of(item)
         with self._changed:
-            while not self._closed and len(self._items) >= self.capacity:
+            while not self._closed and self._items and self._used + size > self.capacity:
                 self._changed.wait()
-            return self.offer(item)
+            return self._add(item, size)
 
     def take(self) -> Any:
         """The oldest request, waiting for one; None once closed and empty."""
@@ -47,7 +54,8 @@ class BoundedQueue:
                 self._changed.wait()
             if not self._items:
                 return None
-            item = self._items.popleft()
+            item, size = self._items.popleft()
+            self._used -= size
             self._changed.notify_all()
             return item
 
@@ -59,7 +67,16 @@ class BoundedQueue:
     def take_all(self) -> list[Any]:
         """Empty the queue, returning what it held (a shutdown counts these as failed)."""
         with self._changed:
-            items = list(self._items)
+            items = [item for item, _ in self._items]
             self._items.clear()
+            self._used = 0
             self._changed.notify_all()
             return items
+
+    def _add(self, item: Any, size: int) -> bool:
+        if self._closed or (self._items and self._used + size > self.capacity):
+            return False
+        self._items.append((item, size))
+        self._used += size
+        self._changed.notify_all()
+        return True

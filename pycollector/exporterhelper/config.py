@@ -6,6 +6,8 @@ settings, so a Go exporter config runs unchanged.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pydantic
 
 from pycollector.component import ComponentConfig
@@ -50,4 +52,10 @@ class QueueSettings(ComponentConfig):
     # When full: False refuses the new request at once (counted as enqueue_failed), True makes
     # the pipeline wait for room.
     block_on_overflow: bool = False
+    # What queue_size counts: requests, bytes (serialized) or items (spans, points, records,
+    # samples).
+    sizer: Literal["requests", "bytes", "items"] = "requests"
+    # A storage extension (file_storage/NAME, listed in service::extensions) that keeps the queue
+    # across restarts and crashes; none: the queue lives in memory.
+    storage: str | None = None
 

@@ -37,7 +37,7 @@ class OtlpExporter(Component):
 
     def start(self, host: Any) -> None:
         self._open()
-        self._sender.start()
+        self._sender.start(host)
 
     def consume(self, data: Any) -> None:
         self._sender.consume(data)

@@ -15,6 +15,11 @@ finally failed. Sent and failed items are counted when the send ends, so the exp
 
 ``shutdown`` interrupts every backoff at once, lets the consumers try each queued request once
 more until ``DRAIN_TIMEOUT``, and counts what is left as failed.
+
+With ``sending_queue: {storage: <extension>}`` the queue is a PersistentQueue in that storage
+extension, opened at ``start(host)``: a request is deleted from it only when its send ended, one
+whose retries ran out (max_elapsed_time) goes back to the queue instead of being dropped, and at
+shutdown what is left stays stored for the next start rather than being counted as failed.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ import threading
 import time
 from typing import Any, Callable
 
-from pycollector.component import PermanentError, RefusedError, Settings
+from pycollector.component import PermanentError, RefusedError, Settings, StartError
 from pycollector.exporterhelper.backoff import ExponentialBackoff
 from pycollector.exporterhelper.bounded_queue import BoundedQueue
 from pycollector.exporterhelper.config import QueueSettings, RetrySettings
 from pycollector.exporterhelper.failure_log import FailureLog
+from pycollector.exporterhelper.persistent_queue import PersistentQueue
+from pycollector.exporterhelper.sizer import Sizer
 from pycollector.obsreport import ItemCounters
 from pycollector.pdata import item_count, signal_of
 
@@ -46,14 +53,20 @@ class RetryableSendError(Exception):
 class _GaveUp(Exception):
     """A retryable failure that will not be retried (retries off, time up, shutting down)."""
 
-    def __init__(self, reason: str, error: RetryableSendError):
+    def __init__(self, reason: str, error: RetryableSendError, time_up: bool = False):
         super().__init__(f"{reason}: {error}")
         self.retry_after = error.retry_after
+        self.time_up = time_up  # max_elapsed_time ran out
+
+
+_KEPT = object()  # _deliver's answer for a request left in the persistent queue
 
 
 class QueuedRetryExporter:
-    def __init__(self, settings: Settings, retry: RetrySettings, queue: QueueSettings, send: Callable[[Any], None]):
+    def __init__(self, settings: Settings, retry: RetrySettings, queue: QueueSettings, send: Callable[[Any], None], signal_name: str = ""):
+        """``signal_name`` names the persistent queue's store when an exporter has one queue per signal."""
         self._send = send
+        self._signal_name = signal_name
         self._retry = retry
         self._queue_settings = queue
         self._counters = ItemCounters(settings.telemetry, "otelcol_exporter", "the exporter")
@@ -61,13 +74,20 @@ class QueuedRetryExporter:
         self._stopping = threading.Event()
         self._workers: list[threading.Thread] = []
         self._name = str(settings.id)
-        self._queue: BoundedQueue | None = None
-        if self._queue_settings.enabled:
-            queue = self._queue = BoundedQueue(self._queue_settings.queue_size)
-            settings.telemetry.gauge("otelcol_exporter_queue_size", "Current size of the retry queue (in batches).").set_function(lambda: len(queue))
-            settings.telemetry.gauge("otelcol_exporter_queue_capacity", "Fixed capacity of the retry queue (in batches).").set(queue.capacity)
+        self._log = settings.logger
+        self._queue: BoundedQueue | PersistentQueue | None = None
+        self._persistent = queue.enabled and queue.storage is not None
+        if queue.enabled:
+            sizer = Sizer(queue.sizer)
+            self._queue = None if self._persistent else BoundedQueue(queue.queue_size, sizer)
+            settings.telemetry.gauge("otelcol_exporter_queue_size", f"Current size of the retry queue (in {queue.sizer}).").set_function(
+                lambda: self._queue.used() if self._queue is not None else 0)
+            settings.telemetry.gauge("otelcol_exporter_queue_capacity", f"Fixed capacity of the retry queue (in {queue.sizer}).").set(queue.queue_size)
 
-    def start(self) -> None:
+    def start(self, host: Any = None) -> None:
+        """``host`` finds the storage extension of a persistent queue."""
+        if self._persistent and self._queue is None:
+            self._queue = self._open_persistent_queue(host)
         if self._queue is None or self._workers:
             return
         for index in range(self._queue_settings.num_consumers):
@@ -85,7 +105,10 @@ class QueuedRetryExporter:
             if error is not None:
                 raise PermanentError(str(error))
             return
-        accepted = self._queue.put(data) if self._queue_settings.block_on_overflow else self._queue.offer(data)
+        try:
+            accepted = self._queue.put(data) if self._queue_settings.block_on_overflow else self._queue.offer(data)
+        except Exception as error:  # the persistent queue's store failed (a full disk): not accepted
+            raise self._refused(data, f"the persistent queue could not store it: {error}") from error
         if not accepted:
             raise self._refused(data, "the exporter is shutting down" if self._stopping.is_set() else "the sending queue is full")
 
@@ -110,14 +133,47 @@ class QueuedRetryExporter:
         self._failures.record("error", "data not enqueued; refused to the caller", count, reason=reason)
         return RefusedError(reason)
 
-    def _work(self) -> None:
-        while (data := self._queue.take()) is not None:
-            self._deliver(data)
+    def _open_persistent_queue(self, host: Any) -> PersistentQueue:
+        where = f"exporters::{self._name}::sending_queue::storage"
+        storage_id = self._queue_settings.storage
+        extension = host.get_extension(storage_id) if host is not None else None
+        if extension is None or not hasattr(extension, "get_client"):
+            raise StartError(f"{where}: no storage extension {storage_id!r} in service::extensions")
+        try:
+            client = extension.get_client("exporter", self._name, self._signal_name)
+            queue = PersistentQueue(client, self._queue_settings.queue_size, Sizer(self._queue_settings.sizer))
+        except Exception as error:  # a corrupt or unwritable store: say which, before taking data
+            raise StartError(f"{where}: {error}") from error
+        if queue.replayed:
+            self._log.info("sending what the persistent queue held when the collector stopped", requests=queue.replayed, storage=storage_id)
+        return queue
 
-    def _deliver(self, data: Any) -> Exception | None:
-        """Send with retries; count the outcome. Returns the error that made it fail, if any."""
+    def _work(self) -> None:
+        while (request := self._queue.take()) is not None:
+            if not self._persistent:
+                self._deliver(request)
+                continue
+            if self._deliver(request.data, keep=True) is _KEPT:
+                if not self._stopping.is_set():  # the backend is still down: to the back of the queue
+                    self._failures.record("warning", "the backend is still down after max_elapsed_time; the request stays in the persistent queue", item_count(request.data))
+                    self._queue.requeue(request)
+                continue
+            try:
+                self._queue.done(request)  # delivered, or dropped and counted
+            except Exception as error:  # the store failed: the request will be sent again at start
+                self._log.error("could not remove a sent request from the persistent queue", error=str(error))
+
+    def _deliver(self, data: Any, keep: bool = False) -> Exception | object | None:
+        """Send with retries; count the outcome. Returns the error that made it fail, if any, or
+        _KEPT when ``keep`` (a persistent queue's request) and the exporter stopped first or the
+        backend stayed down past max_elapsed_time: the store keeps it rather than dropping it."""
         try:
             self._send_with_retry(data)
+        except _GaveUp as error:
+            if keep and (self._stopping.is_set() or error.time_up):
+                return _KEPT
+            self._dropped(data, str(error))
+            return error
         except Exception as error:  # any failure of a send drops the data; the log says why
             self._dropped(data, str(error))
             return error
@@ -135,7 +191,7 @@ class QueuedRetryExporter:
                     raise _GaveUp("retry_on_failure is disabled", error) from error
                 delay = backoff.next_delay()
                 if delay is None:
-                    raise _GaveUp("no more retries left (max_elapsed_time)", error) from error
+                    raise _GaveUp("no more retries left (max_elapsed_time)", error, time_up=True) from error
                 delay = max(delay, error.retry_after or 0.0)
                 self._failures.record("warning", "exporting failed; will retry", item_count(data), error=str(error), interval=round(delay, 3))
                 if self._stopping.wait(delay):

@@ -45,6 +45,11 @@ _SIGNALS: dict[type, str] = {
 }
 
 
+def message_types() -> dict[str, type]:
+    """The pipelines' message classes by their full protobuf name (for data read back from disk)."""
+    return {message_type.DESCRIPTOR.full_name: message_type for message_type in _SIGNALS}
+
+
 def resource_entries(message: Message):
     """The message's per-resource entries (``resource_profiles``, ``resource_spans``...)."""
     return getattr(message, RESOURCE_FIELDS[signal_of(message)])

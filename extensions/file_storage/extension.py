@@ -1,0 +1,66 @@
+"""The file_storage extension: storage that outlives the process, for components that ask for it
+(an exporter's ``sending_queue: {storage: file_storage}``), as the Go collector's is.
+
+Each client (one per component and name) gets its own file, ``<kind>_<type>_<name>_<client>``
+under ``directory``, so components never contend for one lock. At start the directory must be
+there (or ``create_directory``) and writable: a clear error otherwise, before any data is taken.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+from pycollector.component import Component, StartError
+
+from extensions.file_storage.client import FileStorageClient, StorageError
+from extensions.file_storage.config import FileStorageConfig
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class FileStorageExtension(Component):
+    def __init__(self, settings, config: FileStorageConfig):
+        self.log = settings.logger
+        self.config = config
+        self.id = str(settings.id)
+        self._clients: dict[str, FileStorageClient] = {}
+        self._lock = threading.Lock()
+
+    def start(self, host) -> None:
+        directory = self.config.directory
+        if not os.path.isdir(directory):
+            if not self.config.create_directory:
+                raise StartError(f"extensions::{self.id}::directory: {directory} does not exist (create it, or set create_directory: true)")
+            try:
+                os.makedirs(directory, mode=int(self.config.directory_permissions, 8), exist_ok=True)
+            except OSError as error:
+                raise StartError(f"extensions::{self.id}::directory: cannot create {directory}: {error.strerror}") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise StartError(f"extensions::{self.id}::directory: {directory} is not writable by this process")
+
+    def get_client(self, kind: str, component_id: str, name: str = "") -> FileStorageClient:
+        """The store of one component (``kind`` "exporter", "receiver"...; ``component_id``
+        ``type/name``); StorageError naming the file when it cannot be used."""
+        file_name = _UNSAFE.sub("~", "_".join((kind, *str(component_id).split("/", 1), name)))
+        path = os.path.join(self.config.directory, file_name)
+        with self._lock:
+            client = self._clients.get(path)
+            if client is None:
+                compaction = self.config.compaction
+                client = self._clients[path] = FileStorageClient(
+                    path, timeout=self.config.timeout, fsync=self.config.fsync, compact_on_start=compaction.on_start,
+                    rebound=(compaction.rebound_needed_threshold_mib, compaction.rebound_trigger_threshold_mib) if compaction.on_rebound else None,
+                    check_interval=compaction.check_interval)
+                self.log.info("storage opened", path=path)
+            return client
+
+    def shutdown(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                client.close()
+            except StorageError as error:
+                self.log.error("could not close a store", error=str(error))
