@@ -12,6 +12,8 @@ import yaml
 from pycollector import logs
 from pycollector.component import KINDS, StartError
 from pycollector.config import ConfigError, load
+from pycollector.config.redact import redacted
+from pycollector.config.types import UNREDACTED
 from pycollector.config.validate import Plan, build_plan
 from pycollector.registry import PluginError, Registry
 
@@ -37,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("components", parents=[common], help="list every installed component factory")
     printer = commands.add_parser("print-config", parents=[common], help="print the resolved config")
     printer.add_argument("--with-defaults", action="store_true", help="show every component's settings, defaults included")
+    # The Go collector's flag and spellings (otelcol print-config --mode).
+    printer.add_argument(
+        "--mode", type=str.lower, choices=("redacted", "unredacted"), default="redacted",
+        help="redacted (default): opaque values (header values, tokens, passwords, keys) print as [REDACTED]; unredacted: as they are",
+    )
     return parser
 
 
@@ -59,12 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         config = load(args.config, args.set, warn=lambda message: log.warning(message))
-        if args.command == "print-config" and not args.with_defaults:
-            print(yaml.safe_dump(config, sort_keys=False), end="")
-            return 0
+        # print-config validates too: which values are secrets is known from the models.
         plan = build_plan(config, Registry())
         if args.command == "print-config":
-            print(yaml.safe_dump(_with_defaults(config, plan), sort_keys=False), end="")
+            print(yaml.safe_dump(_printable(config, plan, args.with_defaults, args.mode == "unredacted"), sort_keys=False), end="")
             return 0
         if args.command == "validate":
             from pycollector.graph import Graph
@@ -153,10 +158,15 @@ def _components() -> int:
     return 0
 
 
-def _with_defaults(config: dict, plan: Plan) -> dict:
-    resolved = dict(config)
+def _printable(config: dict, plan: Plan, with_defaults: bool, unredacted: bool) -> dict:
+    """The config print-config shows: as resolved, or with every default; secrets redacted
+    unless asked otherwise (as the Go collector's print-config --mode unredacted)."""
+    if not with_defaults:
+        return config if unredacted else redacted(config, plan)
+    resolved = redacted(config, plan) if not unredacted else dict(config)
+    context = UNREDACTED if unredacted else None
     for (kind, component_id), spec in plan.components.items():
-        resolved.setdefault(kind, {})[component_id] = spec.config.model_dump(mode="json", by_alias=False)
+        resolved.setdefault(kind, {})[component_id] = spec.config.model_dump(mode="json", by_alias=False, context=context)
     return resolved
 
 

@@ -4,7 +4,8 @@
 the next scripted answer, the last one repeating) and, like a CapturingConsumer, keep in
 ``messages`` what they accepted, decoded into the ``*Data`` message of its signal. ``gate`` holds
 requests until set (a slow backend). ``HttpBackend`` reads bodies as the otlp receiver does (gzip,
-deflate or zstd) and keeps each request's ``Content-Encoding`` in ``content_encodings``.
+deflate or zstd) and keeps each request's ``Content-Encoding`` in ``content_encodings``. Both keep
+each request's HTTP headers or gRPC metadata in ``request_headers``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class _Recorder(CapturingConsumer):
         super().__init__()
         self.script = list(script or [Answer()])
         self.attempt_times: list[float] = []
+        self.request_headers: list[dict[str, str]] = []
         self.in_flight = 0
         self.gate = threading.Event()
         self.gate.set()
@@ -108,6 +110,7 @@ class GrpcBackend(_Recorder):
 
     def _handler(self, otlp):
         def export(data, context):
+            self.request_headers.append(dict(context.invocation_metadata()))
             answer = self._arrived()
             self._done(data, answer.code is None)
             if answer.code is not None:
@@ -145,6 +148,7 @@ class HttpBackend(_Recorder):
             def do_POST(self):
                 otlp = paths[self.path]
                 recorder.content_encodings.append(self.headers["Content-Encoding"])
+                recorder.request_headers.append(dict(self.headers.items()))
                 body = read_body(self.rfile, self.headers, 1 << 30)
                 data = encoding_of(self.headers["Content-Type"]).decode(body, otlp.data_type)
                 answer = recorder._arrived()

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, NonNegativeDuration, ProfilesWireVersion
+from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion
 from pycollector.component import ComponentConfig
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.exporterhelper.tls import ClientTLSSettings
@@ -27,7 +27,9 @@ _NOT_IN_GRPCIO = frozenset({"zstd", "snappy"})
 class OtlpGrpcConfig(ComponentConfig):
     endpoint: str = DEFAULT_ENDPOINT
     tls: ClientTLSSettings = ClientTLSSettings()
-    headers: dict[str, str] = {}
+    # Sent with every request. The values are opaque (auth tokens): [REDACTED] in print-config
+    # and in messages.
+    headers: Headers = {}
     # "" and "none" both send uncompressed, as in Go.
     compression: Literal["gzip", "deflate", "none", ""] = DEFAULT_COMPRESSION
     # How long one export call may take; 0 waits as long as it takes.

@@ -15,6 +15,7 @@ import grpc
 from google.protobuf.message import Message
 
 from pycollector.component import PermanentError, Settings
+from pycollector.config.types import reveal_headers
 from pycollector.exporterhelper import RetryableSendError
 from pycollector.otlp import OTLP_SIGNALS, profiles_wire, retry_delay, status_from_trailers
 from pycollector.exporterhelper.otlp_exporter import OtlpExporter
@@ -42,7 +43,7 @@ class OtlpGrpcExporter(OtlpExporter):
         super().__init__(settings, config)
         self._channel: grpc.Channel | None = None
         self._calls: dict[str, Any] = {}
-        self._metadata = tuple((key.lower(), value) for key, value in config.headers.items())
+        self._metadata = tuple((key.lower(), value) for key, value in reveal_headers(config.headers).items())
 
     def _open(self) -> None:
         config = self.config

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pydantic
 
-from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, NonNegativeDuration, ProfilesWireVersion
+from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion
 from pycollector.component import ComponentConfig
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.otlp import OTLP_SIGNALS
@@ -31,7 +31,9 @@ class OtlpHttpConfig(ComponentConfig):
     logs_endpoint: str = ""
     profiles_endpoint: str = ""
     tls: ClientTLSSettings = ClientTLSSettings()
-    headers: dict[str, str] = {}
+    # Sent with every request. The values are opaque (auth tokens): [REDACTED] in print-config
+    # and in messages.
+    headers: Headers = {}
     # "" and "none" both send uncompressed, as in Go.
     compression: Literal["gzip", "deflate", "zstd", "none", ""] = DEFAULT_COMPRESSION
     # How long one request may take; 0 waits as long as it takes.

@@ -18,6 +18,7 @@ from google.rpc import status_pb2
 from requests.adapters import HTTPAdapter
 
 from pycollector.component import PermanentError, Settings
+from pycollector.config.types import reveal_headers
 from pycollector.exporterhelper import RetryableSendError
 from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, encoding_of, profiles_wire
 from pycollector.exporterhelper.otlp_exporter import OtlpExporter
@@ -52,7 +53,7 @@ class OtlpHttpExporter(OtlpExporter):
         adapter = _ServerNameAdapter(config.tls.server_name_override, pool_maxsize=config.sending_queue.num_consumers, max_retries=0)
         session.mount("http://", adapter)
         session.mount("https://", adapter)
-        session.headers.update({"Content-Type": self._encoding.content_type, **config.headers})
+        session.headers.update({"Content-Type": self._encoding.content_type, **reveal_headers(config.headers)})
         if self._compress is not None:
             session.headers["Content-Encoding"] = config.compression
         self._session = session

@@ -87,7 +87,8 @@ def _apply_set(config: dict, assignment: str, problems: list[str]) -> None:
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            problems.append(f"--set {assignment}: {join_path(*parts[: index + 1])} is not a map")
+            # The key only: the value may be a secret.
+            problems.append(f"--set {key}=...: {join_path(*parts[: index + 1])} is not a map")
             return
         node = child
     node[parts[-1]] = value

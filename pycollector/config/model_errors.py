@@ -11,6 +11,7 @@ from typing import Any
 import pydantic
 
 from pycollector.config.errors import join_path
+from pycollector.config.types import REDACTED, holds_opaque
 
 
 def describe(prefix: str, model: type[pydantic.BaseModel], error: pydantic.ValidationError) -> list[str]:
@@ -23,11 +24,52 @@ def describe(prefix: str, model: type[pydantic.BaseModel], error: pydantic.Valid
             problems.append(f"{path}: unknown key{_suggestion(loc[-1], _keys_at(model, loc[:-1]))}")
         elif kind == "missing":
             problems.append(f"{path}: required key is missing")
+        elif _opaque_at(model, loc):
+            # A secret's value is never echoed, whatever is wrong with it.
+            problems.append(f"{path}: {_without(_message(detail), detail.get('input'))} (got {REDACTED})")
         elif kind in ("model_type", "model_attributes_type", "dict_type"):
             problems.append(f"{path}: expected a map of settings, got {_show(detail.get('input'))}")
         else:
             problems.append(f"{path}: {_message(detail)}{_got(detail)}")
     return problems
+
+
+def _opaque_at(model: type[pydantic.BaseModel], loc: tuple) -> bool:
+    """Whether ``loc`` inside ``model`` is, or is inside, a field holding an OpaqueString."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = _field(current, part)
+        if field is None:
+            # Not a key of the model (a union member's tag, a key a validator renames): when in
+            # doubt, a model that holds a secret anywhere hides the value.
+            return _holds_opaque_anywhere(current)
+        if holds_opaque(field.annotation):
+            return True
+        current = _inner_model(field.annotation)
+        if current is None:
+            return False
+    return False
+
+
+def _holds_opaque_anywhere(model: type[pydantic.BaseModel], seen: frozenset = frozenset()) -> bool:
+    if model in seen:
+        return False
+    for field in model.model_fields.values():
+        inner = _inner_model(field.annotation)
+        if holds_opaque(field.annotation) or (inner is not None and _holds_opaque_anywhere(inner, seen | {model})):
+            return True
+    return False
+
+
+def _without(message: str, value: Any) -> str:
+    """``message`` with any spelling of the secret ``value`` in it replaced."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        message = message.replace(repr(value), REDACTED)
+        if len(str(value)) >= 3:  # shorter ones would garble the message more than they tell
+            message = message.replace(str(value), REDACTED)
+    return message
 
 
 def suggestion(word: str, choices: typing.Iterable[str]) -> str:
