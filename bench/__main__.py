@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import agent_cost, bpf_stats, children, overhead, pipeline, procfs, python_frames, report, rounds, side_by_side, sizes, truth, unwinding, workload
+from bench import agent_cost, bpf_stats, children, overhead, persistent_queue, pipeline, procfs, python_frames, report, rounds, side_by_side, sizes, truth, unwinding, workload
 from bench.settings import FULL, QUICK
 from bench.sink import ProfilesSink
 
@@ -63,13 +63,16 @@ def main(argv: list[str] | None = None) -> int:
             pipeline_dir = workdir / "pipeline"
             pipeline_dir.mkdir()
             pipeline_results, pipeline_shape = pipeline.run_rounds(pipeline_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
+            queue_dir = workdir / "persistent_queue"
+            queue_dir.mkdir()
+            queue_results = persistent_queue.run_rounds(queue_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
     finally:
         children.kill_all()
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     loads += [run.load for run in runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs] + [procfs.load_average()]
     rows = (overhead.rows(runs) + agent_cost.rows(runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
-            + python_frames.rows(python_runs) + pipeline.rows(pipeline_results) + sizes.rows(side_by_side_runs))
+            + python_frames.rows(python_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results) + sizes.rows(side_by_side_runs))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)
     print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)
     return 0

@@ -46,14 +46,15 @@ class PipelineRound:
     raw: Throughput
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def _collector_config(port: int, sink_endpoint: str) -> dict:
-    return {
+def collector_config(port: int, sink_endpoint: str, storage_dir: Path | None = None) -> dict:
+    """The pipeline measured; with ``storage_dir``, its exporter's queue is in file_storage there."""
+    config = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{port}"}}}},
         "processors": {"batch": {}},
         # Uncompressed, as the client and the raw peer: the figure is about protobuf handling.
@@ -63,9 +64,14 @@ def _collector_config(port: int, sink_endpoint: str) -> dict:
             "telemetry": {"metrics": {"address": "127.0.0.1:0"}},
         },
     }
+    if storage_dir is not None:
+        config["extensions"] = {"file_storage": {"directory": str(storage_dir), "create_directory": True}}
+        config["service"]["extensions"] = ["file_storage"]
+        config["exporters"]["otlp_grpc"]["sending_queue"] = {"storage": "file_storage"}
+    return config
 
 
-def _wait_listening(process: subprocess.Popen, port: int, log: Path) -> None:
+def wait_listening(process: subprocess.Popen, port: int, log: Path) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -77,12 +83,13 @@ def _wait_listening(process: subprocess.Popen, port: int, log: Path) -> None:
     raise RuntimeError(f"pycollector did not listen on {port} within {STARTUP_TIMEOUT_S:g} s")
 
 
-def _burst(export, sink: ProfilesSink, burst: list[bytes], samples: int, pid: int) -> Throughput:
+def burst(export, sink: ProfilesSink, requests: list[bytes], samples: int, pid: int) -> Throughput:
+    """Send ``requests`` from SENDERS clients; the time until the sink has every sample."""
     sink.take()
     cpu_before = procfs.tree_cpu_seconds(pid)
     began = time.perf_counter()
     with futures.ThreadPoolExecutor(SENDERS) as senders:
-        list(senders.map(lambda payload: export(payload, timeout=DELIVERY_TIMEOUT_S), burst))
+        list(senders.map(lambda payload: export(payload, timeout=DELIVERY_TIMEOUT_S), requests))
     if not sink.wait_for_samples(samples, DELIVERY_TIMEOUT_S):
         raise RuntimeError(f"the sink got {sink.samples} of {samples} samples")
     seconds = time.perf_counter() - began
@@ -99,32 +106,32 @@ def run_rounds(workdir: Path, rounds: int, distinct_payloads: int, payloads_per_
     """Alternating rounds, and what the payloads were like (for the report)."""
     built = [payloads.build(seed) for seed in range(distinct_payloads)]
     encoded = [payload.SerializeToString() for payload in built]
-    burst = list(itertools.islice(itertools.cycle(encoded), payloads_per_burst))
+    requests = list(itertools.islice(itertools.cycle(encoded), payloads_per_burst))
     samples = sum(sample_count(payload) for payload in itertools.islice(itertools.cycle(built), payloads_per_burst))
-    shape = {"senders": SENDERS, "processes": payloads.PayloadShape().processes, "samples_per_payload": samples // payloads_per_burst, "payload_kib": sum(map(len, burst)) // payloads_per_burst // 1024}
+    shape = {"senders": SENDERS, "processes": payloads.PayloadShape().processes, "samples_per_payload": samples // payloads_per_burst, "payload_kib": sum(map(len, requests)) // payloads_per_burst // 1024}
     payload_file = workdir / "payloads.bin"
     raw_codec.write_payloads(payload_file, encoded)
 
-    port = _free_port()
+    port = free_port()
     config_path, log_path = workdir / "pipeline.yaml", workdir / "pipeline.log"
     with ProfilesSink(keep_requests=False) as sink:
-        config_path.write_text(yaml.safe_dump(_collector_config(port, sink.endpoint)))
+        config_path.write_text(yaml.safe_dump(collector_config(port, sink.endpoint)))
         with log_path.open("w") as log:
             collector = children.start([str(PYCOLLECTOR), "--config", str(config_path)], stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_listening(collector, port, log_path)
+            wait_listening(collector, port, log_path)
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 export = channel.unary_unary(f"/{SERVICE}/Export", response_deserializer=profiles_service_pb2.ExportProfilesServiceResponse.FromString)
-                _burst(export, sink, burst, samples, collector.pid)  # warm-up: connections, caches
+                burst(export, sink, requests, samples, collector.pid)  # warm-up: connections, caches
                 results = []
                 for index in range(rounds):
                     # Alternate which goes first, so a change in the host's load hits both alike.
                     if index % 2:
-                        raw = _raw(payload_file, len(burst))
-                        pipeline = _burst(export, sink, burst, samples, collector.pid)
+                        raw = _raw(payload_file, len(requests))
+                        pipeline = burst(export, sink, requests, samples, collector.pid)
                     else:
-                        pipeline = _burst(export, sink, burst, samples, collector.pid)
-                        raw = _raw(payload_file, len(burst))
+                        pipeline = burst(export, sink, requests, samples, collector.pid)
+                        raw = _raw(payload_file, len(requests))
                     results.append(PipelineRound(pipeline, raw))
                     print(f"bench: pipeline round {index + 1}/{rounds}: {pipeline.samples / pipeline.seconds:.0f} samples/s vs raw {raw.samples / raw.seconds:.0f}", file=sys.stderr)
         finally:

@@ -78,6 +78,10 @@ METHOD = """\
   {payload_kib} KiB each) per burst, timed until the sink has every sample; CPU is the collector's.
   The peer decodes and re-encodes the same payloads in one Python process (`python -m
   bench.raw_codec`). A sample is one `Sample` message.
+- **Persistent queue.** The same pipeline in two `pycollector` processes, the exporter's
+  `sending_queue` in a `file_storage` extension (SQLite, WAL, no fsync) in one and in memory in the
+  other, the same bursts sent to each in turn; bytes written are the process's `write_bytes` in
+  /proc/PID/io over the burst.
 """
 
 
