@@ -1,5 +1,5 @@
 """A small HTTP server on its own thread, for components that answer GET requests on a local
-endpoint (health_check, the flame graph).
+endpoint (health_check, the flame graph, pprof).
 
 The standard library's ThreadingHTTPServer is enough: these endpoints answer a handful of GETs,
 and no web framework has to be installed on every node that runs an agent. A component gives a
@@ -13,7 +13,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Callable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pydantic
 
@@ -48,16 +48,18 @@ class Response:
     headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-# URL path -> what to answer.
-Handler = Callable[[str], Response]
+# URL path -> what to answer; with ``query=True``, (URL path, query parameters) -> what to answer,
+# each parameter's first value by name, as Go's ``r.FormValue`` reads them.
+Handler = Callable[..., Response]
 
 
 class HttpEndpoint:
     """Serves ``handle`` for GET and HEAD on ``endpoint`` from ``start`` until ``stop``."""
 
-    def __init__(self, endpoint: str, handle: Handler, thread_name: str):
+    def __init__(self, endpoint: str, handle: Handler, thread_name: str, query: bool = False):
         self.endpoint = endpoint
         self._handle = handle
+        self._query = query
         self._thread_name = thread_name
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -65,7 +67,7 @@ class HttpEndpoint:
     def start(self) -> str:
         """Listen and serve; returns the URL, with the bound port when the config said port 0."""
         host, port = split_endpoint(self.endpoint)
-        handler = _handler_class(self._handle)
+        handler = _handler_class(self._handle, self._query)
         server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
         try:
             server = server_class((host, port), handler)
@@ -92,7 +94,7 @@ class _IPv6Server(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
-def _handler_class(handle: Handler) -> type[BaseHTTPRequestHandler]:
+def _handler_class(handle: Handler, query: bool) -> type[BaseHTTPRequestHandler]:
     class _Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self._answer(include_body=True)
@@ -101,7 +103,12 @@ def _handler_class(handle: Handler) -> type[BaseHTTPRequestHandler]:
             self._answer(include_body=False)
 
         def _answer(self, include_body: bool) -> None:
-            response = handle(urlsplit(self.path).path)
+            url = urlsplit(self.path)
+            if query:
+                parameters = {name: values[0] for name, values in parse_qs(url.query, keep_blank_values=True).items()}
+                response = handle(url.path, parameters)
+            else:
+                response = handle(url.path)
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)
             self.send_header("Content-Length", str(len(response.body)))

@@ -21,6 +21,7 @@ CONFIG_FOR_TEST = {
     ("exporters", "file"): lambda tmp_path: {"path": str(tmp_path / "out.jsonl")},
     ("exporters", "flamegraph"): lambda tmp_path: {"endpoint": "localhost:0"},
     ("extensions", "health_check"): lambda tmp_path: {"endpoint": "localhost:0"},
+    ("extensions", "pprof"): lambda tmp_path: {"endpoint": "localhost:0"},
     ("extensions", "file_storage"): lambda tmp_path: {"directory": str(tmp_path / "storage"), "create_directory": True},
     ("receivers", "otlp"): lambda tmp_path: {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}},
 }
