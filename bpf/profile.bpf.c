@@ -47,6 +47,15 @@ BPF_PERF_OUTPUT(new_processes);
  * The event is too big for the 512-byte BPF stack: it is built in a per-CPU scratch slot (this
  * program does not nest with itself on a CPU). */
 BPF_PERF_OUTPUT(stack_overflow);
+
+#ifdef TARGETING
+/* Process targeting (receivers/profiling/targeting.py): only the tgids in target_tgids are
+ * sampled, and the others cost this one lookup.  User space keeps the set: it hears of every
+ * exec through exec_events, and a process forked by a target is a target from its first
+ * instruction (sched_process_fork), before user space could hear of it. */
+BPF_HASH(target_tgids, u32, u8, TARGET_TGIDS_SIZE);
+BPF_PERF_OUTPUT(exec_events);
+#endif
 BPF_PERCPU_ARRAY(overflow_scratch, struct stack_overflow_event, 1);
 
 static __always_inline void count(u32 index)
@@ -219,6 +228,12 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 
     if (pid == 0)  /* the idle task of each CPU */
         return 0;
+#ifdef TARGETING
+    if (!target_tgids.lookup(&tgid)) {
+        count(COUNTER_NOT_TARGETED);
+        return 0;
+    }
+#endif
     count(COUNTER_SAMPLES);
 
     struct sample_key key = {};
@@ -284,5 +299,32 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     if (known_tgids.delete(&tgid) == 0)
         count(COUNTER_EXEC_EVENTS);
     unwind_processes.delete(&tgid);  /* its mappings were the old image's */
+#ifdef TARGETING
+    struct new_process_event event = {};
+    event.tgid = tgid;
+    event.pid = bpf_get_current_pid_tgid();
+    event.ktime_ns = bpf_ktime_get_ns();
+    bpf_get_current_comm(&event.comm, sizeof(event.comm));
+    if (exec_events.perf_submit(ctx, &event, sizeof(event)) != 0)
+        count(COUNTER_PERF_OUTPUT_ERRORS);
+#endif
     return 0;
 }
+
+#ifdef TARGETING
+/* A new process (not a thread: its tgid is its own) of a target is a target. */
+RAW_TRACEPOINT_PROBE(sched_process_fork)
+{
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    if (!target_tgids.lookup(&parent))
+        return 0;
+    u32 child = 0;
+    bpf_probe_read_kernel(&child, sizeof(child), (void *)(ctx->args[1] + TASK_TGID_OFFSET));
+    if (child && child != parent) {
+        u8 one = 1;
+        target_tgids.update(&child, &one);
+        count(COUNTER_TARGETS_FORKED);
+    }
+    return 0;
+}
+#endif

@@ -226,7 +226,9 @@ enum profile_counter {
     COUNTER_PYTHON_READ_ERRORS = 28,     /* interpreter memory that could not be read */
     COUNTER_PYTHON_FRAMES = 29,          /* Python frames recorded */
     COUNTER_PYTHON_TRUNCATED = 30,       /* Python stacks cut at PYTHON_MAX_FRAMES */
-    PROFILE_NR_COUNTERS = 31,
+    COUNTER_NOT_TARGETED = 31,           /* samples of processes the targeting settings leave out */
+    COUNTER_TARGETS_FORKED = 32,         /* processes forked by a target, targets in turn */
+    PROFILE_NR_COUNTERS = 33,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

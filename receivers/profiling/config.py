@@ -15,6 +15,8 @@ import pydantic
 from pycollector.component import ComponentConfig
 from pycollector.config.types import Duration, NonNegativeDuration
 
+from receivers.profiling.targeting import ProcessFilter
+
 DEFAULT_SAMPLES_PER_SECOND = 20
 DEFAULT_REPORTER_INTERVAL = 5.0
 DEFAULT_REPORTER_JITTER = 0.2
@@ -86,7 +88,9 @@ class ProfilingConfig(ComponentConfig):
     max_rpc_msg_size: int = 32 << 20
     bpf_fs_root: str = "/sys/fs/bpf/"
     obi_process_ctx: bool = False
-    filter_min_process_age: Duration = 0.0
+    # Only processes this old are profiled (0: all); with process_filter, see targeting.py.
+    filter_min_process_age: NonNegativeDuration = 0.0
+    process_filter: ProcessFilter = ProcessFilter()
     frame_cache_size: int | None = None
     enable_sw_cpu_clock: bool = True
 
@@ -117,6 +121,10 @@ class ProfilingConfig(ComponentConfig):
 
     def _tracer_names(self) -> set[str]:
         return {name.strip().lower() for name in self.tracers.split(",") if name.strip()}
+
+    def targeting(self) -> bool:
+        """Whether only some processes are profiled (targeting.py)."""
+        return self.process_filter.is_set() or self.filter_min_process_age > 0
 
     def tracer_enabled(self, name: str) -> bool:
         """Whether the frames of runtime ``name`` (a TRACERS name) are read or named: ``tracers``
@@ -161,7 +169,6 @@ NOT_IMPLEMENTED = (
     "load_probe",
     "go_labels_map_scale_factor",
     "obi_process_ctx",
-    "filter_min_process_age",
     # The BPF program always leaves out the idle task; sampling always uses the software
     # cpu-clock (this machine class has no PMU); no separate frame cache, BPF filesystem pinning,
     # clock sync or gRPC transport of the Go agent exists here.

@@ -107,3 +107,8 @@ class Btf:
 def task_fsbase_offset(path: str = VMLINUX_BTF) -> int:
     """Where task_struct keeps the thread's TLS base (x86-64: thread.fsbase)."""
     return Btf.of_running_kernel(path).member_offset("task_struct", "thread.fsbase")
+
+
+def task_tgid_offset(path: str = VMLINUX_BTF) -> int:
+    """Where task_struct keeps its process's id (the BPF program reads a forked child's)."""
+    return Btf.of_running_kernel(path).member_offset("task_struct", "tgid")

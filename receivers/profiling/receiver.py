@@ -36,11 +36,13 @@ from receivers.profiling.bpf_counters import counter_warnings, unwind_warnings
 from receivers.profiling.bpf_program import SamplerError
 from receivers.profiling.sampler import Sampler, UnwindSizes
 from receivers.profiling.symbolizer import Symbolizer
+from receivers.profiling.targeting import Targeting
 from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
 
 # Map sizes at map_scale_factor 0; each step of the factor doubles them.
 BASE_COUNT_MAP_SIZE = 10_240
 BASE_STACK_STORAGE_SIZE = 16_384
+BASE_TARGETS_SIZE = 8192  # target_tgids entries, times 2**map_scale_factor
 MAX_HELD_REPORTS = 3
 EVENT_POLL_MS = 100
 # How long shutdown waits for the threads after the last report was handed downstream; a pipeline
@@ -71,6 +73,7 @@ class ProfilingReceiver(Component):
         self._python_stats = telemetry.gauge("pycollector_profiling_python", "Python frames: processes running a CPython the walker knows, frames named and not, code objects read, counts since start.", ("stat",))
         self.python: PythonInterpreters | None = None
         self.jvm_perf_maps: JvmPerfMapRequester | None = None
+        self.targeting: Targeting | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -97,6 +100,8 @@ class ProfilingReceiver(Component):
             # A pc in no mapping the unwinder knew (a library opened since): read the maps again;
             # the process table tells its listeners, the unwind registry among them.
             on_unwind_request=lambda tgid, pc: self.processes.find_mapping(tgid, pc, rate_limited=False),
+            target_tgids_size=BASE_TARGETS_SIZE * scale if self.config.targeting() else 0,
+            on_exec=self._on_exec,
             logger=self.log,
         )
         try:
@@ -107,6 +112,11 @@ class ProfilingReceiver(Component):
                 return
             raise StartError(str(error)) from error
         self._sampler = sampler
+        if sampler.target_tgids is not None:
+            self.targeting = Targeting(sampler.target_tgids, self.config.process_filter, self.config.filter_min_process_age, self.log)
+            for name in self.targeting.stats:
+                self._stats.labels(stat=f"targeting_{name}").set_function(lambda name=name: self.targeting.stats.get(name, 0))
+            self.targeting.start()
         self.row_source = RowSource(self.config.unwind_cache_dir, self.log)
         self.row_source.start()
         self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log,
@@ -148,6 +158,11 @@ class ProfilingReceiver(Component):
             for name in owner.stats:
                 self._python_stats.labels(stat=f"code_{name}" if owner is self.python.code else name).set_function(
                     lambda owner=owner, name=name: owner.stats.get(name, 0))
+
+    def _on_exec(self, tgid: int) -> None:
+        """A program was exec'd (heard only when targeting): is it one to profile?"""
+        if self.targeting is not None:
+            self.targeting.consider(tgid)
 
     def _start_jvm_perf_maps(self) -> None:
         if self.config.jvm_perf_map_interval <= 0 or not self.config.tracer_enabled("hotspot"):
@@ -209,6 +224,8 @@ class ProfilingReceiver(Component):
             return
         data = self.reports.build(interval, on_error=self._process_failed)
         self._record_counters(interval.counters)
+        if self.targeting is not None:
+            self.targeting.tick()
         for pid in self.processes.forget_exited():
             self._sampler.forget_process(pid)
             self.unwind.forget(pid)
