@@ -19,7 +19,8 @@ import structlog
 
 from receivers.profiling.unwind import cache as cache_module
 from receivers.profiling.unwind.cache import RowCache
-from receivers.profiling.unwind.registry import HelperDied, RowSource
+from receivers.profiling.unwind.builder_process import HelperDied
+from receivers.profiling.unwind.registry import RowSource
 from receivers.profiling.unwind.rows import (
     CFA_END, CFA_PLT, CFA_RBP, CFA_RBP_DEREF, CFA_RSP, CFA_RSP_DEREF, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME,
     RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows, build_rows,

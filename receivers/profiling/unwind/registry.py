@@ -22,14 +22,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from elftools.elf.elffile import ELFFile
 
 from receivers.profiling.processes import Mapping, ProcessInfo, open_mapped_file
 from receivers.profiling.symbolizer import ElfSymbols, debug_file_candidates
+from receivers.profiling.unwind.builder_process import BuilderProcess
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.rows import ROW_SIZE, NoRows, build_rows_at
 from receivers.profiling.unwind.space import RowSpace
@@ -363,17 +362,14 @@ def _bias(segments: list[tuple[int, int, int]], mapping: Mapping) -> int | None:
 
 
 class RowSource:
-    """A file's rows for the registry: from the disk cache, else built in a helper process.
-
-    Building is pure Python and takes seconds for a large library (libLLVM: millions of rows);
-    in a process of its own it runs on another core and leaves this one's GIL to the threads
-    that read the perf buffers. The helper opens the file through /proc/<this pid>/fd/<fd>, so
-    it sees exactly the file the registry opened (deleted, or in another mount namespace)."""
+    """A file's rows for the registry: from the disk cache, else built in a helper process
+    (builder_process.py). The helper opens the file through /proc/<this pid>/fd/<fd>, so it sees
+    exactly the file the registry opened (deleted, or in another mount namespace)."""
 
     def __init__(self, cache_dir: str, logger: Any):
         self.cache = RowCache(cache_dir, logger)
         self.log = logger
-        self._pool: ProcessPoolExecutor | None = None
+        self._helper: BuilderProcess | None = None
         self._closed = False
         self._lock = threading.Lock()
 
@@ -381,17 +377,17 @@ class RowSource:
         """Start the helper process now (it takes a few tenths of a second), not at the first
         file the cache does not have."""
         with self._lock:
-            self._start_pool().submit(os.getpid)  # the executor starts its process at a first task
+            self._running_helper()
 
-    def _start_pool(self) -> ProcessPoolExecutor:
+    def _running_helper(self) -> BuilderProcess:
+        """The helper, a new one if there is none or it died (the OOM killer) while idle."""
         if self._closed:
             raise NoRows("stopping")
-        if self._pool is None:
-            # spawn, not fork: this process has threads and BPF maps a fork would copy. An
-            # executor, not multiprocessing.Pool: when its process dies (the OOM killer) the
-            # waiting build fails at once, where a Pool's would wait forever.
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        return self._pool
+        if self._helper is None or not self._helper.alive():
+            if self._helper is not None:
+                self._helper.stop()
+            self._helper = BuilderProcess()
+        return self._helper
 
     def __call__(self, fd: int, path: str, root: str = "", *, small: bool = False) -> bytes:
         """The rows of the file open as ``fd``, mapped as ``path`` by a process whose root
@@ -414,47 +410,16 @@ class RowSource:
         return self.cache.get_or_build(key, lambda: self._build_elsewhere(fd, debug_files))
 
     def _build_elsewhere(self, fd: int, debug_files: list[str]) -> bytes:
-        for _attempt in range(2):
-            with self._lock:
-                pool = self._start_pool()
-            try:
-                pending = pool.submit(build_rows_at, f"/proc/{os.getpid()}/fd/{fd}", debug_files)
-            except BrokenProcessPool:  # the helper died while idle: the next one builds this file
-                self._discard(pool)
-                continue
-            while True:
-                try:
-                    return pending.result(timeout=0.2)
-                except TimeoutError:  # look up now and then: close() may be waiting for us
-                    if self._closed:
-                        raise NoRows("stopping") from None
-                except BrokenProcessPool:
-                    self._discard(pool)
-                    if self._closed:
-                        raise NoRows("stopping") from None
-                    # Not tried again: the file may be what killed it (memory).
-                    raise HelperDied("the helper process building unwind rows died while building this file's; "
-                                     "another is started for the next file") from None
-        raise HelperDied("the helper process building unwind rows died twice before it could start on this file")
-
-    def _discard(self, pool: ProcessPoolExecutor) -> None:
         with self._lock:
-            if self._pool is pool:
-                self._pool = None
-        pool.shutdown(wait=False)
+            helper = self._running_helper()
+        # Not tried again when the helper dies: the file may be what killed it (memory). The
+        # next file gets a new helper.
+        return helper.build(f"/proc/{os.getpid()}/fd/{fd}", debug_files, stopping=lambda: self._closed)
 
     def close(self) -> None:
         """Stop the helper, abandoning a build under way."""
         with self._lock:
-            pool, self._pool = self._pool, None
+            helper, self._helper = self._helper, None
             self._closed = True
-        if pool is not None:
-            # The executor has no way to stop a task that runs: end its process (its private
-            # table of processes is all there is until Python 3.14's terminate_workers()).
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.terminate()
-            pool.shutdown(wait=False, cancel_futures=True)
-
-
-class HelperDied(RuntimeError):
-    """The row builder's process ended while it was building a file's rows."""
+        if helper is not None:
+            helper.stop()

@@ -1,0 +1,85 @@
+"""The process that builds unwind rows for large files (RowSource's helper).
+
+Building is pure Python and takes seconds for a large library; in a process of its own it runs on
+another core and leaves the collector's GIL to the threads that read the perf buffers.
+
+Neither multiprocessing.Pool nor concurrent.futures fits: a Pool's task waits forever when its
+process is killed (the OOM killer), and a ProcessPoolExecutor whose process was killed while
+sending its answer leaves the interpreter's exit waiting for the rest of that answer. Here the
+collector reads answers from a pipe whose other end only the helper holds: when the helper dies,
+the read ends at once (EOF), whatever it was doing; and the helper is a daemon process, ended at
+the collector's exit rather than waited for.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+from collections.abc import Callable
+
+from receivers.profiling.unwind.rows import NoRows, build_rows_at
+
+POLL_S = 0.2  # how often a waiting build checks whether the collector is stopping
+
+
+class HelperDied(RuntimeError):
+    """The row builder's process ended while it was building a file's rows."""
+
+
+class BuilderProcess:
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")  # not fork: the collector has threads and BPF maps
+        requests_read, self._requests = context.Pipe(duplex=False)
+        self._answers, answers_write = context.Pipe(duplex=False)
+        self.process = context.Process(target=_serve, args=(requests_read, answers_write), name="pycollector-unwind-rows", daemon=True)
+        self.process.start()
+        requests_read.close()  # the helper's ends: closed here, so its death reads as EOF
+        answers_write.close()
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def build(self, path: str, debug_files: list[str], stopping: Callable[[], bool]) -> bytes:
+        """The rows of the file at ``path`` (ValueError when it has none); HelperDied if the
+        helper ends first; NoRows("stopping") when ``stopping()`` turns true meanwhile."""
+        try:
+            self._requests.send((path, debug_files))
+        except OSError:
+            raise HelperDied("the helper process building unwind rows is gone") from None
+        while True:
+            ready = multiprocessing.connection.wait([self._answers, self.process.sentinel], timeout=POLL_S)
+            if self._answers in ready:
+                try:
+                    built, value = self._answers.recv()
+                except (EOFError, OSError):
+                    ready = [self.process.sentinel]  # it died mid-answer
+                else:
+                    if built:
+                        return value
+                    raise value
+            if stopping():  # (stop() ends the helper: that death is no news)
+                raise NoRows("stopping")
+            if ready:  # the sentinel alone: it died without a word
+                raise HelperDied("the helper process building unwind rows died while building this file's")
+
+    def stop(self) -> None:
+        """End the helper, abandoning a build under way."""
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join(timeout=5)
+        self._requests.close()
+        self._answers.close()
+
+
+def _serve(requests, answers) -> None:
+    """The helper's loop: a request, its rows or the error that says why there are none."""
+    while True:
+        try:
+            path, debug_files = requests.recv()
+        except EOFError:  # the collector closed its end: stop
+            return
+        try:
+            answer = (True, build_rows_at(path, debug_files))
+        except Exception as error:  # the collector raises it (NoRows, ValueError...)
+            answer = (False, error)
+        answers.send(answer)
