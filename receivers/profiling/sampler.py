@@ -184,12 +184,12 @@ class Sampler:
         perf_buffer_pages: int = 64,
         unwind: UnwindSizes | None = None,
         on_unwind_request: Callable[[int, int], None] | None = None,
+        target_tgids_size: int = 0,
+        on_exec: Callable[[int], None] | None = None,
         source: Path | str = BPF_SOURCE,
         logger=None,
     ) -> None:
         if not 1 <= frequency_hz <= 100_000:
-        target_tgids_size: int = 0,
-        on_exec: Callable[[int], None] | None = None,
             raise ValueError(f"frequency_hz must be in 1..100000, got {frequency_hz}")
         for name, value in (("stack_storage_size", stack_storage_size),
                             ("count_map_size", count_map_size),
@@ -209,15 +209,15 @@ class Sampler:
         self.on_new_process = on_new_process
         self.unwind = unwind or UnwindSizes()
         self.on_unwind_request = on_unwind_request
-        self.source = Path(source)
-        self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
-        self.counter_names = read_counter_names(self.source.parent / "profile.h")
-        self.compile_log = ""  # whatever clang / the verifier printed during start()
         # Targeting (targeting.py): with a size, only the tgids in target_tgids are sampled, and
         # on_exec(tgid) hears of every exec, for user space to decide whether it is a target.
         self.target_tgids_size = target_tgids_size
         self.on_exec = on_exec
         self.target_tgids = None
+        self.source = Path(source)
+        self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
+        self.counter_names = read_counter_names(self.source.parent / "profile.h")
+        self.compile_log = ""  # whatever clang / the verifier printed during start()
         # Where task_struct keeps a thread's TLS base, which CPython's thread states are matched
         # on; None when the kernel's BTF does not say (then no Python frames: python_frames_error).
         self.task_fsbase_offset: int | None = None
@@ -269,12 +269,12 @@ class Sampler:
             f"-DKNOWN_PROCESSES_SIZE={self.known_processes_size}",
             *self.unwind.cflags(),
             *([f"-DTASK_FSBASE_OFFSET={self.task_fsbase_offset}"] if self.task_fsbase_offset is not None else []),
+            *(["-DTARGETING=1", f"-DTARGET_TGIDS_SIZE={self.target_tgids_size}", f"-DTASK_TGID_OFFSET={kernel_btf.task_tgid_offset()}"]
+              if self.target_tgids_size else []),
         ]
 
     def describe_program(self) -> str:
         """The final program as BCC compiles it: cflags, then the source (for --debug output)."""
-            *(["-DTARGETING=1", f"-DTARGET_TGIDS_SIZE={self.target_tgids_size}", f"-DTASK_TGID_OFFSET={kernel_btf.task_tgid_offset()}"]
-              if self.target_tgids_size else []),
         return f"// cflags: {' '.join(self.cflags())}\n{bpf_program.program_text(self.source)}"
 
     def start(self) -> None:
@@ -322,16 +322,16 @@ class Sampler:
             overflow.open_perf_buffer(self._on_overflow, page_cnt=self.perf_buffer_pages,
                                       lost_cb=self._on_overflow_lost)
             del overflow
-        except BaseException:
-            with contextlib.suppress(Exception):
-                bpf.cleanup()
-            raise
             if self.target_tgids_size:
                 self.target_tgids = bpf[b"target_tgids"]
                 exec_events = bpf[b"exec_events"]
                 self._exec_event_type = bcc_table._get_event_class(exec_events)
                 exec_events.open_perf_buffer(self._on_exec_event, page_cnt=self.perf_buffer_pages, lost_cb=self._on_lost)
                 del exec_events
+        except BaseException:
+            with contextlib.suppress(Exception):
+                bpf.cleanup()
+            raise
         if self.verifier_log_level and self.compile_log:
             sys.stderr.write(self.compile_log)  # the user asked to see the verifier log
         self._bpf = bpf
@@ -355,10 +355,6 @@ class Sampler:
                 self._user["callback_errors"] += 1
             self.log.exception("on_new_process callback failed", tgid=event.tgid)
 
-    def _on_unwind_event(self, cpu: int, data, size: int) -> None:
-        """A sampled pc in no mapping the unwinder knew: the process's maps should be read again."""
-        event = ct.cast(data, ct.POINTER(self._unwind_event_type)).contents
-        if self.on_unwind_request is None:
     def _on_exec_event(self, cpu: int, data, size: int) -> None:
         event = ct.cast(data, ct.POINTER(self._exec_event_type)).contents
         if self.on_exec is None:
@@ -370,6 +366,10 @@ class Sampler:
                 self._user["callback_errors"] += 1
             self.log.exception("on_exec callback failed", tgid=event.tgid)
 
+    def _on_unwind_event(self, cpu: int, data, size: int) -> None:
+        """A sampled pc in no mapping the unwinder knew: the process's maps should be read again."""
+        event = ct.cast(data, ct.POINTER(self._unwind_event_type)).contents
+        if self.on_unwind_request is None:
             return
         try:
             self.on_unwind_request(event.tgid, event.pc)
