@@ -1,8 +1,9 @@
 """The flame graph page as one self-contained HTML document.
 
 Everything is inlined: d3 and d3-flame-graph (fetched at setup by npm into ``vendor/``, see
-scripts/setup.sh), the page's own script and style, and the data. So the page served live and the
-file saved for sharing are the same document; the saved one simply has no server to refresh from.
+scripts/setup.sh, and shipped in the wheel as package data when present at build time), the page's
+own script and style, and the data. So the page served live and the file saved for sharing are the
+same document; the saved one simply has no server to refresh from.
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ class PageTemplate:
     def __init__(self) -> None:
         missing = missing_vendor_files()
         if missing:
-            raise RendererMissing(f"the flame graph renderer is not installed ({', '.join(missing)} missing in {VENDOR}); run scripts/setup.sh, which fetches d3 and d3-flame-graph with npm")
+            raise RendererMissing(
+                f"the flame graph renderer is not installed ({', '.join(missing)} missing in {VENDOR}): "
+                "in a source checkout run scripts/setup.sh, which fetches d3 and d3-flame-graph with npm; "
+                "a wheel carries them only when it was built from a checkout where scripts/setup.sh had run, "
+                "so rebuild it there (or leave the flamegraph exporter out of the config)"
+            )
         page = (ASSETS / "page.html").read_text()
         for marker, name in VENDOR_FILES.items():
             page = page.replace(marker, _script_safe((VENDOR / name).read_text()))

@@ -39,7 +39,11 @@ from receivers.profiling import bpf_program, kernel_btf
 from receivers.profiling.bpf_counters import USER_COUNTERS, read_counter_names
 from receivers.profiling.bpf_program import SamplerError
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+# The BPF sources: the repository's bpf/ folder, which receivers/profiling/bpf links to (a relative
+# symlink), so a source checkout and an installed wheel (where the build copied the files in as
+# package data) find them in the same place, next to this module. BCC needs a real directory: it
+# compiles the text and clang reads profile.h through -I.
+BPF_DIR = Path(__file__).resolve().parent / "bpf"
 BPF_SOURCE = BPF_DIR / "profile.bpf.c"
 
 PROGRAM_NAME = b"on_cpu_sample"
