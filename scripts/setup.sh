@@ -6,11 +6,14 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 # golang-go: `go tool pprof` reads the pprof exporter's files in tests; chromium: the flame graph
-# page is tested headless.
-APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv linux-headers-amd64 linux-perf bpftool golang-go chromium)
+# page is tested headless; systemd: systemd-analyze checks deploy/systemd's unit in tests.
+APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv linux-headers-amd64 linux-perf bpftool golang-go chromium systemd)
 # npm fetches the flame graph renderer; Debian's npm only when no npm is installed at all, so a
 # Node.js installed another way is left alone.
 command -v npm >/dev/null || APT_PACKAGES+=(npm)
+# kubectl's kustomize builds deploy/kubernetes in tests; Debian's (kubernetes-client) only when no
+# kubectl is installed at all.
+command -v kubectl >/dev/null || APT_PACKAGES+=(kubernetes-client)
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 
