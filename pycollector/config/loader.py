@@ -18,6 +18,12 @@ from pycollector.config.errors import ConfigError, join_path
 # ${scheme:rest} or ${NAME}; `$$` is a literal dollar.
 _REFERENCE = re.compile(r"\$\$|\$\{([^}]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Values a document may hold once its aliases are expanded: a few aliases that repeat each other
+# make billions of them (the "billion laughs"), as the Go collector's YAML library also refuses.
+MAX_VALUES = 100_000
+# Flow collections ([...], {...}) nested in one another. PyYAML scans them in time quadratic in
+# their depth (half a second for 4,000 brackets) before it runs out of Python's stack at ~500.
+MAX_FLOW_DEPTH = 64
 
 
 def load(paths: list[str], sets: list[str] = (), env: dict[str, str] | None = None, warn: Callable[[str], None] | None = None) -> dict:
@@ -51,10 +57,16 @@ def deep_merge(base: Any, override: Any) -> Any:
 
 def _read_yaml(path: str, problems: list[str]) -> dict | None:
     try:
-        with open(path, encoding="utf-8") as stream:
-            document = yaml.safe_load(stream)
+        with open(path, "rb") as stream:
+            raw = stream.read()
     except OSError as error:
         problems.append(f"{path}: cannot read config file: {error.strerror}")
+        return None
+    try:
+        document = _parse(raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        problems.append(f"{path}:{line}: the config file is not UTF-8 text (byte {error.start}: {error.reason})")
         return None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -69,6 +81,47 @@ def _read_yaml(path: str, problems: list[str]) -> dict | None:
     return document
 
 
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses flow collections nested more than ``MAX_FLOW_DEPTH`` deep."""
+
+    def fetch_flow_collection_start(self, TokenClass) -> None:
+        if self.flow_level >= MAX_FLOW_DEPTH:
+            raise yaml.scanner.ScannerError(None, None, f"[...] and {{...}} nested more than {MAX_FLOW_DEPTH} deep", self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+
+def _parse(text: str) -> Any:
+    """``yaml.safe_load``, raising only YAMLError. PyYAML's constructors raise others for a value
+    they cannot build (ValueError for the date 2001-13-45 or ``!!int abc``, AttributeError for
+    ``!!timestamp abc``), and its parser RecursionError for a document nested a few hundred deep."""
+    try:
+        document = yaml.load(text, Loader=_Loader)  # a SafeLoader: plain data only
+    except yaml.YAMLError:
+        raise
+    except RecursionError:
+        raise yaml.YAMLError("it is nested too deeply") from None
+    except (ValueError, TypeError, AttributeError) as error:
+        raise yaml.YAMLError(f"a value cannot be read: {error}") from None
+    if _values_over(document, MAX_VALUES):
+        raise yaml.YAMLError(f"it holds more than {MAX_VALUES} values once its aliases are expanded")
+    return document
+
+
+def _values_over(document: Any, limit: int) -> bool:
+    """Whether ``document``, aliases expanded, holds more than ``limit`` values; stops there."""
+    pending, count = [document], 0
+    while pending:
+        node = pending.pop()
+        count += 1
+        if count > limit:
+            return True
+        if isinstance(node, dict):
+            pending += node.values()
+        elif isinstance(node, list):
+            pending += node
+    return False
+
+
 def _apply_set(config: dict, assignment: str, problems: list[str]) -> None:
     """``--set a.b.c=value`` or the Go collector's ``--set a::b::c=value``; the value is YAML."""
     key, separator, raw_value = assignment.partition("=")
@@ -78,7 +131,7 @@ def _apply_set(config: dict, assignment: str, problems: list[str]) -> None:
     # `::` is the Go collector's delimiter; it also keeps a dot in a component name intact.
     parts = key.split("::") if "::" in key else key.split(".")
     try:
-        value = yaml.safe_load(raw_value) if raw_value else ""
+        value = _parse(raw_value) if raw_value else ""
     except yaml.YAMLError:
         value = raw_value
     node = config
@@ -133,18 +186,23 @@ class _Resolver:
             return value
         if scheme == "file":
             try:
-                with open(os.path.expanduser(rest), encoding="utf-8") as stream:
-                    return stream.read().rstrip("\n")
+                with open(os.path.expanduser(rest), "rb") as stream:
+                    raw = stream.read()
+                return raw.decode("utf-8").rstrip("\n")
             except OSError as error:
                 self.problems.append(f"{where}: cannot read '${{{reference}}}': {error.strerror}")
-                return ""
+            except UnicodeDecodeError as error:
+                self.problems.append(f"{where}: '${{{reference}}}' is not UTF-8 text (byte {error.start}: {error.reason})")
+            except ValueError:  # open() refuses a path with a NUL character, which YAML's "\0" writes
+                self.problems.append(f"{where}: cannot read '${{{reference}}}': the path holds a NUL character")
+            return ""
         self.problems.append(f"{where}: unsupported reference scheme '{scheme}' in '${{{reference}}}' (supported: env, file)")
         return ""
 
 
 def _typed(value: str) -> Any:
     try:
-        parsed = yaml.safe_load(value)
+        parsed = _parse(value)
     except yaml.YAMLError:
         return value
     # Only scalars take a type; a value that looks like YAML structure stays a string.

@@ -75,7 +75,9 @@ class _Validator:
     def run(self) -> Plan:
         for section in self.config:
             if section not in SECTIONS:
-                self.problems.append(f"{section}: unknown section{model_errors.suggestion(section, SECTIONS)} (known: {', '.join(SECTIONS)})")
+                # An empty or blank key is quoted, so that the message still names it.
+                place = section if isinstance(section, str) and section.strip() else repr(section)
+                self.problems.append(f"{place}: unknown section{model_errors.suggestion(section, SECTIONS)} (known: {', '.join(SECTIONS)})")
         for kind in KINDS:
             for raw_id, raw_config in self._section(kind).items():
                 self._component(kind, str(raw_id), raw_config)

@@ -25,7 +25,10 @@ def from_json(body: bytes, message_type: type[Message]) -> Message:
 
 def parse_document(body: bytes) -> dict:
     """The JSON object of an OTLP/JSON body, for a caller that adapts it before decoding."""
-    document = json.loads(body)
+    try:
+        document = json.loads(body)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
     if not isinstance(document, dict):
         raise ValueError(f"expected a JSON object, got {type(document).__name__}")
     return document
@@ -33,11 +36,16 @@ def parse_document(body: bytes) -> dict:
 
 def from_document(document: dict, message_type: type[Message]) -> Message:
     """The message of a parsed OTLP/JSON object (changed on the way: ids become base64)."""
-    _convert_ids(document, _hex_to_base64)
     try:
+        _convert_ids(document, _hex_to_base64)
         return json_format.ParseDict(document, message_type(), ignore_unknown_fields=True)
     except json_format.ParseError as error:
         raise ValueError(str(error)) from error
+    # What ParseDict raises besides ParseError for a document no message is: OverflowError for an
+    # enum of 1e400, SystemError from upb for a key holding a lone surrogate ("\ud800" in the
+    # JSON), RecursionError for one nested deeper than Python's stack.
+    except (OverflowError, SystemError, RecursionError) as error:
+        raise ValueError(f"not an OTLP message: {error}") from error
 
 
 def to_json(message: Message) -> bytes:

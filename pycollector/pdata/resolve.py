@@ -146,9 +146,11 @@ def iter_samples(data: profiles_pb2.ProfilesData) -> Iterator[SampleView]:
 
 
 def sample_type(data: profiles_pb2.ProfilesData, profile: profiles_pb2.Profile) -> tuple[str, str]:
-    """The profile's (type, unit), e.g. ("samples", "count")."""
+    """The profile's (type, unit), e.g. ("samples", "count"). Index 0 is the empty string in a
+    message that leaves the string table out, as everywhere (``with_zero_entries``)."""
     strings = data.dictionary.string_table
-    return strings[profile.sample_type.type_strindex], strings[profile.sample_type.unit_strindex]
+    type_index, unit_index = profile.sample_type.type_strindex, profile.sample_type.unit_strindex
+    return (strings[type_index] if type_index or strings else "", strings[unit_index] if unit_index or strings else "")
 
 
 def frames_of(data: profiles_pb2.ProfilesData, stack_index: int) -> list[Frame]:

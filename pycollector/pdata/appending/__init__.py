@@ -51,22 +51,36 @@ __all__ = ["append", "check"]
 
 # -- append ---------------------------------------------------------------------------------------
 
+# The tables whose index 0 a table's zero entry holds: a mapping's, function's and attribute's
+# strings, a location's mapping. The proto asks for string_table[0] to be "", but a sender may
+# write another string there, which src's zero mapping then names and dst's does not.
+_ZERO_REFERS_TO = {
+    "attribute_table": ("string_table",),
+    "mapping_table": ("string_table",),
+    "function_table": ("string_table",),
+    "location_table": ("mapping_table",),
+}
+
 
 def _moves(dst: profiles_pb2.ProfilesDictionary, tables: Any, out: Any) -> tuple[dict[str, Move], dict[str, list[bytes]]]:
     """Per table, where src's indices go, and src's entries to append to dst's.
 
     src's zero entry is dropped when both tables start with the zero value (a table left out
-    counts as one); else every src entry is kept, and every index moves, 0 too. A dst table left
-    out gets its zero entry first, in ``out``."""
+    counts as one) and the zero entries it refers to are dropped too; else every src entry is
+    kept (a table left out as its zero entry), and every index moves, 0 too. A dst table left out
+    gets its zero entry first, in ``out``."""
     moves, entries = {}, {}
-    for name in TABLES:
-        mine, theirs = getattr(dst, name), list(getattr(tables, name))
+    for name in TABLES:  # in an order where the tables a zero entry refers to come before it
+        # A table src leaves out holds its zero entry, which may have to be appended.
+        mine, theirs = getattr(dst, name), list(getattr(tables, name)) or [b""]
         size = len(mine)
         if not size:
             getattr(out, name).append(b"")
             size = 1
         mine_zero = not mine or (mine[0] == "" if name == "string_table" else mine[0].ByteSize() == 0)
-        drop = mine_zero and (not theirs or theirs[0] == b"")
+        # A zero entry means what the zero entries it refers to mean: src's is dst's only if those are.
+        referred = all(moves[table].drop_zero for table in _ZERO_REFERS_TO.get(name, ()))
+        drop = mine_zero and theirs[0] == b"" and referred
         moves[name] = Move(name, len(theirs), size - 1 if drop else size, drop)
         entries[name] = theirs[1:] if drop else theirs
     return moves, entries
@@ -141,7 +155,10 @@ def check(src: Message, serialized: bytes | None = None) -> None:
     """Raise the ValueError ``append(dst, src)`` would, merging nothing. ``serialized``:
     ``src.SerializeToString()``, when the caller has it already."""
     sizes = {name: max(len(getattr(src.dictionary, name)), 1) for name in TABLES}
-    data = TYPES["CheckData"].FromString(src.SerializeToString() if serialized is None else serialized)
+    try:
+        data = TYPES["CheckData"].FromString(src.SerializeToString() if serialized is None else serialized)
+    except DecodeError as error:  # a field of the wrong wire type, which the message's own class skips
+        raise ValueError(f"profiles could not be read: {error!r}") from error
     d = data.dictionary
     # Lists of uint64, which read a negative index as a huge one, and of int32.
     unsigned: list[tuple[Sequence[int], str]] = [
