@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import signal
 from collections.abc import Callable
 
 from receivers.profiling.unwind.rows import NoRows, build_rows_at
@@ -73,6 +74,9 @@ class BuilderProcess:
 
 def _serve(requests, answers) -> None:
     """The helper's loop: a request, its rows or the error that says why there are none."""
+    # Ctrl-C in a terminal reaches the whole process group: the collector decides when the
+    # helper stops (closing its end, or terminate()), not a KeyboardInterrupt traceback here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             path, debug_files = requests.recv()
