@@ -93,14 +93,15 @@ class _Loader(yaml.SafeLoader):
 def _parse(text: str) -> Any:
     """``yaml.safe_load``, raising only YAMLError. PyYAML's constructors raise others for a value
     they cannot build (ValueError for the date 2001-13-45 or ``!!int abc``, AttributeError for
-    ``!!timestamp abc``), and its parser RecursionError for a document nested a few hundred deep."""
+    ``!!timestamp abc``, IndexError for ``!!float ""``), and its parser RecursionError for a
+    document nested a few hundred deep."""
     try:
         document = yaml.load(text, Loader=_Loader)  # a SafeLoader: plain data only
     except yaml.YAMLError:
         raise
     except RecursionError:
         raise yaml.YAMLError("it is nested too deeply") from None
-    except (ValueError, TypeError, AttributeError) as error:
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError) as error:
         raise yaml.YAMLError(f"a value cannot be read: {error}") from None
     if _values_over(document, MAX_VALUES):
         raise yaml.YAMLError(f"it holds more than {MAX_VALUES} values once its aliases are expanded")
