@@ -57,9 +57,18 @@ class PersistentQueue:
 
     def offer(self, data: Message) -> bool:
         """Store without waiting; False when full or closed."""
+        return self._store(data, wait=False)
+
+    def put(self, data: Message) -> bool:
+        """Store, waiting for room; False if the queue closes first."""
+        return self._store(data, wait=True)
+
+    def _store(self, data: Message, wait: bool) -> bool:
         serialized = data.SerializeToString()
         size = self._sizer.size(lambda: data, len(serialized))
         with self._changed:
+            while wait and not self._closed and self._pending and self._used + size > self.capacity:
+                self._changed.wait()
             if self._closed or (self._used + size > self.capacity and self._pending):
                 return False
             key = f"{PREFIX}{self._next:020d}"
@@ -70,14 +79,6 @@ class PersistentQueue:
             self._used += size
             self._changed.notify_all()
             return True
-
-    def put(self, data: Message) -> bool:
-        """Store, waiting for room; False if the queue closes first."""
-        size = self._sizer.size(lambda: data, data.ByteSize())
-        with self._changed:
-            while not self._closed and self._pending and self._used + size > self.capacity:
-                self._changed.wait()
-        return self.offer(data)
 
     def take(self) -> QueuedRequest | None:
         """The oldest request not being sent, waiting for one; None once closed."""

@@ -29,12 +29,9 @@ class JitNames:
 
     def frame(self, info: ProcessInfo, addr: int) -> tuple[str | None, int, str]:
         """(name or None, start of the named code, frame type) of a JIT address."""
+        name, start = self.name(info, addr) or (None, 0)
         runtime = self._runtime(info)
-        if runtime is not None and runtime not in self._runtimes:
-            return None, 0, "native"
-        found = self.perf_maps.lookup_process(info, addr)
-        name, start = found if found is not None else (None, 0)
-        return name, start, runtime or "native"
+        return name, start, runtime if runtime in self._runtimes else "native"
 
     def name(self, info: ProcessInfo, addr: int) -> tuple[str, int] | None:
         """The perf map's name for an address no ELF symbol covers (V8's builtins are in the
