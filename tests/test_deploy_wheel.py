@@ -135,7 +135,9 @@ def test_installed_collector_profiles_this_host_with_the_default_config(installe
     env = {**run["env"], "PYCOLLECTOR_REPORTER_INTERVAL": "1s", "PYCOLLECTOR_FLAMEGRAPH_ENDPOINT": "localhost:0",
            "PYCOLLECTOR_HEALTH_ENDPOINT": "localhost:0", "PYCOLLECTOR_METRICS_ADDRESS": "localhost:0"}
     log = (tmp_path / "collector.log").open("w")
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # something to sample on a quiet host
+    # Something to sample on a quiet host, half of it in the kernel (stat calls), so the kernel
+    # frames checked below do not depend on what else the host runs.
+    busy = subprocess.Popen([sys.executable, "-c", "import os\nwhile True: os.stat('/')"])
     collector = subprocess.Popen([str(installed / "pycollector"), "--config", "default.yaml", "--config", "file.yaml"],
                                  cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
