@@ -1,11 +1,14 @@
-"""The flame graph exporter without a browser: the sliding window, the call trees it sends, the
-pages it serves and what they inline."""
+"""The flame graph exporter without a browser: the sliding window, the call trees it sends per
+sample type (CPU samples and off-CPU time kept apart), the pages it serves and what they inline,
+and how the page shows each type's values."""
 
 from __future__ import annotations
 
 import collections
 import json
 import re
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 
@@ -17,8 +20,12 @@ from pycollector.testing import TestHost, assert_conformance, make_settings
 
 from exporters.flamegraph import page
 from exporters.flamegraph.factory import factory
-from exporters.flamegraph.tree import call_tree
+from exporters.flamegraph.tree import call_tree, page_data, type_ids
 from exporters.flamegraph.window import ProcessKey, ProfileWindow
+
+CPU = ("samples", "count")
+OFF_CPU = ("off_cpu", "nanoseconds")
+PERIOD_NS = 1_000_000_000 // 97
 
 
 class FakeClock:
@@ -29,21 +36,42 @@ class FakeClock:
         return self.now
 
 
-def profiles(stacks_by_process: dict[tuple[int, str], list[tuple[list[str], int]]], sample_type=("samples", "count"), container: str = ""):
+def profiles(stacks_by_process: dict[tuple[int, str], list[tuple[list[str], int]]], sample_type=CPU, container: str = ""):
     """Stacks given root first, as a reader thinks of them; stored leaf first as OTLP has them."""
+    return typed_profiles({process: {sample_type: stacks} for process, stacks in stacks_by_process.items()}, container)
+
+
+def typed_profiles(by_process: dict[tuple[int, str], dict[tuple[str, str], list[tuple[list[str], int]]]], container: str = ""):
+    """A profile per sample type under each process's one scope, sharing the dictionary, as the
+    profiling receiver sends CPU samples and off-CPU time (which has no period)."""
     b = ProfilesBuilder()
-    for (pid, name), stacks in stacks_by_process.items():
+    for (pid, name), by_type in by_process.items():
         attributes = {"process.pid": pid, "process.executable.name": name}
         if container:
             attributes["container.id"] = container
-        profile = b.profile(b.scope_profiles(b.resource_profiles(attributes)), sample_type=sample_type)
-        for functions, count in stacks:
-            locations = [b.location(lines=[(b.function(function), 0, 0)], attributes={"profile.frame.type": "kernel" if function.startswith("sys_") else "native"}) for function in reversed(functions)]
-            b.sample(profile, b.stack(locations), [count])
+        scope = b.scope_profiles(b.resource_profiles(attributes))
+        for sample_type, stacks in by_type.items():
+            cpu = sample_type == CPU
+            profile = b.profile(scope, sample_type=sample_type, period_type=("cpu", "nanoseconds") if cpu else ("", ""), period=PERIOD_NS if cpu else 0)
+            for functions, value in stacks:
+                locations = [b.location(lines=[(b.function(function), 0, 0)], attributes={"profile.frame.type": "kernel" if function.startswith(("sys_", "__")) else "native"})
+                             for function in reversed(functions)]
+                b.sample(profile, b.stack(locations), [value])
     return b.data
 
 
 WORK = {(10, "app"): [(["main", "work"], 3), (["main", "work", "sys_write"], 1), (["main"], 1)], (20, "db"): [(["main", "query"], 2)]}
+# app on the CPU as in WORK and, in the same interval, off it: 1 s asleep and 2.5 ms waiting on a
+# lock; db only on the CPU; idle only off it. Off-CPU stacks start at the scheduler.
+OFF_CPU_NS = {(10, "app"): [(["main", "sys_nanosleep", "__schedule"], 1_000_000_000), (["main", "work", "sys_futex", "__schedule"], 2_500_000)],
+              (30, "idle"): [(["main", "sys_epoll_wait", "__schedule"], 60_000_000)]}
+
+
+def cpu_and_off_cpu(container: str = ""):
+    by_process: dict = {process: {CPU: stacks} for process, stacks in WORK.items()}
+    for process, stacks in OFF_CPU_NS.items():
+        by_process.setdefault(process, {})[OFF_CPU] = stacks
+    return typed_profiles(by_process, container)
 
 
 def get(url: str) -> tuple[int, dict, bytes]:
@@ -72,8 +100,8 @@ def test_keeps_the_contract():
 
 def test_window_counts_stacks_per_process_root_first():
     window = ProfileWindow(60)
-    assert window.add(profiles(WORK)) == 7
-    totals = window.totals()
+    assert window.add(profiles(WORK)) == {CPU: 7}
+    totals = window.totals()[CPU]
     app = totals[ProcessKey(10, "app", "")]
     assert app[(("main", "native"), ("work", "native"), ("sys_write", "kernel"))] == 1
     assert sum(totals[ProcessKey(20, "db", "")].values()) == 2
@@ -86,15 +114,30 @@ def test_window_forgets_samples_older_than_the_window():
     clock.now += 30
     window.add(profiles({(10, "app"): [(["new"], 1)]}))
     clock.now += 31
-    assert dict(window.totals()[ProcessKey(10, "app", "")]) == {(("new", "native"),): 1}
+    assert dict(window.totals()[CPU][ProcessKey(10, "app", "")]) == {(("new", "native"),): 1}
     clock.now += 60
     assert window.totals() == {}
 
 
-def test_window_keeps_only_cpu_samples():
+def test_window_keeps_each_sample_type_apart():
     window = ProfileWindow(60)
-    assert window.add(profiles(WORK, sample_type=("alloc_space", "bytes"))) == 0
-    assert window.totals() == {}
+    assert window.add(cpu_and_off_cpu()) == {CPU: 7, OFF_CPU: 1_062_500_000}
+    totals = window.totals()
+    assert set(totals) == {CPU, OFF_CPU}
+    # CPU counts as they were sent: no nanosecond of off-CPU time is added to them.
+    assert {key.name: sum(stacks.values()) for key, stacks in totals[CPU].items()} == {"app": 5, "db": 2}
+    app = totals[OFF_CPU][ProcessKey(10, "app", "")]
+    assert dict(app) == {
+        (("main", "native"), ("sys_nanosleep", "kernel"), ("__schedule", "kernel")): 1_000_000_000,
+        (("main", "native"), ("work", "native"), ("sys_futex", "kernel"), ("__schedule", "kernel")): 2_500_000,
+    }
+    assert ProcessKey(30, "idle", "") not in totals[CPU]
+
+
+def test_window_keeps_any_sample_type_under_its_own_unit():
+    window = ProfileWindow(60)
+    assert window.add(profiles(WORK, sample_type=("alloc_space", "bytes"))) == {("alloc_space", "bytes"): 7}
+    assert set(window.totals()) == {("alloc_space", "bytes")}
 
 
 def test_window_names_a_frame_without_a_symbol_by_its_file_and_address_in_the_file():
@@ -106,9 +149,29 @@ def test_window_names_a_frame_without_a_symbol_by_its_file_and_address_in_the_fi
     profile = b.profile(b.scope_profiles(b.resource_profiles({"process.pid": 10, "process.executable.name": "app"})))
     b.sample(profile, b.stack([stripped, nowhere, main]), [], timestamps_unix_nano=[1, 2, 3])
     window = ProfileWindow(60)
-    assert window.add(b.data) == 3  # no values: one sample per timestamp
+    assert window.add(b.data) == {CPU: 3}  # no values: one sample per timestamp
     stack = (("main", "native"), ("[unknown]+0x7f3a00001234", "native"), ("[libfoo.so]+0x56cd", "native"))
-    assert dict(window.totals()[ProcessKey(10, "app", "")]) == {stack: 3}
+    assert dict(window.totals()[CPU][ProcessKey(10, "app", "")]) == {stack: 3}
+
+
+def test_page_data_lists_cpu_first_then_each_other_type_with_its_processes():
+    window = ProfileWindow(60)
+    window.add(profiles(WORK, sample_type=("alloc_space", "bytes")))
+    window.add(cpu_and_off_cpu())
+    data = page_data(window.totals(), 60, "testhost")
+    assert [(t["id"], t["type"], t["unit"], t["total"]) for t in data["types"]] == [
+        ("samples", "samples", "count", 7), ("alloc_space", "alloc_space", "bytes", 7), ("off_cpu", "off_cpu", "nanoseconds", 1_062_500_000)]
+    off_cpu = data["types"][2]
+    # Heaviest first, in nanoseconds: app's 1.0025 s, then idle's 60 ms.
+    assert [(p["pid"], p["name"], p["total"]) for p in off_cpu["processes"]] == [(10, "app", 1_002_500_000), (30, "idle", 60_000_000)]
+    assert off_cpu["processes"][0]["stacks"][0]["children"][0] == {
+        "name": "sys_nanosleep", "value": 1_000_000_000, "libtype": "kernel",
+        "children": [{"name": "__schedule", "value": 1_000_000_000, "libtype": "kernel", "children": []}]}
+
+
+def test_a_type_is_named_by_its_unit_too_when_its_name_is_not_enough():
+    assert type_ids([CPU, ("samples", "bytes"), OFF_CPU, ("", "")]) == {
+        CPU: "samples/count", ("samples", "bytes"): "samples/bytes", OFF_CPU: "off_cpu", ("", ""): "/"}
 
 
 def test_call_tree_values_include_callees():
@@ -122,8 +185,11 @@ def test_page_inlines_renderer_script_and_data_and_loads_nothing_else(served):
     assert status == 200 and headers["Content-Type"].startswith("text/html")
     assert b"<script src" not in html and b"<link" not in html  # nothing fetched from anywhere
     assert b'data-live="true"' in html and b"d3-flame-graph" in html
+    assert b"var FlameUnits" in html and b'<select id="type">' in html
     data = embedded_data(html)
-    assert [(p["pid"], p["name"], p["samples"], p["container"]) for p in data["processes"]] == [(10, "app", 5, "c0ffee" * 10), (20, "db", 2, "c0ffee" * 10)]
+    [cpu] = data["types"]
+    assert (cpu["type"], cpu["unit"]) == CPU
+    assert [(p["pid"], p["name"], p["total"], p["container"]) for p in cpu["processes"]] == [(10, "app", 5, "c0ffee" * 10), (20, "db", 2, "c0ffee" * 10)]
     assert data["window_seconds"] == 300
 
 
@@ -131,21 +197,34 @@ def test_data_json_is_the_current_window(served):
     served.consume(profiles(WORK))
     status, headers, body = get(served.url + "data.json")
     assert status == 200 and headers["Content-Type"] == "application/json"
-    assert json.loads(body)["processes"][1]["stacks"][0]["children"][0]["name"] == "query"
+    assert json.loads(body)["types"][0]["processes"][1]["stacks"][0]["children"][0]["name"] == "query"
+
+
+def test_off_cpu_time_is_served_as_its_own_type_in_nanoseconds(served):
+    served.consume(cpu_and_off_cpu())
+    cpu, off_cpu = json.loads(get(served.url + "data.json")[2])["types"]
+    assert (cpu["id"], cpu["total"]) == ("samples", 7)
+    assert [(p["name"], p["total"]) for p in cpu["processes"]] == [("app", 5), ("db", 2)]
+    assert (off_cpu["id"], off_cpu["type"], off_cpu["unit"]) == ("off_cpu", "off_cpu", "nanoseconds")
+    assert [(p["name"], p["total"]) for p in off_cpu["processes"]] == [("app", 1_002_500_000), ("idle", 60_000_000)]
+    work = next(node for node in off_cpu["processes"][0]["stacks"][0]["children"] if node["name"] == "work")
+    assert work["value"] == 2_500_000 and work["children"][0]["children"][0]["name"] == "__schedule"
+    # The saved page carries both types, for its selector.
+    assert [t["id"] for t in embedded_data(get(served.url + "flamegraph.html")[2])["types"]] == ["samples", "off_cpu"]
 
 
 def test_the_shareable_file_is_an_attachment_that_needs_no_server(served):
     served.consume(profiles(WORK))
     status, headers, html = get(served.url + "flamegraph.html")
     assert status == 200 and re.fullmatch(r'attachment; filename="flamegraph-.+-\d{8}T\d{6}Z\.html"', headers["Content-Disposition"])
-    assert b'data-live="false"' in html and embedded_data(html)["processes"]
+    assert b'data-live="false"' in html and embedded_data(html)["types"][0]["processes"]
 
 
 def test_names_from_the_data_cannot_close_the_script_tag(served):
     served.consume(profiles({(1, "x"): [(["</script><b>bold</b>"], 1)]}))
     html = get(served.url)[2]
     assert b"<b>bold</b>" not in html
-    assert embedded_data(html)["processes"][0]["stacks"][0]["name"] == "</script><b>bold</b>"
+    assert embedded_data(html)["types"][0]["processes"][0]["stacks"][0]["name"] == "</script><b>bold</b>"
 
 
 def test_unknown_paths_are_not_found(served):
@@ -164,3 +243,20 @@ def test_start_names_the_endpoint_it_cannot_listen_on(served):
     clash = factory.create(make_settings("exporters", "flamegraph"), factory.config_model(endpoint=f"localhost:{port}"), None)
     with pytest.raises(StartError, match=f"cannot listen on localhost:{port}"):
         clash.start(TestHost())
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed (scripts/setup.sh installs it)")
+def test_values_are_shown_in_their_types_unit():
+    script = """
+        const units = require(process.argv[1]);
+        const cpu = {type: "samples", unit: "count"}, offCpu = {type: "off_cpu", unit: "nanoseconds"};
+        console.log(JSON.stringify([
+            units.phrase(1234, cpu), units.phrase(2500000, offCpu), units.phrase(1002500000, offCpu), units.format(90e9, offCpu),
+            units.format(750, offCpu), units.format(3 * 2 ** 20, {type: "alloc_space", unit: "bytes"}),
+            units.describe(cpu).label, units.describe(offCpu).label, units.describe({type: "alloc_space", unit: "bytes"}).label,
+        ]));
+    """
+    result = subprocess.run(["node", "-e", script, str(page.ASSETS / "units.js")], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        "1234 samples", "2.50 ms off-CPU time", "1.00 s off-CPU time", "1.50 min", "750 ns", "3.00 MiB", "CPU", "Off-CPU", "alloc_space (bytes)"]

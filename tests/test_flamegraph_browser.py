@@ -1,11 +1,14 @@
 """The flame graph page in headless Chromium, fed by the profiling receiver while two known
 workloads run: it loads with no console errors, shows the hot function, the process filter
-narrows it, search finds frames, and the saved file works with no server behind it."""
+narrows it, search finds frames, and the saved file works with no server behind it. Fed by hand
+with CPU samples and off-CPU time: the type selector lists both, CPU first, and each type's graph
+holds only its own values, off-CPU time shown as time."""
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -17,13 +20,12 @@ import pytest
 
 from pycollector.config.validate import build_plan
 from pycollector.service import Service
-from pycollector.testing import registry_with
+from pycollector.testing import TestHost, make_settings, registry_with
 
 from exporters.flamegraph.factory import factory
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, share_tolerance
+from tests.test_flamegraph import WORK, cpu_and_off_cpu, profiles
 from tests.test_profiling_receiver import compile_c
-
-pytestmark = pytest.mark.bpf
 
 HZ = 97
 RUN_SECONDS = 3
@@ -108,6 +110,7 @@ def live(tmp_path_factory):
         service.shutdown()
 
 
+@pytest.mark.bpf
 def test_page_loads_without_console_errors_and_shows_both_workloads(live):
     frames = dom_of(live["url"], live["work"])
     assert {"spin_heavy", "spin_light", "other_spin", f"known_split [{live['known_split']}]"} <= set(frames.widths)
@@ -117,6 +120,7 @@ def test_page_loads_without_console_errors_and_shows_both_workloads(live):
     print(f"screenshot: {screenshot}")
 
 
+@pytest.mark.bpf
 def test_process_filter_narrows_the_graph_to_the_hot_function(live):
     url = f"{live['url']}#process={live['known_split']}"
     frames = dom_of(url, live["work"])
@@ -131,14 +135,79 @@ def test_process_filter_narrows_the_graph_to_the_hot_function(live):
     print(f"screenshot: {screenshot}")
 
 
+@pytest.mark.bpf
 def test_search_reports_the_share_of_matching_frames(live):
     frames = dom_of(f"{live['url']}#process={live['known_split']}&search=spin_heavy", live["work"])
     assert frames.details.startswith("search: ") and "total samples" in frames.details, frames.details
 
 
+@pytest.mark.bpf
 def test_the_saved_file_works_without_the_server(live):
     saved = live["work"] / "shared.html"
     with urllib.request.urlopen(live["url"] + "flamegraph.html", timeout=10) as response:
         saved.write_bytes(response.read())
     frames = dom_of(saved.as_uri(), live["work"])
     assert {"spin_heavy", "other_spin"} <= set(frames.widths)
+
+
+# -- sample types, on data built by hand (no BPF needed) --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory):
+    """Two exporters serving: one fed CPU samples and off-CPU time, one only CPU samples."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
+    exporters = {}
+    for name, data in (("both", cpu_and_off_cpu()), ("cpu", profiles(WORK))):
+        exporter = exporters[name] = factory.create(make_settings("exporters", "flamegraph"), factory.config_model(endpoint="localhost:0"), None)
+        exporter.start(TestHost())
+        exporter.consume(data)
+    try:
+        yield {"both": exporters["both"].url, "cpu": exporters["cpu"].url, "work": tmp_path_factory.mktemp("flamegraph-types")}
+    finally:
+        for exporter in exporters.values():
+            exporter.shutdown()
+
+
+def page_texts(dom: str) -> dict[str, str]:
+    """The title, summary and empty-page lines, and the type selector's opening tag and options."""
+    texts = {key: re.search(pattern, dom, re.S).group(1) for key, pattern in (
+        ("title", r'<span id="title">(.*?)</span>'), ("summary", r'<span id="summary">(.*?)</span>'),
+        ("type_control", r'(<label id="type-control"[^>]*>)'))}
+    texts["types"] = re.findall(r'<option value="([^"]*)"[^>]*>([^<]*)</option>', re.search(r'<select id="type">(.*?)</select>', dom, re.S).group(1))
+    return texts
+
+
+def test_the_type_selector_lists_cpu_first_and_the_cpu_graph_holds_no_off_cpu_time(fed):
+    dom, console = chromium(fed["both"], fed["work"], "--dump-dom")
+    assert console == [], console
+    texts = page_texts(dom)
+    assert texts["types"] == [("samples", "CPU"), ("off_cpu", "Off-CPU")] and "hidden" not in texts["type_control"]
+    assert texts["title"] == "CPU flame graph" and texts["summary"].endswith("· 7 samples"), texts
+    frames = Frames(dom)
+    assert {"work", "query", "sys_write"} <= set(frames.widths)
+    assert not {"__schedule", "sys_nanosleep", "sys_futex", "idle [30]"} & set(frames.widths)
+
+
+def test_the_off_cpu_graph_shows_its_time_in_nanoseconds_given(fed):
+    frames = dom_of(f"{fed['both']}#type=off_cpu&search=sys_nanosleep", fed["work"])
+    assert {"__schedule", "sys_nanosleep", "sys_futex", "app [10]", "idle [30]"} <= set(frames.widths)
+    assert not {"query", "sys_write", "db [20]"} & set(frames.widths)  # CPU-only frames and process
+    # Widths follow the nanoseconds: app's sleep is 1 s of the 1.0625 s off the CPU, its lock wait 2.5 ms.
+    assert frames.widths["sys_nanosleep"] / frames.widths["all"] == pytest.approx(1_000_000_000 / 1_062_500_000, rel=0.01)
+    assert frames.widths["sys_futex"] / frames.widths["all"] == pytest.approx(2_500_000 / 1_062_500_000, rel=0.2)
+    assert frames.details.strip() == "search: 1.00 s of 1.06 s total off-CPU time (94.1%)", frames.details
+    dom, console = chromium(f"{fed['both']}#type=off_cpu", fed["work"], "--dump-dom")
+    assert console == [], console
+    texts = page_texts(dom)
+    assert texts["title"] == "Off-CPU flame graph" and texts["summary"].endswith("· 1.06 s off-CPU time"), texts
+
+
+def test_a_cpu_only_page_has_no_type_selector_and_counts_samples(fed):
+    dom, console = chromium(f"{fed['cpu']}#search=work", fed["work"], "--dump-dom")
+    assert console == [], console
+    texts = page_texts(dom)
+    assert texts["types"] == [("samples", "CPU")] and "hidden" in texts["type_control"]
+    assert texts["title"] == "CPU flame graph" and texts["summary"].endswith("· 7 samples")
+    assert Frames(dom).details.strip() == "search: 4 of 7 total samples (57.1%)"

@@ -1,11 +1,12 @@
-"""The flame graph exporter: keeps the last ``window`` of CPU samples that flow through it and
-serves them on ``endpoint`` as an interactive flame graph.
+"""The flame graph exporter: keeps the last ``window`` of samples that flow through it and
+serves them on ``endpoint`` as an interactive flame graph, one sample type at a time (CPU samples,
+off-CPU time, ...: the page has a selector).
 
 It is an exporter that serves, as the Go collector's prometheus exporter is: the data reaches it
 through the pipeline like any exporter's, and one config entry is all it takes.
 
     /                  the page, with the current window inlined; it refreshes from data.json
-    /data.json         the current window, per process
+    /data.json         the current window, per sample type and process (see tree.py)
     /flamegraph.html   the page as a file to save and share (no server needed to open it)
 """
 
@@ -43,7 +44,7 @@ class FlamegraphExporter(Component):
         except RendererMissing as error:
             raise StartError(str(error)) from error
         self.url = self._server.start() + "/"
-        self.log.info("serving the flame graph of recent CPU samples", url=self.url, window=format_duration(self.config.window))
+        self.log.info("serving the flame graph of recent samples", url=self.url, window=format_duration(self.config.window))
 
     def consume(self, data) -> None:
         self.window.add(data)

@@ -1,9 +1,16 @@
-"""Stack counts -> the JSON the page renders: one call tree per process.
+"""Stack values -> the JSON the page renders: per sample type, one call tree per process.
 
 Nodes are in d3-flame-graph's input format (``name``, ``value`` including children,
-``children``) plus ``libtype``, which it colours by (``kernel`` frames orange). The page merges
-the trees of the processes the filter selects, so the server sends each process once and the
-same document works as a saved file with no server behind it.
+``children``) plus ``libtype``, which it colours by (``kernel`` frames orange). The page shows one
+sample type at a time and merges the trees of the processes the filter selects, so the server
+sends each process once per type and the same document works as a saved file with no server
+behind it.
+
+    {"host", "window_seconds", "generated_unix",
+     "types": [{"id": "samples", "type": "samples", "unit": "count", "total",
+                "processes": [{"pid", "name", "container", "total", "stacks"}, ...]}, ...]}
+
+``total`` is in the type's unit: samples for CPU, nanoseconds for off-CPU time.
 """
 
 from __future__ import annotations
@@ -12,25 +19,41 @@ import collections
 import time
 from typing import Any
 
-from exporters.flamegraph.window import ProcessKey, Stack
+from exporters.flamegraph.window import ProcessKey, SampleType, Stack, Totals
+
+CPU_SAMPLES = ("samples", "count")
 
 
-def page_data(totals: dict[ProcessKey, collections.Counter], window_seconds: float, host: str) -> dict[str, Any]:
-    processes = []
-    for key, stacks in totals.items():
-        processes.append({
-            "pid": key.pid,
-            "name": key.name,
-            "container": key.container,
-            "samples": sum(stacks.values()),
-            "stacks": call_tree(stacks),
+def page_data(totals: Totals, window_seconds: float, host: str) -> dict[str, Any]:
+    ordered = sorted(totals, key=lambda value_type: (value_type != CPU_SAMPLES, value_type))
+    ids = type_ids(ordered)
+    types = []
+    for value_type in ordered:
+        processes = [process_data(key, stacks) for key, stacks in totals[value_type].items()]
+        processes.sort(key=lambda process: (-process["total"], process["name"]))
+        types.append({
+            "id": ids[value_type],
+            "type": value_type[0],
+            "unit": value_type[1],
+            "total": sum(process["total"] for process in processes),
+            "processes": processes,
         })
-    processes.sort(key=lambda process: (-process["samples"], process["name"]))
-    return {"host": host, "window_seconds": window_seconds, "generated_unix": time.time(), "processes": processes}
+    return {"host": host, "window_seconds": window_seconds, "generated_unix": time.time(), "types": types}
 
 
-def call_tree(stacks: collections.Counter) -> list[dict[str, Any]]:
-    """The root's children: each node's value is its samples including its callees'."""
+def type_ids(value_types: list[SampleType]) -> dict[SampleType, str]:
+    """What the page's URL fragment names a type by (``#type=off_cpu``): its name, or name/unit
+    when another type has the same name or it has none."""
+    names = collections.Counter(type_ for type_, _ in value_types)
+    return {(type_, unit): type_ if type_ and names[type_] == 1 else f"{type_}/{unit}" for type_, unit in value_types}
+
+
+def process_data(key: ProcessKey, stacks: collections.Counter) -> dict[str, Any]:
+    return {"pid": key.pid, "name": key.name, "container": key.container, "total": sum(stacks.values()), "stacks": call_tree(stacks)}
+
+
+def call_tree(stacks: dict[Stack, int]) -> list[dict[str, Any]]:
+    """The root's children: each node's value is its own value plus its callees'."""
     root: dict[str, Any] = {"children": {}}
     for stack, count in stacks.items():
         node = root

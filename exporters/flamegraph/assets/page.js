@@ -1,7 +1,9 @@
-// The flame graph page: filters the per-process call trees, merges what is selected and hands the
-// result to d3-flame-graph. The same code runs served live (refreshing from data.json) and as a
-// saved file (data inlined, no server). The filter and search live in the URL fragment
-// (#process=1234&container=abc&search=spin), so a link or a saved file opens on the same view.
+// The flame graph page: shows one sample type (CPU samples, off-CPU time, ...), filters its
+// per-process call trees, merges what is selected and hands the result to d3-flame-graph. The same
+// code runs served live (refreshing from data.json) and as a saved file (data inlined, no server).
+// The type, filter and search live in the URL fragment
+// (#type=off_cpu&process=1234&container=abc&search=spin), so a link or a saved file opens on the
+// same view; the type is left out for the first (CPU when there is CPU data).
 (function () {
   "use strict";
 
@@ -11,7 +13,11 @@
   const live = document.body.dataset.live === "true";
   let data = JSON.parse(document.getElementById("profile-data").textContent);
   let chart = null;
+  let searchText = "";  // what the search found, shown in the details line when no frame is hovered
+  // Shown when the window holds no samples at all: an empty CPU graph, as before any type existed.
+  const NO_TYPE = { id: "", type: "samples", unit: "count", total: 0, processes: [] };
 
+  const typeSelect = document.getElementById("type");
   const processSelect = document.getElementById("process");
   const containerSelect = document.getElementById("container");
   const searchInput = document.getElementById("search");
@@ -27,13 +33,19 @@
     return process.pid === null ? process.name : process.name + " [" + process.pid + "]";
   }
 
+  // The selected type's data: its processes, and its type and unit for formatting values.
+  function selectedType() {
+    return data.types.find((type) => type.id === typeSelect.value) || data.types[0] || NO_TYPE;
+  }
+
   function readFragment() {
     const params = new URLSearchParams(location.hash.slice(1));
-    return { process: params.get("process") || ALL, container: params.get("container") || ALL, search: params.get("search") || "" };
+    return { type: params.get("type") || "", process: params.get("process") || ALL, container: params.get("container") || ALL, search: params.get("search") || "" };
   }
 
   function writeFragment() {
     const params = new URLSearchParams();
+    if (data.types.length && selectedType() !== data.types[0]) params.set("type", selectedType().id);
     if (processSelect.value) params.set("process", processSelect.value);
     if (containerSelect.value) params.set("container", containerSelect.value);
     if (searchInput.value) params.set("search", searchInput.value);
@@ -52,14 +64,23 @@
     return whole ? (100 * part / whole).toFixed(1) + "%" : "0%";
   }
 
-  // Rebuilds both selects from the current data, keeping what was selected when it still exists.
+  // Rebuilds the selects from the current data, keeping what was selected when it still exists.
+  // The type selector shows once there is more than one type, CPU first (the server's order).
   function fillSelects(wanted) {
-    const total = data.processes.reduce((sum, p) => sum + p.samples, 0);
-    processSelect.replaceChildren(option(ALL, "All processes (" + data.processes.length + ")", wanted.process));
-    for (const process of data.processes) {
-      processSelect.append(option(processId(process), processLabel(process) + " — " + percent(process.samples, total), wanted.process));
+    document.getElementById("type-control").hidden = data.types.length < 2;
+    typeSelect.replaceChildren(...data.types.map((type) => option(type.id, FlameUnits.describe(type).label, wanted.type)));
+    fillProcessSelects(wanted);
+  }
+
+  // The processes and containers of the selected type: a process may have only CPU samples or
+  // only off-CPU time in the window.
+  function fillProcessSelects(wanted) {
+    const type = selectedType();
+    processSelect.replaceChildren(option(ALL, "All processes (" + type.processes.length + ")", wanted.process));
+    for (const process of type.processes) {
+      processSelect.append(option(processId(process), processLabel(process) + " — " + percent(process.total, type.total), wanted.process));
     }
-    const containers = [...new Set(data.processes.map((p) => p.container).filter(Boolean))].sort();
+    const containers = [...new Set(type.processes.map((p) => p.container).filter(Boolean))].sort();
     document.getElementById("container-control").hidden = containers.length === 0;
     containerSelect.replaceChildren(option(ALL, "All", wanted.container), option(NO_CONTAINER, "Host (no container)", wanted.container));
     for (const container of containers) {
@@ -68,7 +89,7 @@
   }
 
   function selectedProcesses() {
-    return data.processes.filter((process) => {
+    return selectedType().processes.filter((process) => {
       if (processSelect.value !== ALL && processId(process) !== processSelect.value) return false;
       if (containerSelect.value === NO_CONTAINER) return !process.container;
       return containerSelect.value === ALL || process.container === containerSelect.value;
@@ -76,24 +97,42 @@
   }
 
   function processNode(process) {
-    return { name: processLabel(process), value: process.samples, children: process.stacks };
+    return { name: processLabel(process), value: process.total, children: process.stacks };
   }
 
   // One process is its own root; several hang under "all", one child per process.
   function rootFor(processes) {
     if (processes.length === 1) return processNode(processes[0]);
-    return { name: "all", value: processes.reduce((sum, p) => sum + p.samples, 0), children: processes.map(processNode) };
+    return { name: "all", value: processes.reduce((sum, p) => sum + p.total, 0), children: processes.map(processNode) };
   }
 
-  function summary(processes) {
-    const samples = processes.reduce((sum, p) => sum + p.samples, 0);
+  function summary(processes, type) {
+    const total = processes.reduce((sum, p) => sum + p.total, 0);
     const minutes = data.window_seconds / 60;
     const window = minutes >= 1 ? minutes.toFixed(minutes % 1 ? 1 : 0) + " min" : data.window_seconds + " s";
     const when = new Date(data.generated_unix * 1000).toLocaleTimeString();
-    return data.host + " · last " + window + " up to " + when + " · " + samples + " samples";
+    return data.host + " · last " + window + " up to " + when + " · " + FlameUnits.phrase(total, type);
   }
 
-  // Siblings left to right by samples, so the hot path runs along the left edge.
+  // d3-flame-graph's own texts count "samples"; these say the value in the type's unit.
+  function frameLabel(type) {
+    return (node) => node.data.name + " (" + (100 * (node.x1 - node.x0)).toFixed(3) + "%, " + FlameUnits.phrase(node.value, type) + ")";
+  }
+
+  function searchSummary(type) {
+    return (results, matched, total) => {
+      searchText = "search: " + FlameUnits.format(matched, type) + " of " + FlameUnits.format(total, type) +
+        " total " + FlameUnits.describe(type).noun + " (" + percent(matched, total) + ")";
+      showDetails(null);
+    };
+  }
+
+  // The hovered frame's label, else the search's result (d3-flame-graph passes null on mouseout).
+  function showDetails(text) {
+    details.textContent = text || searchText;
+  }
+
+  // Siblings left to right by value, so the hot path runs along the left edge.
   function heaviestFirst(a, b) {
     return b.data.value - a.data.value || (a.data.name < b.data.name ? -1 : 1);
   }
@@ -104,9 +143,15 @@
   }
 
   function render() {
+    const type = selectedType();
     const processes = selectedProcesses();
-    document.getElementById("summary").textContent = summary(processes);
-    document.getElementById("empty").hidden = processes.length > 0;
+    const described = FlameUnits.describe(type);
+    document.getElementById("title").textContent = described.label + " flame graph";
+    document.title = described.label + " flame graph · pycollector";
+    document.getElementById("summary").textContent = summary(processes, type);
+    const empty = document.getElementById("empty");
+    empty.textContent = described.empty;
+    empty.hidden = processes.length > 0;
     chartElement.replaceChildren();
     if (processes.length === 0) return;
     // A fresh chart each time: d3-flame-graph fixes its height on the first render. Root on
@@ -119,8 +164,10 @@
       .minFrameSize(1)
       .sort(heaviestFirst)
       .transitionDuration(250)
-      .setDetailsElement(details)
+      .setDetailsHandler(showDetails)
       .setSearchMatch(matches)
+      .setLabelHandler(frameLabel(type))
+      .setSearchHandler(searchSummary(type))
       .onClick(() => { if (autoRefresh) autoRefresh.checked = false; });  // keep a zoomed view still
     d3.select(chartElement).datum(rootFor(processes)).call(chart);
     search();
@@ -129,14 +176,17 @@
   function search() {
     if (!chart) return;
     if (searchInput.value) chart.search(searchInput.value);
-    else chart.clear();
+    else {
+      searchText = "";
+      chart.clear();
+    }
   }
 
   async function refresh() {
     const response = await fetch("data.json", { cache: "no-store" });
     if (!response.ok) throw new Error("data.json: HTTP " + response.status);
     data = await response.json();
-    fillSelects({ process: processSelect.value, container: containerSelect.value });
+    fillSelects({ type: typeSelect.value, process: processSelect.value, container: containerSelect.value });
     render();
   }
 
@@ -147,6 +197,12 @@
   const initial = readFragment();
   fillSelects(initial);
   searchInput.value = initial.search;
+  // Another type has other processes: keep the process and container only where they still exist.
+  typeSelect.addEventListener("change", () => {
+    fillProcessSelects({ process: processSelect.value, container: containerSelect.value });
+    writeFragment();
+    render();
+  });
   processSelect.addEventListener("change", () => { writeFragment(); render(); });
   containerSelect.addEventListener("change", () => { writeFragment(); render(); });
   searchInput.addEventListener("input", () => { writeFragment(); search(); });
