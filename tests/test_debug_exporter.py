@@ -69,6 +69,61 @@ def test_a_sample_with_timestamps_and_no_values_counts_one_per_timestamp():
     assert lines[3].split()[:3] == ["1", "25.0%", "spin_light"]
 
 
+def cpu_and_off_cpu_profiles():
+    """As the profiling receiver sends them: app has both a CPU profile and an off-CPU one under
+    its scope, sharing the dictionary; sleeper was only off the CPU, for far more nanoseconds than
+    anyone's CPU sample count. Off-CPU stacks start in the scheduler."""
+    builder = ProfilesBuilder()
+    mapping = builder.mapping(0x1000, 0x9000, 0, "/usr/bin/app")
+    libc = builder.mapping(0x7F0000000000, 0x7F0000100000, 0, "/usr/lib/libc.so.6")
+
+    def kernel(name):
+        return builder.location(lines=[(builder.function(name), 0, 0)], attributes={"profile.frame.type": "kernel"})
+
+    schedule, nanosleep, futex = kernel("__schedule"), kernel("do_nanosleep"), kernel("futex_wait")
+    main = builder.location(mapping, 0x1300, [(builder.function("main"), 0, 0)], {"profile.frame.type": "native"})
+    sleep = builder.location(libc, 0x7F0000000100, [(builder.function("clock_nanosleep"), 0, 0)], {"profile.frame.type": "native"})
+    lock = builder.location(libc, 0x7F0000000200, [(builder.function("pthread_mutex_lock"), 0, 0)], {"profile.frame.type": "native"})
+    worker = builder.location(lines=[(builder.function("worker_thread"), 0, 0)], attributes={"profile.frame.type": "kernel"})
+
+    scope = builder.scope_profiles(builder.resource_profiles({"process.pid": 10, "process.executable.name": "app"}))
+    cpu = builder.profile(scope, period=10_309_278)
+    builder.sample(cpu, builder.stack([main]), [7])
+    off_cpu = builder.profile(scope, sample_type=("off_cpu", "nanoseconds"), period_type=("", ""))
+    builder.sample(off_cpu, builder.stack([schedule, nanosleep, sleep, main]), [1_500_000_000], attributes={"thread.id": 10})
+    builder.sample(off_cpu, builder.stack([schedule, futex, lock, main]), [2_500_000], attributes={"thread.id": 11})
+    builder.sample(off_cpu, builder.stack([schedule, futex, lock, main]), [500_000], attributes={"thread.id": 12})
+    sleeper = builder.resource_profiles({"process.pid": 30, "process.executable.name": "sleeper"})
+    idle = builder.profile(builder.scope_profiles(sleeper), sample_type=("off_cpu", "nanoseconds"), period_type=("", ""))
+    builder.sample(idle, builder.stack([schedule, worker]), [90_000_000_000])
+    return builder.data
+
+
+def test_normal_shows_off_cpu_time_as_its_own_profile_in_time_units(log_output):
+    lines = render("normal", cpu_and_off_cpu_profiles()).splitlines()
+    assert "resource_profiles=2 profiles=3 samples=5" in log_output.getvalue()
+    # Busiest by CPU samples first: sleeper's 90 s off the CPU do not outweigh app's 7 samples.
+    assert lines[0] == "ResourceProfiles #0  process.pid=10 process.executable.name=app"
+    assert lines[1].startswith("  Profile #0  samples/count  samples=1  total=7  period=10309278 cpu/nanoseconds")
+    assert lines[2].split() == ["7", "100.0%", "main", "[app]"]
+    # Its own profile, its own type, no period; the total is 1.503 s, not 1503000000.
+    assert lines[3] == "  Profile #1  off_cpu/nanoseconds  samples=3  total=1.50s"
+    # Where the threads waited: the call that blocked, not the scheduler every stack starts in.
+    assert lines[4].split() == ["1.50s", "99.8%", "clock_nanosleep", "[libc.so.6]"]
+    assert lines[5].split() == ["3.00ms", "0.2%", "pthread_mutex_lock", "[libc.so.6]"]
+    assert lines[6] == "ResourceProfiles #1  process.pid=30 process.executable.name=sleeper"
+    assert lines[7] == "  Profile #0  off_cpu/nanoseconds  samples=1  total=1.50min"
+    assert lines[8].split() == ["1.50min", "100.0%", "__schedule"]  # a kernel thread: its leaf
+    assert "__schedule" not in "\n".join(lines[:6])
+
+
+def test_detailed_shows_off_cpu_samples_with_their_nanoseconds():
+    text = render("detailed", cpu_and_off_cpu_profiles())
+    off_cpu = text.split("  Profile #1  off_cpu/nanoseconds  samples=3  total=1.50s\n")[1]
+    assert off_cpu.splitlines()[0] == "    Sample #0  values=[1500000000]  thread.id=10"
+    assert off_cpu.splitlines()[1] == "      Instrumentation: kernel, Function: __schedule"
+
+
 def test_normal_lists_the_busiest_process_first():
     data = two_process_profile()
     light_first = type(data)(dictionary=data.dictionary, resource_profiles=reversed(data.resource_profiles))

@@ -1,9 +1,13 @@
 """The debug exporter: what flows through a pipeline, printed for a person to read.
 
 basic     one line per export: how many resources and items.
-normal    a line per resource with its attributes, a line per profile with its sample count, and
-          the profile's top functions by self samples.
+normal    a line per resource with its attributes, a line per profile with its sample type and
+          count, and the profile's top functions by self value (CPU samples; for off-CPU time,
+          the function each thread waited in: see _waited_in).
 detailed  every sample with its attributes, then its stack, one frame per line, leaf first.
+
+Each profile is shown under its own sample type, and its values in that type's unit (off-CPU
+time as ms and s): values of different types are never added together.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ from pycollector.pdata import item_count, iter_samples, resource_entries, sample
 from pycollector.pdata.attributes import to_dict
 
 from exporters.debug.config import DebugConfig
+from exporters.debug.values import format_value
 from exporters.profiles import sample_value, with_source_line
+
+CPU_SAMPLES = ("samples", "count")
+OFF_CPU_TIME = ("off_cpu", "nanoseconds")
 
 
 class _LogSampler:
@@ -112,12 +120,10 @@ def _render_profiles(data: Any, config: DebugConfig) -> str:
     for view in iter_samples(data):
         by_profile[id(view.profile)].append(view)
 
-    def weight(resource_profiles) -> int:
-        return sum(sample_value(view) for scope in resource_profiles.scope_profiles for profile in scope.profiles for view in by_profile.get(id(profile), ()))
-
     resources = list(enumerate(data.resource_profiles))
     if not detailed:
-        resources.sort(key=lambda entry: weight(entry[1]), reverse=True)
+        weights = _weights(data, by_profile)
+        resources.sort(key=lambda entry: weights[entry[0]], reverse=True)
     for r_index, resource_profiles in resources:
         resource = to_dict(resource_profiles.resource.attributes)
         lines.append(f"ResourceProfiles #{r_index}  {_attributes_line(resource)}")
@@ -128,8 +134,26 @@ def _render_profiles(data: Any, config: DebugConfig) -> str:
                 if detailed:
                     lines.extend(_sample_lines(views))
                 else:
-                    lines.extend(_top_functions(views, config.top_functions))
+                    lines.extend(_top_functions(views, config.top_functions, sample_type(data, profile)))
     return "\n".join(lines)
+
+
+def _weights(data: Any, by_profile: dict[int, list]) -> list[tuple[int, ...]]:
+    """Per resource, its total of each sample type: CPU samples first, then the other types in the
+    order they first appear. Compared as tuples, resources are ordered by CPU samples and only a
+    tie looks at the next type, so no count is ever weighed against nanoseconds."""
+    totals: list[collections.Counter] = []
+    types: dict[tuple[str, str], None] = {}  # ordered, without repeats
+    for resource_profiles in data.resource_profiles:
+        total: collections.Counter = collections.Counter()
+        for scope in resource_profiles.scope_profiles:
+            for profile in scope.profiles:
+                value_type = sample_type(data, profile)
+                types.setdefault(value_type)
+                total[value_type] += sum(sample_value(view) for view in by_profile.get(id(profile), ()))
+        totals.append(total)
+    ranked = sorted(types, key=lambda value_type: value_type != CPU_SAMPLES)  # stable: others keep their order
+    return [tuple(total[value_type] for value_type in ranked) for total in totals]
 
 
 def _profile_line(data: Any, profile: Any, index: int, views: list) -> str:
@@ -141,26 +165,40 @@ def _profile_line(data: Any, profile: Any, index: int, views: list) -> str:
         period_kind, period_unit = (strings[index] if index < len(strings) else "" for index in (profile.period_type.type_strindex, profile.period_type.unit_strindex))
         period = f"  period={profile.period} {period_kind}/{period_unit}"
     duration = f"  duration={profile.duration_nano / 1e9:.1f}s" if profile.duration_nano else ""
-    return f"  Profile #{index}  {kind}/{unit}  samples={len(views)}  total={total}{period}{duration}"
+    return f"  Profile #{index}  {kind}/{unit}  samples={len(views)}  total={format_value(total, unit)}{period}{duration}"
 
 
-def _top_functions(views: list, limit: int) -> list[str]:
-    """The functions the samples were in (leaf frame), heaviest first, with their share.
+def _top_functions(views: list, limit: int, value_type: tuple[str, str]) -> list[str]:
+    """The functions the samples were in (leaf frame; for off-CPU time ``_waited_in``), heaviest
+    first, with their share, values in the type's unit.
 
     Addresses with no symbol (a stripped binary) are summed per binary: one line saying where
     the time went, rather than one line per address.
     """
+    frame_of = _waited_in if value_type == OFF_CPU_TIME else _leaf
+    unit = value_type[1]
     self_values: collections.Counter = collections.Counter()
     for view in views:
-        self_values[_leaf_label(view.frames[0] if view.frames else None)] += sample_value(view)
+        self_values[_leaf_label(frame_of(view.frames))] += sample_value(view)
     total = sum(self_values.values()) or 1
     lines = []
     for name, value in self_values.most_common(limit):
-        lines.append(f"    {value:>8}  {100 * value / total:5.1f}%  {name}")
+        lines.append(f"    {format_value(value, unit):>8}  {100 * value / total:5.1f}%  {name}")
     if len(self_values) > limit:
         rest = total - sum(value for _, value in self_values.most_common(limit))
-        lines.append(f"    {rest:>8}  {100 * rest / total:5.1f}%  ({len(self_values) - limit} more functions)")
+        lines.append(f"    {format_value(rest, unit):>8}  {100 * rest / total:5.1f}%  ({len(self_values) - limit} more functions)")
     return lines
+
+
+def _leaf(frames: list):
+    return frames[0] if frames else None
+
+
+def _waited_in(frames: list):
+    """Where a thread waited off the CPU: the innermost frame outside the kernel (the program's
+    call that blocked). Every off-CPU stack starts in the scheduler, so its leaf would say the
+    same for all of them; a thread with only kernel frames (a kernel thread) keeps its leaf."""
+    return next((frame for frame in frames if frame.frame_type != "kernel"), _leaf(frames))
 
 
 def _leaf_label(leaf) -> str:
