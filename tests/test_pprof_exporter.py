@@ -47,6 +47,27 @@ def two_processes(start_ns: int = START_NS):
     return b.data
 
 
+def with_off_cpu(start_ns: int = START_NS):
+    """app (pid 100) as the profiling receiver sends it with off-CPU profiling: a CPU profile and,
+    under the same scope and sharing the dictionary, an off-CPU one (no period; each value the
+    nanoseconds a thread spent off the CPU there, its stack starting in the scheduler)."""
+    b = ProfilesBuilder()
+    app = b.mapping(0x400000, 0x500000, 0, "/usr/bin/app", {"process.executable.build_id.gnu": BUILD_ID})
+    native, in_kernel = {"profile.frame.type": "native"}, {"profile.frame.type": "kernel"}
+    main = b.location(app, 0x401000, [(b.function("main", filename="app.c"), 10, 0)], native)
+    work = b.location(app, 0x402000, [(b.function("work", filename="app.c"), 20, 0)], native)
+    wait = b.location(app, 0x404000, [(b.function("wait_for_job", filename="app.c"), 30, 0)], native)
+    schedule = b.location(lines=[(b.function("__schedule"), 0, 0)], attributes=in_kernel)
+    futex = b.location(lines=[(b.function("futex_wait"), 0, 0)], attributes=in_kernel)
+    scope = b.scope_profiles(b.resource_profiles({"process.pid": 100, "process.executable.name": "app", "process.executable.path": "/usr/bin/app"}))
+    cpu = b.profile(scope, period=PERIOD_NS, time_unix_nano=start_ns, duration_nano=5_000_000_000)
+    b.sample(cpu, b.stack([work, main]), [3], attributes={"thread.id": 100})
+    off_cpu = b.profile(scope, sample_type=("off_cpu", "nanoseconds"), period_type=("", ""), time_unix_nano=start_ns, duration_nano=5_000_000_000)
+    b.sample(off_cpu, b.stack([schedule, futex, wait, main]), [1_500_000_000], attributes={"thread.id": 101})
+    b.sample(off_cpu, b.stack([schedule, futex, work, main]), [2_500_000], attributes={"thread.id": 100})
+    return b.data
+
+
 def stripped_library(start_ns: int = START_NS):
     """tool (pid 300): a frame in a stripped library, called from a frame in no mapping at all.
     libfoo.so's code is mapped at 0x7f1200000000 from file offset 0x1000."""
@@ -110,6 +131,28 @@ def test_a_profile_holds_functions_files_lines_inlining_and_mappings(tmp_path):
     assert main_binary.has_functions and main_binary.has_filenames and main_binary.has_line_numbers and main_binary.has_inline_frames
     assert sorted(profile.string_table[m.filename] for m in profile.mapping) == ["/usr/bin/app", "/usr/lib/libc.so.6", "[kernel.kallsyms]"]
     assert {location.mapping_id for location in profile.location} <= {m.id for m in profile.mapping}
+
+
+def test_off_cpu_time_is_a_file_of_its_own_in_nanoseconds(tmp_path):
+    exporter_in(tmp_path).consume(with_off_cpu())
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["20231114T221320.123Z-app-100-off_cpu.pb.gz", "20231114T221320.123Z-app-100.pb.gz"]
+    cpu = read(tmp_path / "20231114T221320.123Z-app-100.pb.gz")
+    assert [tuple(sample.value) for sample in cpu.sample] == [(3, 3 * PERIOD_NS)]  # no off-CPU time in it
+    profile = read(tmp_path / "20231114T221320.123Z-app-100-off_cpu.pb.gz")
+    assert [strings(profile, t.type, t.unit) for t in profile.sample_type] == [("off_cpu", "nanoseconds")]
+    # No period: off-CPU time is measured, not sampled at a rate.
+    assert (profile.period_type.type, profile.period_type.unit, profile.period) == (0, 0, 0)
+    assert (profile.time_nanos, profile.duration_nanos) == (START_NS, 5_000_000_000)
+    functions = {function.id: profile.string_table[function.name] for function in profile.function}
+    locations = {location.id: location for location in profile.location}
+    stacks = {tuple(functions[locations[id_].line[0].function_id] for id_ in sample.location_id): list(sample.value) for sample in profile.sample}
+    assert stacks == {("__schedule", "futex_wait", "wait_for_job", "main"): [1_500_000_000], ("__schedule", "futex_wait", "work", "main"): [2_500_000]}
+
+
+def test_merged_mode_writes_off_cpu_time_to_a_file_of_its_own(tmp_path):
+    exporter_in(tmp_path, mode="merged").consume(with_off_cpu())
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["20231114T221320.123Z-all-off_cpu.pb.gz", "20231114T221320.123Z-all.pb.gz"]
+    assert sum(sample.value[0] for sample in read(tmp_path / "20231114T221320.123Z-all-off_cpu.pb.gz").sample) == 1_502_500_000
 
 
 def test_a_frame_without_a_symbol_is_named_by_its_file_and_address_in_the_file(tmp_path):
@@ -191,3 +234,15 @@ def test_go_tool_pprof_shows_frames_without_a_symbol_by_file_and_address(tmp_pat
     exporter_in(tmp_path).consume(stripped_library())
     top = go_pprof("-top", str(tmp_path / "20231114T221320.123Z-tool-300.pb.gz"))
     assert "[libfoo.so]+0x56cd" in top and "[unknown]+0x7f3a00001234" in top, top
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="go (Debian golang-go) is not installed")
+def test_go_tool_pprof_reads_off_cpu_time_as_time(tmp_path):
+    exporter_in(tmp_path).consume(with_off_cpu())
+    # -nodefraction=0: keep work's 2.5 ms, which -top alone drops as under 0.5% of the total.
+    # -unit=ms: pprof converts the nanoseconds, a time unit it knows, to the unit asked for.
+    top = go_pprof("-top", "-nodefraction=0", "-unit=ms", str(tmp_path / "20231114T221320.123Z-app-100-off_cpu.pb.gz"))
+    assert "Type: off_cpu" in top and "of 1502.50ms total" in top, top
+    # 1.5 s waited under wait_for_job, 2.5 ms under work, all of it in the scheduler (the leaf).
+    cumulative = {line.split()[-1]: line.split()[3] for line in top.splitlines() if line.split()[-1:] in (["wait_for_job"], ["work"], ["__schedule"])}
+    assert cumulative == {"__schedule": "1502.50ms", "wait_for_job": "1500ms", "work": "2.50ms"}, top
