@@ -5,6 +5,7 @@
  *   -DCOUNT_MAP_SIZE=n         entries in each of the two count maps
  *   -DKNOWN_PROCESSES_SIZE=n   entries in the LRU of tgids already announced to user space
  *   -DUNWIND_*                 the unwinder's sizes (see unwind.h)
+ *   -DOFF_CPU=1 ...            off-CPU profiling (off_cpu.bpf.c)
  *   -I<this directory>         for profile.h
  *
  * Double buffering: samples are counted in counts_0 or counts_1, chosen by active_slot[0], and
@@ -77,41 +78,40 @@ static __always_inline void count_stack_error(s32 stack_id, u32 efault, u32 coll
         count(other);
 }
 
-/* Add one to counts_N[key].  Return 0, or the error of the failed insert (map full).
+/* Add `amount` (one sample, or off-CPU nanoseconds) to counts_N[key].  Return 0, or the error of
+ * the failed insert (map full).
  * Written out once per map: BCC rewrites map calls only when the map is named literally (not
  * through a macro or a pointer), so the two copies must stay identical. */
-static __always_inline int add_sample_0(struct sample_key *key)
+static __always_inline int add_sample_0(struct sample_key *key, u64 amount)
 {
     u64 *value = counts_0.lookup(key);
     if (value) {
-        __sync_fetch_and_add(value, 1);
+        __sync_fetch_and_add(value, amount);
         return 0;
     }
-    u64 one = 1;
-    int err = counts_0.insert(key, &one);
+    int err = counts_0.insert(key, &amount);
     if (err == -PROFILE_EEXIST) {  /* another CPU inserted the same key in between */
         value = counts_0.lookup(key);
         if (value) {
-            __sync_fetch_and_add(value, 1);
+            __sync_fetch_and_add(value, amount);
             return 0;
         }
     }
     return err;
 }
 
-static __always_inline int add_sample_1(struct sample_key *key)
+static __always_inline int add_sample_1(struct sample_key *key, u64 amount)
 {
     u64 *value = counts_1.lookup(key);
     if (value) {
-        __sync_fetch_and_add(value, 1);
+        __sync_fetch_and_add(value, amount);
         return 0;
     }
-    u64 one = 1;
-    int err = counts_1.insert(key, &one);
+    int err = counts_1.insert(key, &amount);
     if (err == -PROFILE_EEXIST) {  /* another CPU inserted the same key in between */
         value = counts_1.lookup(key);
         if (value) {
-            __sync_fetch_and_add(value, 1);
+            __sync_fetch_and_add(value, amount);
             return 0;
         }
     }
@@ -119,13 +119,15 @@ static __always_inline int add_sample_1(struct sample_key *key)
 }
 
 /* The return address at the top of the user stack, if there is one there (see
- * sample_key.user_leaf_return).  x86-64 only: elsewhere the caller of a leaf is in a register. */
-static __always_inline u64 user_leaf_return(struct bpf_perf_event_data *ctx)
+ * sample_key.user_leaf_return).  `interrupted`: the registers of the sample, or NULL when the
+ * task is in the kernel by its own doing (off-CPU: it is calling schedule()).  x86-64 only:
+ * elsewhere the caller of a leaf is in a register. */
+static __always_inline u64 user_leaf_return(struct pt_regs *interrupted)
 {
 #ifdef CONFIG_X86_64
     u64 sp;
-    if ((ctx->regs.cs & 3) == 3) {  /* interrupted in user mode */
-        sp = ctx->regs.sp;
+    if (interrupted && (interrupted->cs & 3) == 3) {  /* interrupted in user mode */
+        sp = interrupted->sp;
     } else {  /* in the kernel on behalf of the task (syscall, fault): its saved user regs */
         struct task_struct *task = bpf_get_current_task_btf();
         struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(task);
@@ -185,6 +187,8 @@ static __always_inline int send_overflow(struct bpf_perf_event_data *ctx, struct
         return -1;
     event->tgid = key->tgid;
     event->pid = key->pid;
+    event->value = 1;
+    event->origin = ORIGIN_CPU;
     __builtin_memcpy(event->comm, key->comm, sizeof(event->comm));
     event->user_len = stack_by_value(ctx, key->user_stack_id, event->user_ips,
                                      BPF_F_USER_STACK, &event->user_error);
@@ -199,7 +203,7 @@ static __always_inline int send_overflow(struct bpf_perf_event_data *ctx, struct
 
 /* Announce a process the first time it is sampled, so user space can read /proc/<tgid> while it
  * still exists.  insert() is BPF_NOEXIST: of two CPUs racing, one announces. */
-static __always_inline void announce(struct bpf_perf_event_data *ctx, struct sample_key *key)
+static __always_inline void announce(void *ctx, struct sample_key *key)
 {
     if (known_tgids.lookup(&key->tgid))
         return;
@@ -239,6 +243,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     struct sample_key key = {};
     key.tgid = tgid;
     key.pid = pid;
+    key.origin = ORIGIN_CPU;
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
     announce(ctx, &key);
 
@@ -256,14 +261,14 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 
     /* A process with unwind tables: the unwinder walks its stack and counts the sample (a tail
      * call: no return).  Any other, or if the walk cannot start: the kernel's frame-pointer walk. */
-    start_walk(ctx, &key, slot);
+    start_walk(ctx, &ctx->regs, &key, slot, WALK_ON_CPU);
 
     if (slot == 1)
         key.user_stack_id = stack_traces_1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
     else
         key.user_stack_id = stack_traces_0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
     if (key.user_stack_id >= 0 || key.user_stack_id == -PROFILE_EEXIST) {
-        key.user_leaf_return = user_leaf_return(ctx);
+        key.user_leaf_return = user_leaf_return(&ctx->regs);
         if (key.user_leaf_return)
             count(COUNTER_LEAF_RETURN_FOUND);
     }
@@ -285,11 +290,15 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
             key.user_leaf_return = 0;
     }
 
-    int err = slot == 1 ? add_sample_1(&key) : add_sample_0(&key);
+    int err = slot == 1 ? add_sample_1(&key, 1) : add_sample_0(&key, 1);
     if (err)
         count(COUNTER_MAP_FULL);
     return 0;
 }
+
+#ifdef OFF_CPU
+#include "off_cpu.bpf.c"
+#endif
 
 /* execve() replaces the image: forget the tgid so its next sample announces it again and user
  * space re-reads exe and maps (a fork+exec child is often first sampled before the exec). */

@@ -19,8 +19,15 @@
 #define UNWIND_MAX_MAPPINGS 256  /* executable mappings per process the unwinder knows */
 #endif
 
-/* user_stack_id when the user stack was walked by the unwinder: it is user_stacks_N[user_stack_hash]. */
-#define USER_STACK_HASHED (-61)  /* -ENODATA: no stack id */
+/* A stack id meaning "stored by its hash": the user stack the unwinder walked is
+ * user_stacks_N[user_stack_hash]; an off-CPU sample's kernel stack is user_stacks_N[kernel_stack_hash]. */
+#define STACK_HASHED (-61)  /* -ENODATA: no stack id */
+
+/* What a count map entry counts (sample_key.origin). */
+enum sample_origin {
+    ORIGIN_CPU = 0,      /* cpu-clock samples: the value is a number of samples */
+    ORIGIN_OFF_CPU = 1,  /* switches back onto a CPU: the value is nanoseconds spent off it */
+};
 
 /* One row of the count maps: everything that makes two samples different. */
 struct sample_key {
@@ -28,8 +35,8 @@ struct sample_key {
     u32 pid;               /* thread id (user-space "tid") */
     s32 kernel_stack_id;   /* id in stack_traces_N (N: this count map's slot), or -errno */
     s32 user_stack_id;     /* id in stack_traces_N, or -errno from bpf_get_stackid(), or
-                            * USER_STACK_HASHED */
-    u64 user_stack_hash;   /* with USER_STACK_HASHED: the key of the stack in user_stacks_N */
+                            * STACK_HASHED */
+    u64 user_stack_hash;   /* with STACK_HASHED: the key of the stack in user_stacks_N */
     /* The word at the user stack pointer when it looks like a return address (it follows a
      * call instruction), else 0.  Frame-pointer unwinding skips the caller of a function that
      * has not set up a frame (gcc leaves leaf functions frameless even with
@@ -37,6 +44,9 @@ struct sample_key {
      * address as the second frame when the unwound stack lacks it. */
     u64 user_leaf_return;
     char comm[TASK_COMM_LEN]; /* name of the sampled thread */
+    u32 origin;            /* enum sample_origin */
+    u32 reserved;
+    u64 kernel_stack_hash; /* kernel_stack_id STACK_HASHED (off-CPU): its key in user_stacks_N */
 };
 
 /* Sent through the new_processes perf buffer on the first sample of a tgid that is not in
@@ -64,6 +74,9 @@ struct new_process_event {
 struct stack_overflow_event {
     u32 tgid;
     u32 pid;
+    u64 value;             /* what the sample adds to its count: 1, or off-CPU nanoseconds */
+    u32 origin;            /* enum sample_origin */
+    u32 reserved;
     u64 user_leaf_return;  /* as in sample_key; 0 when there is no user stack */
     s32 kernel_error;      /* 0, or the negative errno of the kernel stack (as a stack id) */
     s32 user_error;
@@ -127,7 +140,8 @@ struct unwind_process {
     struct unwind_mapping mappings[UNWIND_MAX_MAPPINGS];
 };
 
-/* A user stack the unwinder walked, leaf first, stored in user_stacks_N under its hash. */
+/* A user stack the unwinder walked, or an off-CPU sample's stack, leaf first, stored in
+ * user_stacks_N under its hash. */
 struct user_stack {
     u64 check;     /* a second hash of the frames: a different stack under the same key differs here */
     u32 len;       /* frames used in ips */
@@ -228,7 +242,11 @@ enum profile_counter {
     COUNTER_PYTHON_TRUNCATED = 30,       /* Python stacks cut at PYTHON_MAX_FRAMES */
     COUNTER_NOT_TARGETED = 31,           /* samples of processes the targeting settings leave out */
     COUNTER_TARGETS_FORKED = 32,         /* processes forked by a target, targets in turn */
-    PROFILE_NR_COUNTERS = 33,
+    COUNTER_OFF_CPU_SWITCHES = 33,       /* switches off a CPU recorded (off_cpu_threshold's share) */
+    COUNTER_OFF_CPU_SAMPLES = 34,        /* of those, threads seen back on a CPU: off-CPU samples */
+    COUNTER_OFF_CPU_WAITS_FULL = 35,     /* switches not recorded: off_cpu_waits was full */
+    COUNTER_OFF_CPU_LOST = 36,           /* waits lost: their stacks could be neither stored nor sent */
+    PROFILE_NR_COUNTERS = 37,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

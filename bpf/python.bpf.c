@@ -120,7 +120,7 @@ static __always_inline u64 record_python_frame(struct unwind_state *state, struc
     return previous;
 }
 
-int python_walk(struct bpf_perf_event_data *ctx)
+static __always_inline int python_walk_body(void *ctx, int program)
 {
     u32 zero = 0;
     struct unwind_state *state = unwind_state.lookup(&zero);
@@ -145,15 +145,27 @@ int python_walk(struct bpf_perf_event_data *ctx)
         state->python_frame = frame;
         if (frame && state->python_len < PYTHON_MAX_FRAMES && state->tail_calls < UNWIND_MAX_TAIL_CALLS) {
             state->tail_calls++;
-            unwind_programs.call(ctx, PYTHON_WALK_PROGRAM);
+            walk_next(ctx, program, PYTHON_WALK_PROGRAM);
         }
         if (frame)
             count(COUNTER_PYTHON_TRUNCATED);
     }
     state->python_frame = 0;
     state->tail_calls++;
-    unwind_programs.call(ctx, UNWIND_STEP_PROGRAM);
+    walk_next(ctx, program, UNWIND_STEP_PROGRAM);
     count(COUNTER_UNWIND_TAIL_CALL_FAILED);
-    finish_walk(ctx, state, 0);
+    finish_walk(ctx, state, 0, program);
     return 0;
 }
+
+int python_walk(struct bpf_perf_event_data *ctx)
+{
+    return python_walk_body(ctx, WALK_ON_CPU);
+}
+
+#ifdef OFF_CPU
+int python_walk_off_cpu(struct bpf_raw_tracepoint_args *ctx)  /* the raw tracepoint copy (see unwind.bpf.c) */
+{
+    return python_walk_body(ctx, WALK_OFF_CPU);
+}
+#endif

@@ -10,6 +10,14 @@
  * and counts the sample (finish_walk).  The kernel allows 33 tail calls a sample, so
  * UNWIND_MAX_FRAMES <= 30 * UNWIND_FRAMES_PER_CALL (the setting's validation says so).
  *
+ * A program can only tail-call programs of its own type.  Off-CPU stacks are taken in a raw
+ * tracepoint (off_cpu.bpf.c), so with OFF_CPU the walk's programs exist twice, compiled from the
+ * same code: the perf_event ones in unwind_programs and raw tracepoint ones in off_cpu_programs.
+ * Each body takes `program` (enum walk_program_set), a constant in each copy, to know which array
+ * it chains through and how the walk ends.  The copies share the per-CPU unwind_state: neither
+ * runs while the other is under way on a CPU (the scheduler's tracepoint runs with interrupts
+ * off, the cpu-clock program in an interrupt).
+ *
  * Settings (cflags): UNWIND_ROW_BUDGET rows, UNWIND_MAX_FILES files, UNWIND_MAX_PROCESSES
  * processes, UNWIND_MAX_FRAMES frames a stack. */
 
@@ -40,6 +48,9 @@ BPF_ARRAY(unwind_files, struct unwind_file, UNWIND_MAX_FILES);
 BPF_ARRAY(unwind_demand, u32, UNWIND_MAX_FILES);
 BPF_F_TABLE("hash", u32, struct unwind_process, unwind_processes, UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
 BPF_PROG_ARRAY(unwind_programs, 2);
+#ifdef OFF_CPU
+BPF_PROG_ARRAY(off_cpu_programs, 2);  /* the same programs, as raw tracepoints (see above) */
+#endif
 /* Processes running CPython, and where its thread states and frames are (python.bpf.c). */
 BPF_HASH(python_processes, u32, struct python_process, UNWIND_MAX_PROCESSES);
 BPF_PERF_OUTPUT(unwind_events);
@@ -67,14 +78,31 @@ BPF_PERCPU_ARRAY(unwind_state, struct unwind_state, 1);
 
 enum step_result { STEP_CONTINUE, STEP_DONE, STEP_COMPLETE };
 
-/* The registers of the interrupted user code: the sample's own when it hit user mode, else the
- * ones the kernel saved on entry (syscall, fault).  Return 0, or -1 for a kernel thread. */
-static __always_inline int user_registers(struct bpf_perf_event_data *ctx, u64 *pc, u64 *sp, u64 *bp)
+/* Which copies of the walk's programs a program chains through (see the top of this file). */
+enum walk_program_set { WALK_ON_CPU = 0, WALK_OFF_CPU = 1 };
+
+/* Tail-call program `index` of the walk (UNWIND_STEP_PROGRAM, PYTHON_WALK_PROGRAM) in `program`'s
+ * set.  Returns only if the call failed. */
+static __always_inline void walk_next(void *ctx, int program, u32 index)
 {
-    if ((ctx->regs.cs & 3) == 3) {
-        *pc = ctx->regs.ip;
-        *sp = ctx->regs.sp;
-        *bp = ctx->regs.bp;
+#ifdef OFF_CPU
+    if (program == WALK_OFF_CPU) {
+        off_cpu_programs.call(ctx, index);
+        return;
+    }
+#endif
+    unwind_programs.call(ctx, index);
+}
+
+/* The registers of the user code the task left: the sample's own when it hit user mode, else the
+ * ones the kernel saved on entry (syscall, fault; `interrupted` is NULL off-CPU, where the task is
+ * always in the kernel).  Return 0, or -1 for a kernel thread. */
+static __always_inline int user_registers(struct pt_regs *interrupted, u64 *pc, u64 *sp, u64 *bp)
+{
+    if (interrupted && (interrupted->cs & 3) == 3) {
+        *pc = interrupted->ip;
+        *sp = interrupted->sp;
+        *bp = interrupted->bp;
         return 0;
     }
     struct task_struct *task = bpf_get_current_task_btf();
@@ -143,7 +171,7 @@ static __always_inline struct unwind_row *find_row(struct unwind_file *file, u32
 }
 
 /* Ask user space, at most every 100 ms per process, to read the process's maps again. */
-static __always_inline void request_maps(struct bpf_perf_event_data *ctx, u32 tgid, u64 pc)
+static __always_inline void request_maps(void *ctx, u32 tgid, u64 pc)
 {
     u64 now = bpf_ktime_get_ns();
     u64 *last = unwind_event_times.lookup(&tgid);
@@ -193,7 +221,7 @@ static __always_inline enum step_result first_frame_pointer_step(struct unwind_s
 }
 
 /* Record the current frame and find its caller. */
-static __always_inline enum step_result unwind_one(struct bpf_perf_event_data *ctx, struct unwind_state *state,
+static __always_inline enum step_result unwind_one(void *ctx, struct unwind_state *state,
                                                    struct unwind_process *process)
 {
     u32 depth = state->stack.len;
@@ -299,7 +327,7 @@ static __always_inline void hash_frames(struct user_stack *stack, u64 *key, u64 
 
 /* A sample the unwinder walked, sent by value (its stack could not be stored): as send_overflow,
  * with the walked frames as the user stack. */
-static __always_inline int send_walked_by_value(struct bpf_perf_event_data *ctx, struct unwind_state *state)
+static __always_inline int send_walked_by_value(void *ctx, struct unwind_state *state)
 {
     u32 zero = 0;
     struct stack_overflow_event *event = overflow_scratch.lookup(&zero);
@@ -307,6 +335,8 @@ static __always_inline int send_walked_by_value(struct bpf_perf_event_data *ctx,
         return -1;
     event->tgid = state->key.tgid;
     event->pid = state->key.pid;
+    event->value = 1;
+    event->origin = ORIGIN_CPU;
     __builtin_memcpy(event->comm, state->key.comm, sizeof(event->comm));
     event->user_error = 0;
     event->user_leaf_return = 0;
@@ -334,8 +364,13 @@ static __always_inline void append_python_frames(struct unwind_state *state)
     }
 }
 
-/* Store the walked stack in the slot's user_stacks map and count the sample under its hash. */
-static __always_inline void finish_walk(struct bpf_perf_event_data *ctx, struct unwind_state *state, int complete)
+#ifdef OFF_CPU
+static __always_inline void keep_walked_wait(struct unwind_state *state);  /* off_cpu.bpf.c */
+#endif
+
+/* Store the walked stack in the slot's user_stacks map and count the sample under its hash (an
+ * off-CPU walk instead leaves the stack with the thread's wait, for when it returns). */
+static __always_inline void finish_walk(void *ctx, struct unwind_state *state, int complete, int program)
 {
     count(COUNTER_UNWIND_SAMPLES);
     if (complete)
@@ -344,6 +379,12 @@ static __always_inline void finish_walk(struct bpf_perf_event_data *ctx, struct 
         count(COUNTER_UNWIND_TRUNCATED);
     state->stack.complete = complete;
     append_python_frames(state);
+#ifdef OFF_CPU
+    if (program == WALK_OFF_CPU) {
+        keep_walked_wait(state);
+        return;
+    }
+#endif
     u64 key, check;
     hash_frames(&state->stack, &key, &check);
     state->stack.check = check;
@@ -377,14 +418,15 @@ static __always_inline void finish_walk(struct bpf_perf_event_data *ctx, struct 
         }
     }
     state->key.user_stack_hash = key;
-    int failed = state->slot == 1 ? add_sample_1(&state->key) : add_sample_0(&state->key);
+    int failed = state->slot == 1 ? add_sample_1(&state->key, 1) : add_sample_0(&state->key, 1);
     if (failed)
         count(COUNTER_MAP_FULL);
 }
 
-/* Start a walk: on_cpu_sample's last act when the process has unwind tables.  Returns only if the
+/* Start a walk: record_sample's last act when the process has unwind tables.  Returns only if the
  * walk could not start (then the caller counts the sample the frame-pointer way). */
-static __always_inline void start_walk(struct bpf_perf_event_data *ctx, struct sample_key *key, u32 slot)
+static __always_inline void start_walk(void *ctx, struct pt_regs *interrupted, struct sample_key *key, u32 slot,
+                                       int program)
 {
     if (!unwind_processes.lookup(&key->tgid))
         return;
@@ -392,24 +434,24 @@ static __always_inline void start_walk(struct bpf_perf_event_data *ctx, struct s
     struct unwind_state *state = unwind_state.lookup(&zero);
     if (!state)
         return;
-    if (user_registers(ctx, &state->pc, &state->sp, &state->bp))
+    if (user_registers(interrupted, &state->pc, &state->sp, &state->bp))
         return;
     __builtin_memcpy(&state->key, key, sizeof(*key));
-    state->key.user_stack_id = USER_STACK_HASHED;
+    state->key.user_stack_id = STACK_HASHED;
     state->key.user_leaf_return = 0;
     state->slot = slot;
     state->tail_calls = 0;
     state->bp_known = 1;
-    state->leaf_return = user_leaf_return(ctx);
+    state->leaf_return = user_leaf_return(interrupted);
     state->stack.len = 0;
     state->python_len = 0;
     state->python_frame = 0;
     /* A Python process has its Python frames recorded first; python_walk goes on to unwind_step. */
-    unwind_programs.call(ctx, python_processes.lookup(&key->tgid) ? PYTHON_WALK_PROGRAM : UNWIND_STEP_PROGRAM);
+    walk_next(ctx, program, python_processes.lookup(&key->tgid) ? PYTHON_WALK_PROGRAM : UNWIND_STEP_PROGRAM);
     count(COUNTER_UNWIND_TAIL_CALL_FAILED);
 }
 
-int unwind_step(struct bpf_perf_event_data *ctx)
+static __always_inline int unwind_step_body(void *ctx, int program)
 {
     u32 zero = 0;
     struct unwind_state *state = unwind_state.lookup(&zero);
@@ -427,9 +469,21 @@ int unwind_step(struct bpf_perf_event_data *ctx)
     if (result == STEP_CONTINUE && state->stack.len < UNWIND_MAX_FRAMES &&
         state->tail_calls < UNWIND_MAX_TAIL_CALLS) {
         state->tail_calls++;
-        unwind_programs.call(ctx, UNWIND_STEP_PROGRAM);
+        walk_next(ctx, program, UNWIND_STEP_PROGRAM);
         count(COUNTER_UNWIND_TAIL_CALL_FAILED);  /* and the stack ends here */
     }
-    finish_walk(ctx, state, result == STEP_COMPLETE);
+    finish_walk(ctx, state, result == STEP_COMPLETE, program);
     return 0;
 }
+
+int unwind_step(struct bpf_perf_event_data *ctx)
+{
+    return unwind_step_body(ctx, WALK_ON_CPU);
+}
+
+#ifdef OFF_CPU
+int unwind_step_off_cpu(struct bpf_raw_tracepoint_args *ctx)
+{
+    return unwind_step_body(ctx, WALK_OFF_CPU);
+}
+#endif

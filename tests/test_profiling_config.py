@@ -64,7 +64,7 @@ def test_bad_values_name_their_key(settings, problem):
 
 @pytest.mark.bpf
 def test_deprecated_and_unimplemented_keys_are_logged_once_at_start(log_output):
-    config = ProfilingConfig.model_validate({"SamplesPerSecond": 49, "off_cpu_threshold": 0.5, "interpreters": {"ruby": {}}, "reporter_interval": "200ms"})
+    config = ProfilingConfig.model_validate({"SamplesPerSecond": 49, "probabilistic_threshold": 50, "interpreters": {"ruby": {}}, "reporter_interval": "200ms"})
     for _ in range(2):  # two receivers in one process: still one warning per key
         receiver = factory.create(make_settings("receivers", "profiling"), config, CapturingConsumer())
         receiver.start(TestHost())
@@ -75,5 +75,5 @@ def test_deprecated_and_unimplemented_keys_are_logged_once_at_start(log_output):
         return sum(1 for line in lines if event in line and field in line)
 
     assert count("deprecated key; use the snake_case name", "key=SamplesPerSecond") == 1
-    assert count("setting accepted but not implemented yet; it has no effect", "key=off_cpu_threshold") == 1
+    assert count("setting accepted but not implemented yet; it has no effect", "key=probabilistic_threshold") == 1
     assert count("this runtime's frames are not read yet", "tracer=ruby") == 1

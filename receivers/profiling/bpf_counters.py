@@ -52,6 +52,12 @@ def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]
     if d.get("unwind_stack_map_full"):
         out.append(f"{d['unwind_stack_map_full']} unwound stacks found their stack map full and went "
                    "through the perf buffer; consider raising map_scale_factor")
+    if d.get("off_cpu_waits_full"):
+        out.append(f"{d['off_cpu_waits_full']} switches off a CPU were not recorded: more threads were away "
+                   "at once than the off-CPU table holds; consider raising map_scale_factor or lowering off_cpu_threshold")
+    if d.get("off_cpu_lost"):
+        out.append(f"{d['off_cpu_lost']} off-CPU waits were lost: their stacks fit neither the stack map nor "
+                   "the perf buffer; consider raising map_scale_factor")
     if d.get("missing_stacks"):
         out.append(f"{d['missing_stacks']} stack ids could not be read back from the stack map")
     return out

@@ -218,3 +218,12 @@ def attach_cpu_clock(bpf, function: bytes, frequency_hz: int) -> None:
             f"could not attach to the cpu-clock perf event at {frequency_hz} Hz: "
             f"{os.strerror(err) if err else e}{hint}"
         ) from e
+
+
+def attach_raw_tracepoint(bpf, tracepoint: bytes, program: bytes) -> None:
+    """Run ``program`` on the kernel's ``tracepoint`` (e.g. sched_switch)."""
+    try:
+        bpf.attach_raw_tracepoint(tp=tracepoint, fn_name=program)
+    except Exception as e:
+        err = ct.get_errno()
+        raise BPFAttachError(f"could not attach to the {tracepoint.decode()} tracepoint: {os.strerror(err) if err else e}") from e

@@ -73,8 +73,11 @@ class ProfilingConfig(ComponentConfig):
     # its compiled methods; 0: never (the default: each request costs a small JVM's start).
     jvm_perf_map_interval: NonNegativeDuration = 0.0
 
-    # Accepted for compatibility; see NOT_IMPLEMENTED.
+    # Off-CPU profiling: the probability that a thread's switch off a CPU is recorded, with where
+    # it blocked and for how long (0: off). Go's key and meaning; bpf/off_cpu.bpf.c.
     off_cpu_threshold: float = pydantic.Field(0.0, ge=0, le=1)
+
+    # Accepted for compatibility; see NOT_IMPLEMENTED.
     monitor_interval: Duration = 5.0
     probabilistic_interval: Duration = 60.0
     probabilistic_threshold: int = pydantic.Field(100, ge=1, le=100)
@@ -159,9 +162,8 @@ class ProfilingConfig(ComponentConfig):
 TRACERS = ("python", "go", "v8", "hotspot")
 
 
-# Off-CPU profiling and the rest of these Go receiver features are not built yet.
+# These Go receiver features are not built yet.
 NOT_IMPLEMENTED = (
-    "off_cpu_threshold",
     "probabilistic_interval",
     "probabilistic_threshold",
     "send_error_frames",

@@ -112,3 +112,8 @@ def task_fsbase_offset(path: str = VMLINUX_BTF) -> int:
 def task_tgid_offset(path: str = VMLINUX_BTF) -> int:
     """Where task_struct keeps its process's id (the BPF program reads a forked child's)."""
     return Btf.of_running_kernel(path).member_offset("task_struct", "tgid")
+
+
+def task_pid_offset(path: str = VMLINUX_BTF) -> int:
+    """Where task_struct keeps the thread's id (off-CPU profiling reads the next thread's)."""
+    return Btf.of_running_kernel(path).member_offset("task_struct", "pid")

@@ -43,6 +43,7 @@ from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
 BASE_COUNT_MAP_SIZE = 10_240
 BASE_STACK_STORAGE_SIZE = 16_384
 BASE_TARGETS_SIZE = 8192  # target_tgids entries, times 2**map_scale_factor
+BASE_OFF_CPU_THREADS = 16_384  # threads off a CPU at once whose switch can be recorded, likewise
 MAX_HELD_REPORTS = 3
 EVENT_POLL_MS = 100
 # How long shutdown waits for the threads after the last report was handed downstream; a pipeline
@@ -102,6 +103,8 @@ class ProfilingReceiver(Component):
             on_unwind_request=lambda tgid, pc: self.processes.find_mapping(tgid, pc, rate_limited=False),
             target_tgids_size=BASE_TARGETS_SIZE * scale if self.config.targeting() else 0,
             on_exec=self._on_exec,
+            off_cpu_threshold=self.config.off_cpu_threshold,
+            off_cpu_threads=BASE_OFF_CPU_THREADS * scale,
             logger=self.log,
         )
         try:
@@ -137,7 +140,8 @@ class ProfilingReceiver(Component):
         # Compiling the program with BCC's LLVM leaves tens of MiB of freed heap mapped; hand it
         # back (measured: steady RSS 204 -> 149 MiB; the peak during the compile stays).
         trim_heap()
-        self.log.info("profiling every CPU", samples_per_second=self.config.samples_per_second, reporter_interval=f"{self.config.reporter_interval:g}s")
+        self.log.info("profiling every CPU", samples_per_second=self.config.samples_per_second, reporter_interval=f"{self.config.reporter_interval:g}s",
+                      **({"off_cpu_threshold": self.config.off_cpu_threshold} if self.config.off_cpu_threshold else {}))
         for name, target in (("profiling-events", self._events_loop), ("profiling-report", self._report_loop)):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()

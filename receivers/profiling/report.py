@@ -3,11 +3,14 @@
 The shape follows what opentelemetry-ebpf-profiler sends, so backends treat our data the same:
 one ResourceProfiles per process (``process.pid``, ``process.executable.name``,
 ``process.executable.path``, ``container.id``, ``host.name``), one Profile with sample type
-``samples/count`` and period ``cpu/nanoseconds``, samples carrying ``thread.id`` and
+``samples/count`` and period ``cpu/nanoseconds`` and, with off-CPU profiling, a second with sample
+type ``off_cpu/nanoseconds`` (no period: each value is the time a thread spent away from the CPU
+there), samples carrying ``thread.id`` and
 ``thread.name``, locations carrying ``profile.frame.type`` and mappings carrying the file's ids
 (``process.executable.build_id.gnu``, ``.go`` and ``.htlhash``, which every file has); the
 resource and scope name the semantic conventions release these names are from. Stacks are leaf first: kernel frames (when the sample was
-taken in the kernel) above the user frames that called into it.
+taken in the kernel) above the user frames that called into it; an off-CPU stack starts at the
+scheduler (``__schedule``), where the thread left the CPU.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pycollector.pdata import ProfilesBuilder
 
 from receivers.profiling.processes import ProcessInfo, ProcessTable
 from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND, PythonInterpreters
-from receivers.profiling.sampler import Interval, StackCount
+from receivers.profiling.samples import Interval, StackCount
 from receivers.profiling.symbolizer import Frame, Symbolizer
 
 SCOPE_NAME = "pycollector/receivers/profiling"
@@ -30,6 +33,14 @@ SCOPE_VERSION = "0.1.0"
 # The semantic conventions release whose attribute names the profiles carry (htlhash and
 # profile.frame.type are in it).
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.34.0"
+
+# (sample type, period type, period) of each kind of profile, as opentelemetry-ebpf-profiler
+# names them: CPU samples counted at the sampling period, off-CPU time in nanoseconds.
+CPU_SAMPLES = (("samples", "count"), ("cpu", "nanoseconds"))
+OFF_CPU_TIME = (("off_cpu", "nanoseconds"), ("", ""))
+# The scheduler's core, where every switch off a CPU happens: an off-CPU kernel stack starts
+# here; the frames above it are the tracepoint's and the BPF program's own.
+SCHEDULER_ENTRY = "__schedule"
 
 
 class ReportBuilder:
@@ -64,6 +75,8 @@ class ReportBuilder:
 
     def _frames(self, tgid: int, stack: StackCount) -> list[Frame]:
         frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
+        if stack.off_cpu:
+            frames = _from_scheduler(frames)
         if stack.user_addrs:
             memo = self._native_frames[tgid]
             user = self.python.user_frames(tgid, stack.user_addrs, lambda native: self.symbolizer.symbolize_user(tgid, native, memo)) \
@@ -74,22 +87,27 @@ class ReportBuilder:
     def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, symbolized: list, locations: dict) -> None:
         stacks = [stack for stack, _ in symbolized]
         resource = builder.resource_profiles(self._resource_attributes(tgid, self.processes.lookup(tgid), stacks), schema_url=SCHEMA_URL)
-        profile = builder.profile(
-            builder.scope_profiles(resource, name=SCOPE_NAME, version=SCOPE_VERSION, schema_url=SCHEMA_URL),
-            sample_type=("samples", "count"),
-            period_type=("cpu", "nanoseconds"),
-            period=interval.period_ns,
-            time_unix_nano=interval.start_wall_ns,
-            duration_nano=max(0, interval.end_wall_ns - interval.start_wall_ns),
-        )
-        for stack, frames in symbolized:
-            builder.sample(
-                profile,
-                builder.stack([self._location(builder, frame, locations) for frame in frames]),
-                [stack.count],
-                # The comm in the sample is the thread's name when it was sampled.
-                attributes={"thread.id": stack.tid, "thread.name": stack.comm},
+        scope = builder.scope_profiles(resource, name=SCOPE_NAME, version=SCOPE_VERSION, schema_url=SCHEMA_URL)
+        for off_cpu, (sample_type, period_type) in ((False, CPU_SAMPLES), (True, OFF_CPU_TIME)):
+            of_kind = [(stack, frames) for stack, frames in symbolized if stack.off_cpu == off_cpu]
+            if not of_kind:
+                continue
+            profile = builder.profile(
+                scope,
+                sample_type=sample_type,
+                period_type=period_type,
+                period=0 if off_cpu else interval.period_ns,
+                time_unix_nano=interval.start_wall_ns,
+                duration_nano=max(0, interval.end_wall_ns - interval.start_wall_ns),
             )
+            for stack, frames in of_kind:
+                builder.sample(
+                    profile,
+                    builder.stack([self._location(builder, frame, locations) for frame in frames]),
+                    [stack.count],
+                    # The comm in the sample is the thread's name when it was sampled.
+                    attributes={"thread.id": stack.tid, "thread.name": stack.comm},
+                )
 
     def _resource_attributes(self, tgid: int, info: ProcessInfo | None, stacks: list[StackCount]) -> dict:
         attributes: dict = {"host.name": self.host_name, "process.pid": tgid}
@@ -139,3 +157,11 @@ _FILE_ID_KEYS = (("build_id", "process.executable.build_id.gnu"), ("go_build_id"
 def _file_ids(frame: Frame) -> dict[str, str] | None:
     ids = {key: getattr(frame, field) for field, key in _FILE_ID_KEYS if getattr(frame, field)}
     return ids or None
+
+
+def _from_scheduler(frames: list[Frame]) -> list[Frame]:
+    """An off-CPU kernel stack without the frames above the scheduler (the tracepoint's)."""
+    for index, frame in enumerate(frames):
+        if frame.name == SCHEDULER_ENTRY:
+            return frames[index:]
+    return frames

@@ -4,7 +4,8 @@ One `Sampler` owns one BPF program instance:
 
     sampler = Sampler(frequency_hz=97, stack_storage_size=16384, count_map_size=16384,
                       on_new_process=processes.on_new_process)
-    sampler.start()                 # compile, load, attach to cpu-clock on every CPU
+    sampler.start()                 # compile, load, attach to cpu-clock on every CPU (and,
+                                    # with off_cpu_threshold, to the scheduler: off_cpu.bpf.c)
     while running:
         sampler.poll(100)           # new-process events -> on_new_process(tgid, pid, comm),
                                     # and samples whose stack collided (kept for collect())
@@ -16,21 +17,20 @@ Threading: `poll()` and `collect()` may run on different threads, but neither ma
 concurrently with itself.  collect() makes sure the perf buffers were read after its flip (it polls
 them itself, or waits for the poll under way on the other thread to end and the next one to
 complete), so the collided samples of an interval are in that interval.  `counters()` may be called
-from any thread.  `bcc` is imported by `start()` only, so importing this module (for `Interval`)
-does not need BCC.
+from any thread.  `bcc` is imported by `start()` only, so importing this module does not need BCC.
+What collect() returns is in samples.py; count_maps.py reads a retired slot.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes as ct
-import errno
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -38,6 +38,8 @@ import structlog
 from receivers.profiling import bpf_program, kernel_btf
 from receivers.profiling.bpf_counters import USER_COUNTERS, read_counter_names
 from receivers.profiling.bpf_program import SamplerError
+from receivers.profiling.count_maps import SlotReader
+from receivers.profiling.samples import Interval, stack_count
 
 # The BPF sources: the repository's bpf/ folder, which receivers/profiling/bpf links to (a relative
 # symlink), so a source checkout and an installed wheel (where the build copied the files in as
@@ -49,7 +51,10 @@ BPF_SOURCE = BPF_DIR / "profile.bpf.c"
 PROGRAM_NAME = b"on_cpu_sample"
 UNWIND_STEP_NAME = b"unwind_step"  # tail-called from PROGRAM_NAME (bpf/unwind.bpf.c)
 PYTHON_WALK_NAME = b"python_walk"  # tail-called before it for a Python process (bpf/python.bpf.c)
-USER_STACK_HASHED = -61  # profile.h: user_stack_id of a stack the unwinder walked
+# Off-CPU (bpf/off_cpu.bpf.c): the program on the scheduler's sched_switch tracepoint, and its
+# copies of the two programs above, in the same order (a program tail-calls only its own type).
+OFF_CPU_PROGRAM_NAME = b"off_cpu_switch"
+OFF_CPU_WALK_NAMES = (b"unwind_step_off_cpu", b"python_walk_off_cpu")
 
 # How long collect() waits after flipping the active slot before draining the old one.  The BPF
 # program runs in the cpu-clock hrtimer interrupt and finishes in microseconds; a program that
@@ -102,64 +107,6 @@ class UnwindMaps:
     python: object  # python_processes: tgid -> where its CPython keeps threads and frames
 
 
-@dataclass(slots=True)
-class StackCount:
-    """How many samples one thread spent in one (kernel stack, user stack) pair."""
-
-    tgid: int
-    tid: int
-    comm: str
-    kernel_addrs: list[int]  # leaf first; empty when the sample was taken in user mode
-    user_addrs: list[int]  # leaf first; empty for kernel threads
-    count: int
-    # 0, or the negative errno bpf_get_stackid() returned (-EFAULT: no such stack, -EEXIST:
-    # collision in the stack map and the perf buffer was full, so the stack could not be sent by
-    # value either), or -ENOENT when the stack id could not be read back.
-    kernel_stack_error: int = 0
-    user_stack_error: int = 0
-
-
-@dataclass(slots=True)
-class Interval:
-    """Everything counted between two collect() calls (or start() and the first collect())."""
-
-    stacks: list[StackCount]
-    start_monotonic_ns: int
-    end_monotonic_ns: int
-    start_wall_ns: int
-    end_wall_ns: int
-    frequency_hz: int = 0
-    counters: dict[str, int] = field(default_factory=dict)  # cumulative, as of the end
-
-    @property
-    def sample_count(self) -> int:
-        return sum(s.count for s in self.stacks)
-
-    @property
-    def period_ns(self) -> int:
-        return 1_000_000_000 // self.frequency_hz if self.frequency_hz else 0
-
-
-# --------------------------------------------------------------------------------------------
-
-
-def _int(value) -> int:
-    """A map value as int (batch lookups give plain ints, item lookups ctypes objects)."""
-    return value if isinstance(value, int) else value.value
-
-
-def _stack_count(tgid, pid, comm: bytes, kaddrs, uaddrs, leaf_return: int, count: int,
-                 kerr: int, uerr: int) -> StackCount:
-    uaddrs = list(uaddrs or ())
-    if leaf_return and uaddrs and (len(uaddrs) < 2 or uaddrs[1] != leaf_return):
-        uaddrs.insert(1, leaf_return)  # the caller frame-pointer unwinding skipped
-    return StackCount(
-        tgid=tgid, tid=pid, comm=comm.decode("utf-8", "replace"),
-        kernel_addrs=list(kaddrs or ()), user_addrs=uaddrs, count=count,
-        kernel_stack_error=kerr, user_stack_error=uerr,
-    )
-
-
 class Sampler:
     """Loads the profiler into the kernel and reads its double-buffered counts.
 
@@ -190,6 +137,8 @@ class Sampler:
         on_unwind_request: Callable[[int, int], None] | None = None,
         target_tgids_size: int = 0,
         on_exec: Callable[[int], None] | None = None,
+        off_cpu_threshold: float = 0.0,
+        off_cpu_threads: int = 16384,
         source: Path | str = BPF_SOURCE,
         logger=None,
     ) -> None:
@@ -218,6 +167,12 @@ class Sampler:
         self.target_tgids_size = target_tgids_size
         self.on_exec = on_exec
         self.target_tgids = None
+        # Off-CPU: the share of switches off a CPU that are recorded (0: none, nothing attached to
+        # the scheduler), and how many threads can be away at once with their switch recorded.
+        if not 0.0 <= off_cpu_threshold <= 1.0:
+            raise ValueError(f"off_cpu_threshold must be in 0..1, got {off_cpu_threshold}")
+        self.off_cpu_threshold = off_cpu_threshold
+        self.off_cpu_threads = off_cpu_threads
         self.source = Path(source)
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
         self.counter_names = read_counter_names(self.source.parent / "profile.h")
@@ -242,11 +197,11 @@ class Sampler:
         self._known = None
         self._user = dict.fromkeys(USER_COUNTERS, 0)
         self._user_lock = threading.Lock()
-        self._batch_ok = True
+        self._slots = SlotReader(self.log)
         self._interval_start = (0, 0)
         self._final_counters: dict[str, int] = {}  # BPF counters as of close()
         # Samples whose stack collided in the stack map, sent by value: {(tgid, tid, comm,
-        # kernel addrs, user addrs, user_leaf_return, kernel error, user error): count}
+        # kernel addrs, user addrs, user_leaf_return, kernel error, user error, origin): count}
         self._overflow: dict[tuple, int] = {}
         self._overflow_lock = threading.Lock()
         # Who is reading the perf buffers, and how many reads started / ended (see collect()).
@@ -275,7 +230,14 @@ class Sampler:
             *([f"-DTASK_FSBASE_OFFSET={self.task_fsbase_offset}"] if self.task_fsbase_offset is not None else []),
             *(["-DTARGETING=1", f"-DTARGET_TGIDS_SIZE={self.target_tgids_size}", f"-DTASK_TGID_OFFSET={kernel_btf.task_tgid_offset()}"]
               if self.target_tgids_size else []),
+            *(["-DOFF_CPU=1", f"-DOFF_CPU_THRESHOLD={self.off_cpu_threshold_u32}U", f"-DOFF_CPU_THREADS={self.off_cpu_threads}",
+               f"-DTASK_PID_OFFSET={kernel_btf.task_pid_offset()}"] if self.off_cpu_threshold else []),
         ]
+
+    @property
+    def off_cpu_threshold_u32(self) -> int:
+        """The threshold as the BPF program compares it with bpf_get_prandom_u32()."""
+        return min(0xFFFFFFFF, round(self.off_cpu_threshold * 0xFFFFFFFF))
 
     def describe_program(self) -> str:
         """The final program as BCC compiles it: cflags, then the source (for --debug output)."""
@@ -290,12 +252,18 @@ class Sampler:
         from bcc import table as bcc_table
 
         programs = {PROGRAM_NAME: "PERF_EVENT", UNWIND_STEP_NAME: "PERF_EVENT", PYTHON_WALK_NAME: "PERF_EVENT"}
+        if self.off_cpu_threshold:
+            programs.update(dict.fromkeys((OFF_CPU_PROGRAM_NAME, *OFF_CPU_WALK_NAMES), "RAW_TRACEPOINT"))
         bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), self.verifier_log_level, programs)
         try:
             # Loaded above: BCC hands back the same fds. Their places are bpf/unwind.bpf.c's
             # UNWIND_STEP_PROGRAM and PYTHON_WALK_PROGRAM.
             for index, name in enumerate((UNWIND_STEP_NAME, PYTHON_WALK_NAME)):
                 bpf[b"unwind_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
+            if self.off_cpu_threshold:
+                for index, name in enumerate(OFF_CPU_WALK_NAMES):
+                    bpf[b"off_cpu_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
+                bpf_program.attach_raw_tracepoint(bpf, b"sched_switch", OFF_CPU_PROGRAM_NAME)
             bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, self.frequency_hz)
             self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
             self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
@@ -397,9 +365,9 @@ class Sampler:
         kaddrs = tuple((ct.c_uint64 * klen).from_address(data + self._overflow_kernel_offset))
         uaddrs = tuple((ct.c_uint64 * ulen).from_address(data + self._overflow_header))
         key = (event.tgid, event.pid, event.comm, kaddrs, uaddrs, event.user_leaf_return,
-               event.kernel_error, event.user_error)
+               event.kernel_error, event.user_error, event.origin)
         with self._overflow_lock:
-            self._overflow[key] = self._overflow.get(key, 0) + 1
+            self._overflow[key] = self._overflow.get(key, 0) + event.value
         with self._user_lock:
             self._user["stack_overflow_received"] += 1
 
@@ -460,77 +428,6 @@ class Sampler:
 
     # ---------------------------------------------------------------------------------------
 
-    def _drain(self, table) -> list[tuple]:
-        """Read and delete every entry of an inactive count map:
-        [(tgid, pid, comm, kernel_stack_id, user_stack_id, user_leaf_return, count)]."""
-        if self._batch_ok:
-            try:
-                entries = list(table.items_lookup_and_delete_batch())
-            except Exception as e:  # kernel without BPF_MAP_LOOKUP_AND_DELETE_BATCH (< 5.6)
-                self._batch_ok = False
-                self.log.info("batch map operations unavailable, using per-key delete",
-                              error=str(e))
-            else:
-                return [(k.tgid, k.pid, k.comm, k.kernel_stack_id, k.user_stack_id,
-                         k.user_leaf_return, _int(v), k.user_stack_hash)
-                        for k, v in entries]
-        # Fallback: a late increment between the read and the delete of a key is lost.
-        out = []
-        for k, v in table.items():
-            out.append((k.tgid, k.pid, k.comm, k.kernel_stack_id, k.user_stack_id,
-                         k.user_leaf_return, _int(v), k.user_stack_hash))
-            with contextlib.suppress(KeyError):
-                del table[k]
-        return out
-
-    @staticmethod
-    def _read_stack(table, stack_id: int) -> list[int] | None:
-        try:
-            trace = table[table.Key(stack_id)]
-        except KeyError:
-            return None
-        ips = list(trace.ip)
-        try:
-            return ips[: ips.index(0)]
-        except ValueError:
-            return ips
-
-    @staticmethod
-    def _empty_stack_map(table, known: set[int]) -> int:
-        """Delete every stack in an inactive stack map; return how many were deleted.
-
-        BCC's StackTrace.clear() does nothing and stack maps have no batch delete, so each stack
-        costs a syscall.  The ids the drained keys used are deleted directly; the walk after that
-        only finds the stacks no key refers to (samples dropped for a full count map), so it
-        costs one get_next_key in the usual case instead of one per stack."""
-        freed = 0
-        for sid in known:
-            with contextlib.suppress(KeyError):
-                del table[table.Key(sid)]
-                freed += 1
-        # Listed before deleting, so the walk never continues from a key deleted under it.
-        for sid in [key.value for key in table.keys()]:
-            with contextlib.suppress(KeyError):
-                del table[table.Key(sid)]
-                freed += 1
-        return freed
-
-    def _drain_user_stacks(self, table) -> dict[int, list[int]]:
-        """Read and delete every stack the unwinder stored in an inactive slot: {hash: frames}."""
-        if self._batch_ok:
-            try:
-                entries = list(table.items_lookup_and_delete_batch())
-            except Exception:
-                entries = None
-            if entries is not None:
-                return {_int(key): list(stack.ips[: stack.len]) for key, stack in entries}
-        out = {}
-        for key, stack in list(table.items()):
-            out[_int(key)] = list(stack.ips[: stack.len])
-            with contextlib.suppress(KeyError):
-                del table[key]
-        return out
-
     def collect(self) -> Interval:
         """Flip the active count map, drain the other one and resolve its stacks."""
         self._require_started()
@@ -539,48 +436,20 @@ class Sampler:
         self._slot ^= 1
         self._active[ct.c_int(0)] = ct.c_uint32(self._slot)
         time.sleep(FLIP_GRACE_S)
-        rows = self._drain(self._count_maps[drained_slot])
         # Collided samples sent before the flip are in the perf buffer by now.
         self._read_perf_buffers_now()
         with self._overflow_lock:
             overflow, self._overflow = self._overflow, {}
 
-        stack_map = self._stack_maps[drained_slot]
-        used = {sid for r in rows for sid in (r[3], r[4]) if sid >= 0}
-        stacks = {sid: self._read_stack(stack_map, sid) for sid in used}
-        # Every id in this map belongs to the interval just drained (see the class docstring).
-        freed = self._empty_stack_map(stack_map, used)
-        walked = self._drain_user_stacks(self._user_stack_maps[drained_slot])
-        missing = 0
-        out = []
-        for tgid, pid, comm, kid, uid, leaf_return, count, user_hash in rows:
-            kaddrs = uaddrs = None
-            kerr = kid if kid < 0 else 0
-            uerr = uid if uid < 0 else 0
-            if uid == USER_STACK_HASHED:
-                uerr, uaddrs = 0, walked.get(user_hash)
-                if uaddrs is None:
-                    uerr = -errno.ENOENT
-                    missing += 1
-            if kid >= 0:
-                kaddrs = stacks[kid]
-                if kaddrs is None:
-                    kerr = -errno.ENOENT
-                    missing += 1
-            if uid >= 0:
-                uaddrs = stacks[uid]
-                if uaddrs is None:
-                    uerr = -errno.ENOENT
-                    missing += 1
-            out.append(_stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count,
-                                    kerr, uerr))
-        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr), count in overflow.items():
-            out.append(_stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count,
-                                    kerr, uerr))
+        slot = self._slots.read(self._count_maps[drained_slot], self._stack_maps[drained_slot],
+                                self._user_stack_maps[drained_slot])
+        out = slot.stacks
+        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr, origin), count in overflow.items():
+            out.append(stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count, kerr, uerr, origin))
 
         with self._user_lock:
-            self._user["missing_stacks"] += missing
-            self._user["stacks_freed"] += freed
+            self._user["missing_stacks"] += slot.missing
+            self._user["stacks_freed"] += slot.freed
             self._user["intervals"] += 1
 
         start_mono, start_wall = self._interval_start

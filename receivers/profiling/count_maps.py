@@ -1,0 +1,157 @@
+"""Reading a retired slot of the profiler's maps (see Sampler's docstring for the double
+buffering): its count map, the stacks its keys refer to, and the stacks the unwinder walked, into
+StackCounts; and leaving the slot's maps empty for its next turn."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from receivers.profiling.samples import StackCount, stack_count
+
+STACK_HASHED = -61  # profile.h: the stack id of a stack stored by its hash in user_stacks_N
+
+
+class CountRow(NamedTuple):
+    """One count map entry (bpf/profile.h, struct sample_key, and its value)."""
+
+    tgid: int
+    pid: int
+    comm: bytes
+    kernel_stack_id: int
+    user_stack_id: int
+    user_leaf_return: int
+    count: int
+    user_stack_hash: int
+    origin: int
+    kernel_stack_hash: int
+
+    @classmethod
+    def of(cls, key, value) -> CountRow:
+        return cls(key.tgid, key.pid, key.comm, key.kernel_stack_id, key.user_stack_id, key.user_leaf_return,
+                   map_int(value), key.user_stack_hash, key.origin, key.kernel_stack_hash)
+
+
+@dataclass
+class SlotContents:
+    stacks: list[StackCount]
+    missing: int  # stack ids that could not be read back
+    freed: int  # stacks deleted from the slot's stack map
+
+
+def map_int(value) -> int:
+    """A map value as int (batch lookups give plain ints, item lookups ctypes objects)."""
+    return value if isinstance(value, int) else value.value
+
+
+class SlotReader:
+    def __init__(self, log) -> None:
+        self.log = log
+        self.batch_ok = True  # BPF_MAP_LOOKUP_AND_DELETE_BATCH works (kernel 5.6+)
+
+    def read(self, count_map, stack_map, user_stack_map) -> SlotContents:
+        """Read and empty one retired slot (user_stack_map: the stacks stored by their hash)."""
+        rows = self._drain_counts(count_map)
+        used = {sid for row in rows for sid in (row.kernel_stack_id, row.user_stack_id) if sid >= 0}
+        stacks = {sid: _read_stack(stack_map, sid) for sid in used}
+        # Every id in this map belongs to the interval just drained (see Sampler's docstring).
+        freed = _empty_stack_map(stack_map, used)
+        walked = self._drain_user_stacks(user_stack_map)
+        missing = 0
+        out = []
+        for row in rows:
+            kid, uid = row.kernel_stack_id, row.user_stack_id
+            kaddrs = uaddrs = None
+            kerr = kid if kid < 0 else 0
+            uerr = uid if uid < 0 else 0
+            if uid == STACK_HASHED:
+                uerr, uaddrs = 0, walked.get(row.user_stack_hash)
+                if uaddrs is None:
+                    uerr = -errno.ENOENT
+                    missing += 1
+            if kid == STACK_HASHED:  # an off-CPU sample's kernel stack
+                kerr, kaddrs = 0, walked.get(row.kernel_stack_hash)
+                if kaddrs is None:
+                    kerr = -errno.ENOENT
+                    missing += 1
+            if kid >= 0:
+                kaddrs = stacks[kid]
+                if kaddrs is None:
+                    kerr = -errno.ENOENT
+                    missing += 1
+            if uid >= 0:
+                uaddrs = stacks[uid]
+                if uaddrs is None:
+                    uerr = -errno.ENOENT
+                    missing += 1
+            out.append(stack_count(row.tgid, row.pid, row.comm, kaddrs, uaddrs, row.user_leaf_return, row.count,
+                                   kerr, uerr, row.origin))
+        return SlotContents(out, missing, freed)
+
+    def _drain_counts(self, table) -> list[CountRow]:
+        """Read and delete every entry of a retired count map."""
+        if self.batch_ok:
+            try:
+                entries = list(table.items_lookup_and_delete_batch())
+            except Exception as e:  # kernel without BPF_MAP_LOOKUP_AND_DELETE_BATCH (< 5.6)
+                self.batch_ok = False
+                self.log.info("batch map operations unavailable, using per-key delete", error=str(e))
+            else:
+                return [CountRow.of(key, value) for key, value in entries]
+        # Fallback: a late increment between the read and the delete of a key is lost.
+        out = []
+        for key, value in table.items():
+            out.append(CountRow.of(key, value))
+            with contextlib.suppress(KeyError):
+                del table[key]
+        return out
+
+    def _drain_user_stacks(self, table) -> dict[int, list[int]]:
+        """Read and delete every stack the unwinder stored in a retired slot: {hash: frames}."""
+        if self.batch_ok:
+            try:
+                entries = list(table.items_lookup_and_delete_batch())
+            except Exception:
+                entries = None
+            if entries is not None:
+                return {map_int(key): list(stack.ips[: stack.len]) for key, stack in entries}
+        out = {}
+        for key, stack in list(table.items()):
+            out[map_int(key)] = list(stack.ips[: stack.len])
+            with contextlib.suppress(KeyError):
+                del table[key]
+        return out
+
+
+def _read_stack(table, stack_id: int) -> list[int] | None:
+    try:
+        trace = table[table.Key(stack_id)]
+    except KeyError:
+        return None
+    ips = list(trace.ip)
+    try:
+        return ips[: ips.index(0)]
+    except ValueError:
+        return ips
+
+
+def _empty_stack_map(table, known: set[int]) -> int:
+    """Delete every stack in a retired stack map; return how many were deleted.
+
+    BCC's StackTrace.clear() does nothing and stack maps have no batch delete, so each stack
+    costs a syscall.  The ids the drained keys used are deleted directly; the walk after that
+    only finds the stacks no key refers to (samples dropped for a full count map), so it
+    costs one get_next_key in the usual case instead of one per stack."""
+    freed = 0
+    for sid in known:
+        with contextlib.suppress(KeyError):
+            del table[table.Key(sid)]
+            freed += 1
+    # Listed before deleting, so the walk never continues from a key deleted under it.
+    for sid in [key.value for key in table.keys()]:
+        with contextlib.suppress(KeyError):
+            del table[table.Key(sid)]
+            freed += 1
+    return freed
