@@ -107,6 +107,31 @@ def leaves(profiled, pid: int) -> collections.Counter:
     return out
 
 
+# Where a whole stack ends: a program's entry, a thread's root, a goroutine's.
+ROOTS = {"_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "__clone3", "clone3", "__clone",
+         "runtime.goexit", "runtime.main", "runtime.mstart", "runtime.rt0_go"}
+
+
+def rooted(profiled, pid: int) -> tuple[float, collections.Counter]:
+    """The share of the process's samples whose outermost frame is a root, and the outermost
+    frames of the others."""
+    total, unrooted = 0, collections.Counter()
+    for message in profiled["messages"]:
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") == pid and view.frames:
+                total += sum(view.values)
+                if view.frames[-1].function not in ROOTS:
+                    unrooted[view.frames[-1].function or hex(view.frames[-1].address)] += sum(view.values)
+    return (1 - sum(unrooted.values()) / total if total else 0.0), unrooted
+
+
+@pytest.mark.parametrize("runtime", ["go", "node", "java"])
+def test_stacks_reach_their_root(profiled, runtime):
+    share_rooted, unrooted = rooted(profiled, profiled["pids"][runtime])
+    print(f"{runtime}: {share_rooted:.1%} of samples end at a root; others end at {unrooted.most_common(4)}")
+    assert share_rooted >= 0.95
+
+
 def share(counts: collections.Counter, heavy: str, light: str) -> tuple[float, int]:
     heavy_count = sum(count for (name, _), count in counts.items() if name and heavy in name)
     light_count = sum(count for (name, _), count in counts.items() if name and light in name)

@@ -293,6 +293,8 @@ class ElfSymbols:
                 value &= ~1
             bind = info >> 4
             rank = 0 if bind == 1 else 1 if bind == 2 else 2  # global, weak, local
+            if strtab.startswith(b"__GI_", name_off):
+                rank = 3  # glibc's internal alias of a function (__GI___clone3): the plain name reads as perf shows it
             syms.append((value, rank, sym_size, name_off))
         if not syms:
             return False
