@@ -197,8 +197,12 @@ def _leaf(frames: list):
 def _waited_in(frames: list):
     """Where a thread waited off the CPU: the innermost frame outside the kernel (the program's
     call that blocked). Every off-CPU stack starts in the scheduler, so its leaf would say the
-    same for all of them; a thread with only kernel frames (a kernel thread) keeps its leaf."""
-    return next((frame for frame in frames if frame.frame_type != "kernel"), _leaf(frames))
+    same for all of them; for a thread with only kernel frames (a kernel thread), the innermost
+    frame that is not the scheduler's (worker_thread, rcu_gp_kthread, ...)."""
+    user = next((frame for frame in frames if frame.frame_type != "kernel"), None)
+    if user is not None:
+        return user
+    return next((frame for frame in frames if "schedule" not in frame.function), _leaf(frames))
 
 
 def _leaf_label(leaf) -> str:
