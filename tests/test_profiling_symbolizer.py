@@ -331,4 +331,4 @@ def test_file_ids_match_what_other_tools_compute(tmp_path):
 
 def headers_of(path: str) -> ElfSymbols:
     with open(path, "rb") as stream:
-        return ElfSymbols.read_headers(ELFFile(stream), path)
+        return ElfSymbols.read_headers(ELFFile(stream), path, mapping_ids=True)

@@ -258,14 +258,17 @@ class ElfSymbols:
     # -- parsing
 
     @staticmethod
-    def read_headers(elf: ELFFile, path: str) -> ElfSymbols:
+    def read_headers(elf: ELFFile, path: str, *, mapping_ids: bool = False) -> ElfSymbols:
+        """Segments, build id and debug link; with ``mapping_ids`` also the ids a profile's
+        mapping carries (Go build id, htlhash: more reading, which only reports need)."""
         out = ElfSymbols(path)
         for seg in elf.iter_segments():
             if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
                 out.loads.append((seg["p_offset"], seg["p_filesz"], seg["p_vaddr"]))
         out.build_id = elf_build_id(elf)
-        out.go_build_id = go_build_id(elf)
-        out.htlhash = file_htlhash(elf.stream)
+        if mapping_ids:
+            out.go_build_id = go_build_id(elf)
+            out.htlhash = file_htlhash(elf.stream)
         link = elf.get_section_by_name(".gnu_debuglink")
         if link is not None:
             data = link.data()
@@ -584,7 +587,7 @@ class Symbolizer:
         try:
             with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as f:
                 elf_file = ELFFile(f)
-                elf = ElfSymbols.read_headers(elf_file, path)
+                elf = ElfSymbols.read_headers(elf_file, path, mapping_ids=True)
                 if elf.build_id:
                     shared = self._by_build_id.get(elf.build_id)
                     if shared is not None:
