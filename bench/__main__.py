@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench import agent_cost, bpf_stats, children, overhead, persistent_queue, pipeline, procfs, python_frames, report, rounds, side_by_side, sizes, truth, unwinding, workload
+from bench import agent_cost, bpf_stats, children, off_cpu, overhead, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, side_by_side, sizes, truth, unwinding, workload
 from bench.settings import FULL, QUICK
 from bench.sink import ProfilesSink
 
@@ -29,23 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stop_on_signals() -> dict:
-    """SIGTERM unwinds like Ctrl-C, so the cleanup runs. A Python handler for SIGINT is also
-    reset to the default in children, where an inherited "ignore" (a shell's background job)
-    would keep perf and profile-bpfcc from ever hearing our SIGINT. Returns what to restore."""
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    return before
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = QUICK if args.quick else FULL
     if os.geteuid() != 0:
         print("bench: needs root (BPF, perf -a, the bpf_stats sysctl)", file=sys.stderr)
         return 2
-    handlers = _stop_on_signals()
+    handlers = children.stop_on_signals()
     began = time.monotonic()
     loads = [procfs.load_average()]
     try:
@@ -53,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(scratch)
             binary = workload.build_known_split(workdir)
             binary_without_frame_pointers = workload.build_known_split(workdir, frame_pointers=False)
+            ping_pong_binary = ping_pong.build(workdir)
             with ProfilesSink(keep_requests=True) as sink:
                 warm_up_seconds = unwinding.warm_up(settings, [binary, binary_without_frame_pointers], workdir, sink)
                 print(f"bench: unwind rows of the host built in {warm_up_seconds:.0f} s", file=sys.stderr)
@@ -60,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                 side_by_side_runs = side_by_side.run_rounds(settings, binary, workdir, sink)
                 unwinding_runs, startup_runs = unwinding.run_rounds(settings, binary_without_frame_pointers, workdir, sink)
                 python_runs = python_frames.run_rounds(settings, workdir, sink)
+                off_cpu_runs = off_cpu.run_rounds(settings, ping_pong_binary, workdir, sink)
             pipeline_dir = workdir / "pipeline"
             pipeline_dir.mkdir()
             pipeline_results, pipeline_shape = pipeline.run_rounds(pipeline_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
@@ -68,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
             queue_results = persistent_queue.run_rounds(queue_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
     finally:
         children.kill_all()
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    loads += [run.load for run in runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs] + [procfs.load_average()]
+        children.restore_signals(handlers)
+    loads += [run.load for run in runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + off_cpu_runs] + [procfs.load_average()]
     rows = (overhead.rows(runs) + agent_cost.rows(runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
-            + python_frames.rows(python_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results) + sizes.rows(side_by_side_runs))
+            + python_frames.rows(python_runs) + off_cpu.rows(off_cpu_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
+            + sizes.rows(side_by_side_runs))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)
     print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)
     return 0

@@ -1,10 +1,12 @@
 """Every process the bench starts (profilers, workloads, collectors) goes through here, so that
-each one is stopped even when the bench fails or is interrupted half way."""
+each one is stopped even when the bench fails or is interrupted half way (stop_on_signals makes
+SIGTERM unwind like Ctrl-C, so that the cleanup runs then too)."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from typing import Any
 
 _running: list[subprocess.Popen] = []
@@ -45,3 +47,18 @@ def kill_all() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def stop_on_signals() -> dict:
+    """SIGTERM unwinds like Ctrl-C, so the cleanup runs. A Python handler for SIGINT is also
+    reset to the default in children, where an inherited "ignore" (a shell's background job)
+    would keep perf and profile-bpfcc from ever hearing our SIGINT. Returns what to restore."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    return before
+
+
+def restore_signals(handlers: dict) -> None:
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)

@@ -6,6 +6,9 @@ perf            `perf record -F HZ -a -g -o FILE`
 perf dwarf      `perf record -F HZ -a --call-graph dwarf -o FILE`: copies 8 KiB of each sampled
                 user stack and unwinds it afterwards, the cost eBPF unwinding avoids
 profile-bpfcc   BCC's profile tool, `profile-bpfcc -F HZ`, its output to a file
+offcputime-bpfcc
+                BCC's off-CPU tool, `offcputime-bpfcc -f`, its output to a file; on a kernel
+                without kprobes through bench/offcputime_sched_switch.py (see there)
 
 Each knows when it is sampling, so the bench can measure start-up (launch to first sample) apart
 from the steady state.
@@ -26,6 +29,10 @@ from bench import children, procfs
 
 PYCOLLECTOR = Path(sys.executable).with_name("pycollector")
 PROFILE_BPFCC = "/usr/sbin/profile-bpfcc"
+OFFCPUTIME_BPFCC = "/usr/sbin/offcputime-bpfcc"
+OFFCPUTIME_SCHED_SWITCH = Path(__file__).resolve().with_name("offcputime_sched_switch.py")
+# The kprobe PMU: without it BCC cannot attach offcputime-bpfcc's kprobe.
+KPROBE_PMU = Path("/sys/bus/event_source/devices/kprobe")
 STARTUP_TIMEOUT_S = 120.0
 POLL_S = 0.01
 
@@ -34,6 +41,8 @@ class Profiler:
     """One launch of a profiler: ``launch``, ``wait_until_sampling``, then ``stop(profiler)``."""
 
     name = ""
+    # The types of BPF program that do the profiler's work (see sampling_program_id).
+    program_types = (procfs.BPF_PROG_TYPE_PERF_EVENT,)
 
     def __init__(self, workdir: Path, hz: int) -> None:
         self.workdir = workdir
@@ -72,23 +81,26 @@ class Profiler:
         """The id of the BPF program that takes the samples, for a BPF profiler: the one that
         runs. pycollector's unwinder also holds the programs it tail-calls, whose time is counted
         in the caller's and whose run count stays 0."""
-        programs = procfs.sampling_bpf_programs(self.pid)
+        programs = procfs.sampling_bpf_programs(self.pid, self.program_types)
         return max(programs, key=lambda program: program["run_cnt"])["prog_id"] if programs else None
 
 
 class _BpfProfiler(Profiler):
     def sampling(self) -> bool:
         # The program's run count moves once it is attached and a CPU has ticked (bpf stats on).
-        return any(program["run_cnt"] > 0 for program in procfs.sampling_bpf_programs(self.pid))
+        return any(program["run_cnt"] > 0 for program in procfs.sampling_bpf_programs(self.pid, self.program_types))
 
 
 class PycollectorAgent(_BpfProfiler):
     name = "pycollector"
 
-    def __init__(self, workdir: Path, hz: int, sink_endpoint: str, reporter_interval_s: float, unwind_cache_dir: Path, metrics_port: int = 0) -> None:
+    def __init__(self, workdir: Path, hz: int, sink_endpoint: str, reporter_interval_s: float, unwind_cache_dir: Path, metrics_port: int = 0,
+                 off_cpu_threshold: float = 0.0) -> None:
         super().__init__(workdir, hz)
         self.config_path = workdir / "pycollector-bench.yaml"
         receiver = {"samples_per_second": hz, "reporter_interval": f"{reporter_interval_s:g}s", "unwind_cache_dir": str(unwind_cache_dir)}
+        if off_cpu_threshold:
+            receiver["off_cpu_threshold"] = off_cpu_threshold
         config = {
             "receivers": {"profiling": receiver},
             "exporters": {"otlp_grpc": {"endpoint": sink_endpoint, "tls": {"insecure": True}}},
@@ -110,6 +122,20 @@ class ProfileBpfcc(_BpfProfiler):
 
     def argv(self) -> list[str]:
         return [PROFILE_BPFCC, "-F", str(self.hz)]
+
+
+class OffCpuTimeBpfcc(_BpfProfiler):
+    """Off-CPU time by stack for every thread on the host, printed (folded) when interrupted.
+    Its program runs on every context switch: on finish_task_switch (a kprobe), or on the
+    sched_switch raw tracepoint where the kernel has no kprobes."""
+
+    name = "offcputime-bpfcc"
+    program_types = (procfs.BPF_PROG_TYPE_KPROBE, procfs.BPF_PROG_TYPE_RAW_TRACEPOINT)
+
+    def argv(self) -> list[str]:
+        if KPROBE_PMU.exists():
+            return [OFFCPUTIME_BPFCC, "-f"]
+        return ["/usr/bin/python3", str(OFFCPUTIME_SCHED_SWITCH), "-f"]  # the tool's own #! interpreter
 
 
 class PerfRecord(Profiler):

@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+BPF_PROG_TYPE_KPROBE = 2
 BPF_PROG_TYPE_PERF_EVENT = 7
+BPF_PROG_TYPE_RAW_TRACEPOINT = 17
 KIB_PER_MIB = 1024
 
 
@@ -83,8 +85,9 @@ def perf_event_mappings(pid: int) -> int:
         return 0
 
 
-def sampling_bpf_programs(pid: int) -> list[dict[str, int]]:
-    """The perf_event BPF programs pid holds, each as its fdinfo: prog_id, run_cnt, run_time_ns."""
+def sampling_bpf_programs(pid: int, prog_types: tuple[int, ...] = (BPF_PROG_TYPE_PERF_EVENT,)) -> list[dict[str, int]]:
+    """The BPF programs of those types pid holds (by default perf_event: the ones a sampling
+    profiler attaches to the CPU clock), each as its fdinfo: prog_id, run_cnt, run_time_ns."""
     programs = []
     try:
         fds = list(Path(f"/proc/{pid}/fd").iterdir())
@@ -98,7 +101,7 @@ def sampling_bpf_programs(pid: int) -> list[dict[str, int]]:
         except OSError:
             continue
         fields = dict(line.split(":\t", 1) for line in info.splitlines() if ":\t" in line)
-        if int(fields.get("prog_type", -1)) == BPF_PROG_TYPE_PERF_EVENT:
+        if int(fields.get("prog_type", -1)) in prog_types:
             programs.append({key: int(fields.get(key, 0)) for key in ("prog_id", "run_cnt", "run_time_ns")})
     return programs
 

@@ -9,7 +9,7 @@ import platform
 import textwrap
 from pathlib import Path
 
-from bench import procfs
+from bench import peers, procfs
 from bench.figures import Row
 from bench.settings import Settings
 
@@ -71,6 +71,19 @@ METHOD = """\
   {settle_seconds:g} s before a {workload_seconds:g} s window. pycollector's total is its own CPU
   and its BPF program's run time (bpf_stats), which the kernel charges to the sampled processes;
   py-spy's is the CPU of all its processes (it reads the interpreters' memory from its own).
+- **Off-CPU.** `bench/ping_pong.c` (`gcc -O2 -fno-omit-frame-pointer`): two processes pinned to
+  one CPU bounce a byte over two pipes, two context switches a round trip. Each round runs it
+  alone (the baseline), under pycollector with `off_cpu_threshold: 1.0` (every switch off a CPU
+  recorded with its stacks; CPU samples at {hz} Hz as above) and under `offcputime-bpfcc -f`,
+  rotated; a profiler settles over a {settle_seconds:g} s run before the {workload_seconds:g} s
+  window. {offcputime_attach} Overhead: 1 − round trips per second under the profiler / the same
+  round's baseline. BPF: bpf_stats' run time of the profiler's program on the context switch
+  (pycollector's includes the stack walks it tail-calls) per run and per second of window; CPU:
+  the profiler's process tree's. Off-CPU seconds recorded: pycollector's `off_cpu/nanoseconds`
+  profiles of ping_pong's processes, offcputime's folded lines of ping_pong, over both runs, per
+  second of them. Sharing a CPU, each of the two waits while the other runs: about 1 s per s.
+  offcputime's program handles the leaving thread before the returning one, so a returning
+  thread's time away also takes in the other's stack walk, and it records more.
 - **Pipeline.** A `pycollector` process runs otlp receiver (gRPC) → batch (defaults) → otlp_grpc
   exporter (uncompressed) → a sink in the bench. {senders} client threads send {payloads_per_burst}
   host reports (ProfilesBuilder: {processes} processes, stacks 8–64 frames deep through shared
@@ -87,11 +100,20 @@ METHOD = """\
 
 def write(path: Path, rows: list[Row], settings: Settings, loads: list[str], seconds: float, pipeline_shape: dict, warm_up_seconds: float) -> None:
     lines = ["# pycollector benchmarks", "", f"Written by `make bench` (`python -m bench`, {settings.name} mode, {settings.rounds} rounds) in {seconds / 60:.1f} minutes.", ""]
-    lines += _table(["Machine", ""], _machine(loads))
+    lines += table(["Machine", ""], _machine(loads))
     lines += ["", "## Results", ""]
-    lines += _table(HEADER, [row.cells() for row in rows])
-    lines += ["", "## How each figure is measured", "", *_rewrapped(METHOD.format(**vars(settings) | pipeline_shape, warm_up_seconds=warm_up_seconds))]
+    lines += table(HEADER, [row.cells() for row in rows])
+    method = METHOD.format(**vars(settings) | pipeline_shape, warm_up_seconds=warm_up_seconds, offcputime_attach=_offcputime_attach())
+    lines += ["", "## How each figure is measured", "", *_rewrapped(method)]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _offcputime_attach() -> str:
+    if peers.KPROBE_PMU.exists():
+        return "offcputime-bpfcc runs as installed, on a kprobe on finish_task_switch."
+    return ("offcputime-bpfcc attaches to a kprobe on finish_task_switch, and this kernel has no kprobes: it runs as "
+            "installed but for its program, which `bench/offcputime_sched_switch.py` moves to the sched_switch raw "
+            "tracepoint, taking the leaving thread's stacks there (the port BCC's libbpf-tools offcputime made).")
 
 
 def _rewrapped(bullets: str) -> list[str]:
@@ -123,7 +145,7 @@ def _cpu_model() -> str:
     return platform.machine()
 
 
-def _table(header: list[str], body: list[list[str]]) -> list[str]:
+def table(header: list[str], body: list[list[str]]) -> list[str]:
     def line(cells):
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
