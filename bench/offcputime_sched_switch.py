@@ -7,7 +7,10 @@ script itself (its arguments, BPF maps, polling, symbolization and output) with 
 its program, the port BCC's own libbpf-tools/offcputime made: the program runs on the
 sched_switch raw tracepoint (as BCC's runqlat does where it can), and, since current there is the
 thread leaving, it takes the stacks and comm as the thread leaves and keeps them with the time
-until the thread comes back (a thread's stacks do not change while it is off the CPU).
+until the thread comes back (a thread's stacks do not change while it is off the CPU). Thread
+ids come from bpf_get_current_pid_tgid() and, for the thread coming back, from task_struct at the
+running kernel's offset (its BTF): the tool reads them through the kernel headers BCC compiles
+with, whose task_struct (Debian's 6.1 headers on a 6.18 kernel here) puts pid elsewhere.
 
 Run by the system Python, as the tool's own #! line does: /usr/bin/python3 THIS [ARGS].
 Each change must find its place exactly once, so a different offcputime-bpfcc fails loudly
@@ -16,6 +19,7 @@ rather than being measured half changed.
 
 import re
 import sys
+from pathlib import Path
 
 TOOL = "/usr/sbin/offcputime-bpfcc"
 
@@ -33,26 +37,31 @@ PROGRAM = (
     re.compile(r"^int oncpu\(struct pt_regs \*ctx, struct task_struct \*prev\) \{\n.*?^\}\n", re.M | re.S),
     """int oncpu(struct bpf_raw_tracepoint_args *ctx) {
     // sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)
+    // prev is current: its ids without reading task_struct, whose layout in the kernel headers
+    // BCC compiles with (Debian's 6.1 on the bench host) is not the running kernel's
     struct task_struct *prev = (struct task_struct *)ctx->args[1];
-    struct task_struct *next = (struct task_struct *)ctx->args[2];
-    u32 pid = prev->pid;
-    u32 tgid = prev->tgid;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 pid = id;
+    u32 tgid = id >> 32;
     struct start_t *sp;
 
     // record previous thread sleep time, and its stacks: prev is current here
     if ((THREAD_FILTER) && (STATE_FILTER)) {
         struct start_t s = {};
-        s.ts = bpf_ktime_get_ns();
         s.key.pid = pid;
         s.key.tgid = tgid;
         s.key.user_stack_id = USER_STACK_GET;
         s.key.kernel_stack_id = KERNEL_STACK_GET;
         bpf_get_current_comm(&s.key.name, sizeof(s.key.name));
+        // after the stack walks, as the tool's kprobe notes the time of the thread leaving
+        // without walking anything: else that time would count for both threads
+        s.ts = bpf_ktime_get_ns();
         start.update(&pid, &s);
     }
 
-    // get the next thread's start time
-    pid = next->pid;
+    // get the next thread's start time: its id at the running kernel's offset (from its BTF)
+    pid = 0;
+    bpf_probe_read_kernel(&pid, sizeof(pid), (void *)(ctx->args[2] + TASK_PID_OFFSET));
     sp = start.lookup(&pid);
     if (sp == 0) {
         return 0;        // missed start or filtered
@@ -103,9 +112,18 @@ def _replace_once(text: str, pattern, replacement: str, what: str) -> str:
 
 
 def patched_source(source: str) -> str:
+    program = PROGRAM[1].replace("TASK_PID_OFFSET", str(_task_pid_offset()))
     source = _replace_once(source, *START_MAP, "the start map")
-    source = _replace_once(source, *PROGRAM, "the oncpu program")
+    source = _replace_once(source, PROGRAM[0], program, "the oncpu program")
     return _replace_once(source, *ATTACH, "the kprobe attachment")
+
+
+def _task_pid_offset() -> int:
+    """Where the running kernel keeps a thread's id in task_struct, as pycollector reads it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from receivers.profiling.kernel_btf import task_pid_offset
+
+    return task_pid_offset()
 
 
 def main() -> None:

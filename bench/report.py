@@ -82,8 +82,8 @@ METHOD = """\
   the profiler's process tree's. Off-CPU seconds recorded: pycollector's `off_cpu/nanoseconds`
   profiles of ping_pong's processes, offcputime's folded lines of ping_pong, over both runs, per
   second of them. Sharing a CPU, each of the two waits while the other runs: about 1 s per s.
-  offcputime's program handles the leaving thread before the returning one, so a returning
-  thread's time away also takes in the other's stack walk, and it records more.
+  pycollector walks ping_pong's user stacks with its unwind tables, offcputime with the kernel's
+  frame-pointer walk (ping_pong has frame pointers, so both stacks are whole).
 - **Pipeline.** A `pycollector` process runs otlp receiver (gRPC) → batch (defaults) → otlp_grpc
   exporter (uncompressed) → a sink in the bench. {senders} client threads send {payloads_per_burst}
   host reports (ProfilesBuilder: {processes} processes, stacks 8–64 frames deep through shared
@@ -113,7 +113,9 @@ def _offcputime_attach() -> str:
         return "offcputime-bpfcc runs as installed, on a kprobe on finish_task_switch."
     return ("offcputime-bpfcc attaches to a kprobe on finish_task_switch, and this kernel has no kprobes: it runs as "
             "installed but for its program, which `bench/offcputime_sched_switch.py` moves to the sched_switch raw "
-            "tracepoint, taking the leaving thread's stacks there (the port BCC's libbpf-tools offcputime made).")
+            "tracepoint, taking the leaving thread's stacks there (the port BCC's libbpf-tools offcputime made), noting "
+            "its time after them, and reading thread ids at the running kernel's offsets (the tool's kernel headers "
+            "are Debian's 6.1).")
 
 
 def _rewrapped(bullets: str) -> list[str]:

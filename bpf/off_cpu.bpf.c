@@ -80,8 +80,8 @@ static __always_inline void keep_walked_wait(struct unwind_state *state)
     keep_wait(wait);
 }
 
-/* The thread leaving the CPU (current): note its stacks and the time, for a share of switches. */
-static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx)
+/* The thread leaving the CPU (current) at `now`: note its stacks and the time, for a share of switches. */
+static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 now)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
@@ -101,7 +101,7 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx)
     struct off_cpu_wait *wait = off_cpu_scratch.lookup(&zero);
     if (!wait)
         return;
-    wait->left_ns = bpf_ktime_get_ns();
+    wait->left_ns = now;
     __builtin_memset(&wait->key, 0, sizeof(wait->key));
     wait->key.tgid = tgid;
     wait->key.pid = pid;
@@ -176,8 +176,8 @@ static __always_inline int send_wait_by_value(struct bpf_raw_tracepoint_args *ct
     return stack_overflow.perf_submit(ctx, event, __builtin_offsetof(struct stack_overflow_event, kernel_ips) + klen);
 }
 
-/* The thread the CPU switches to (`next`): if its leaving was recorded, count the time away. */
-static __always_inline void return_to_cpu(struct bpf_raw_tracepoint_args *ctx)
+/* The thread the CPU switches to (`next`) at `now`: if its leaving was recorded, count the time away. */
+static __always_inline void return_to_cpu(struct bpf_raw_tracepoint_args *ctx, u64 now)
 {
     u32 tid = 0;
     bpf_probe_read_kernel(&tid, sizeof(tid), (void *)(ctx->args[2] + TASK_PID_OFFSET));
@@ -186,7 +186,7 @@ static __always_inline void return_to_cpu(struct bpf_raw_tracepoint_args *ctx)
     struct off_cpu_wait *wait = off_cpu_waits.lookup(&tid);
     if (!wait)
         return;
-    u64 away = bpf_ktime_get_ns() - wait->left_ns;
+    u64 away = now - wait->left_ns;
     count(COUNTER_OFF_CPU_SAMPLES);
 
     u32 zero = 0;
@@ -213,7 +213,10 @@ static __always_inline void return_to_cpu(struct bpf_raw_tracepoint_args *ctx)
  * unsigned int prev_state), attached by user space (receivers/profiling/sampler.py). */
 int off_cpu_switch(struct bpf_raw_tracepoint_args *ctx)
 {
-    return_to_cpu(ctx);
-    leave_cpu(ctx);  /* last: it may end in a tail call */
+    /* One time for both threads: the switch.  (What this program costs is then counted once, in
+     * the leaving thread's wait, not in both threads' or in neither's.) */
+    u64 now = bpf_ktime_get_ns();
+    return_to_cpu(ctx, now);
+    leave_cpu(ctx, now);  /* last: it may end in a tail call */
     return 0;
 }
