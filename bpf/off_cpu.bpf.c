@@ -21,6 +21,9 @@
  * tracked), TASK_PID_OFFSET (where task_struct keeps a thread's id, from the kernel's BTF).
  */
 
+#ifndef TASK_PID_OFFSET
+#error "TASK_PID_OFFSET: where task_struct keeps pid, from the kernel's BTF (user space passes it)"
+#endif
 #ifndef OFF_CPU_THRESHOLD
 #define OFF_CPU_THRESHOLD 0xffffffffU
 #endif
@@ -43,23 +46,16 @@ struct off_cpu_wait {
     struct user_stack user;
 };
 
-/* tid -> its wait.  Allocated as threads leave (no preallocation: a wait is 2 KiB). */
+/* tid -> its wait.  Allocated as threads leave (no preallocation: a wait holds two stacks of
+ * UNWIND_MAX_FRAMES, 2 KiB at the default 128).  Only a thread's own switches touch its entry:
+ * it cannot be switched back in on another CPU before the switch that records it has ended. */
 BPF_F_TABLE("hash", u32, struct off_cpu_wait, off_cpu_waits, OFF_CPU_THREADS, BPF_F_NO_PREALLOC);
 /* Where a wait is put together before it is stored (too big for the BPF stack). */
 BPF_PERCPU_ARRAY(off_cpu_scratch, struct off_cpu_wait, 1);
 
-/* Store the finished wait: the two stacks' hashes into the key, then the wait under the tid. */
+/* Store the finished wait under the thread's id, until it returns. */
 static __always_inline void keep_wait(struct off_cpu_wait *wait)
 {
-    u64 check;
-    if (wait->key.kernel_stack_id == STACK_HASHED) {
-        hash_frames(&wait->kernel, &wait->key.kernel_stack_hash, &check);
-        wait->kernel.check = check;
-    }
-    if (wait->key.user_stack_id == STACK_HASHED) {
-        hash_frames(&wait->user, &wait->key.user_stack_hash, &check);
-        wait->user.check = check;
-    }
     u32 tid = wait->key.pid;
     if (off_cpu_waits.update(&tid, wait) == 0)
         count(COUNTER_OFF_CPU_SWITCHES);
@@ -129,24 +125,6 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
     keep_wait(wait);
 }
 
-/* Store a wait's stack under its hash in the slot's user_stacks map; 0 if it is there now. */
-static __always_inline int store_stack(u32 slot, u64 *hash, struct user_stack *stack)
-{
-    int err;
-    struct user_stack *stored;
-    if (slot == 1) {
-        err = user_stacks_1.insert(hash, stack);
-        stored = err ? user_stacks_1.lookup(hash) : NULL;
-    } else {
-        err = user_stacks_0.insert(hash, stack);
-        stored = err ? user_stacks_0.lookup(hash) : NULL;
-    }
-    if (!err || (stored && stored->check == stack->check))
-        return 0;
-    count(stored ? COUNTER_UNWIND_STACK_COLLISIONS : COUNTER_UNWIND_STACK_MAP_FULL);
-    return -1;
-}
-
 /* A wait whose stacks could not be stored, sent by value as a collided CPU sample is. */
 static __always_inline int send_wait_by_value(struct bpf_raw_tracepoint_args *ctx, struct off_cpu_wait *wait, u64 away)
 {
@@ -192,12 +170,12 @@ static __always_inline void return_to_cpu(struct bpf_raw_tracepoint_args *ctx, u
     u32 zero = 0;
     u32 *active = active_slot.lookup(&zero);
     u32 slot = active ? *active : 0;
-    int stored = 0;
+    int failed = 0;
     if (wait->key.kernel_stack_id == STACK_HASHED)
-        stored |= store_stack(slot, &wait->key.kernel_stack_hash, &wait->kernel);
+        failed |= store_stack(slot, &wait->kernel, &wait->key.kernel_stack_hash);
     if (wait->key.user_stack_id == STACK_HASHED)
-        stored |= store_stack(slot, &wait->key.user_stack_hash, &wait->user);
-    if (stored == 0) {
+        failed |= store_stack(slot, &wait->user, &wait->key.user_stack_hash);
+    if (!failed) {
         int err = slot == 1 ? add_sample_1(&wait->key, away) : add_sample_0(&wait->key, away);
         if (err)
             count(COUNTER_MAP_FULL);

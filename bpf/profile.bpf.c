@@ -45,8 +45,9 @@ BPF_PERCPU_ARRAY(counters, u64, PROFILE_NR_COUNTERS);
 BPF_TABLE("lru_hash", u32, u8, known_tgids, KNOWN_PROCESSES_SIZE);
 BPF_PERF_OUTPUT(new_processes);
 /* Samples whose stack collided in the stack map, with both stacks by value (see on_cpu_sample).
- * The event is too big for the 512-byte BPF stack: it is built in a per-CPU scratch slot (this
- * program does not nest with itself on a CPU). */
+ * The event is too big for the 512-byte BPF stack: it is built in a per-CPU scratch slot (the
+ * programs that use it do not nest on a CPU: the cpu-clock one runs in an interrupt, off_cpu.bpf.c's
+ * in the scheduler with interrupts off). */
 BPF_PERF_OUTPUT(stack_overflow);
 
 #ifdef TARGETING
@@ -63,7 +64,7 @@ static __always_inline void count(u32 index)
 {
     u64 *value = counters.lookup(&index);
     if (value)
-        *value += 1;  /* per-CPU slot, and this program does not nest with itself on a CPU */
+        *value += 1;  /* per-CPU slot; a raw tracepoint interrupted by the cpu-clock program may lose one */
 }
 
 static __always_inline void count_stack_error(s32 stack_id, u32 efault, u32 collision, u32 other)

@@ -120,7 +120,7 @@ static __always_inline u64 record_python_frame(struct unwind_state *state, struc
     return previous;
 }
 
-static __always_inline int python_walk_body(void *ctx, int program)
+static __always_inline int python_walk_body(void *ctx, int walk_set)
 {
     u32 zero = 0;
     struct unwind_state *state = unwind_state.lookup(&zero);
@@ -145,16 +145,16 @@ static __always_inline int python_walk_body(void *ctx, int program)
         state->python_frame = frame;
         if (frame && state->python_len < PYTHON_MAX_FRAMES && state->tail_calls < UNWIND_MAX_TAIL_CALLS) {
             state->tail_calls++;
-            walk_next(ctx, program, PYTHON_WALK_PROGRAM);
+            walk_next(ctx, walk_set, PYTHON_WALK_PROGRAM);
         }
         if (frame)
             count(COUNTER_PYTHON_TRUNCATED);
     }
     state->python_frame = 0;
     state->tail_calls++;
-    walk_next(ctx, program, UNWIND_STEP_PROGRAM);
+    walk_next(ctx, walk_set, UNWIND_STEP_PROGRAM);
     count(COUNTER_UNWIND_TAIL_CALL_FAILED);
-    finish_walk(ctx, state, 0, program);
+    finish_walk(ctx, state, 0, walk_set);
     return 0;
 }
 

@@ -4,7 +4,8 @@
  * only in its main file, so the loader pastes this file in place of its #include (see
  * receivers/profiling/bpf_program.py) rather than letting clang include it.
  *
- * A walk spans several programs: on_cpu_sample starts it (the registers, the sample's key) in a
+ * A walk spans several programs: on_cpu_sample (or off_cpu.bpf.c's leave_cpu) starts it (the
+ * registers, the sample's key) in a
  * per-CPU unwind_state and tail-calls unwind_step, which steps UNWIND_FRAMES_PER_CALL frames and
  * tail-calls itself until the stack ends or UNWIND_MAX_FRAMES is reached, then stores the stack
  * and counts the sample (finish_walk).  The kernel allows 33 tail calls a sample, so
@@ -13,7 +14,7 @@
  * A program can only tail-call programs of its own type.  Off-CPU stacks are taken in a raw
  * tracepoint (off_cpu.bpf.c), so with OFF_CPU the walk's programs exist twice, compiled from the
  * same code: the perf_event ones in unwind_programs and raw tracepoint ones in off_cpu_programs.
- * Each body takes `program` (enum walk_program_set), a constant in each copy, to know which array
+ * Each body takes `walk_set` (enum walk_program_set), a constant in each copy, to know which array
  * it chains through and how the walk ends.  The copies share the per-CPU unwind_state: neither
  * runs while the other is under way on a CPU (the scheduler's tracepoint runs with interrupts
  * off, the cpu-clock program in an interrupt).
@@ -78,15 +79,16 @@ BPF_PERCPU_ARRAY(unwind_state, struct unwind_state, 1);
 
 enum step_result { STEP_CONTINUE, STEP_DONE, STEP_COMPLETE };
 
-/* Which copies of the walk's programs a program chains through (see the top of this file). */
+/* Which copies of the walk's programs a program chains through (see the top of this file): its
+ * `walk_set` argument, a constant in each copy. */
 enum walk_program_set { WALK_ON_CPU = 0, WALK_OFF_CPU = 1 };
 
 /* Tail-call program `index` of the walk (UNWIND_STEP_PROGRAM, PYTHON_WALK_PROGRAM) in `program`'s
  * set.  Returns only if the call failed. */
-static __always_inline void walk_next(void *ctx, int program, u32 index)
+static __always_inline void walk_next(void *ctx, int walk_set, u32 index)
 {
 #ifdef OFF_CPU
-    if (program == WALK_OFF_CPU) {
+    if (walk_set == WALK_OFF_CPU) {
         off_cpu_programs.call(ctx, index);
         return;
     }
@@ -325,6 +327,28 @@ static __always_inline void hash_frames(struct user_stack *stack, u64 *key, u64 
     *check = c;
 }
 
+/* Store `stack` in the slot's user_stacks map under its hash, which is set in *hash.  0: stored, or
+ * the same stack was there already; -1 (counted): another stack holds the hash, or the map is full. */
+static __always_inline int store_stack(u32 slot, struct user_stack *stack, u64 *hash)
+{
+    u64 check;
+    hash_frames(stack, hash, &check);
+    stack->check = check;
+    struct user_stack *stored;
+    int err;
+    if (slot == 1) {
+        err = user_stacks_1.insert(hash, stack);
+        stored = err ? user_stacks_1.lookup(hash) : NULL;
+    } else {
+        err = user_stacks_0.insert(hash, stack);
+        stored = err ? user_stacks_0.lookup(hash) : NULL;
+    }
+    if (!err || (stored && stored->check == check))
+        return 0;
+    count(stored ? COUNTER_UNWIND_STACK_COLLISIONS : COUNTER_UNWIND_STACK_MAP_FULL);
+    return -1;
+}
+
 /* A sample the unwinder walked, sent by value (its stack could not be stored): as send_overflow,
  * with the walked frames as the user stack. */
 static __always_inline int send_walked_by_value(void *ctx, struct unwind_state *state)
@@ -370,7 +394,7 @@ static __always_inline void keep_walked_wait(struct unwind_state *state);  /* of
 
 /* Store the walked stack in the slot's user_stacks map and count the sample under its hash (an
  * off-CPU walk instead leaves the stack with the thread's wait, for when it returns). */
-static __always_inline void finish_walk(void *ctx, struct unwind_state *state, int complete, int program)
+static __always_inline void finish_walk(void *ctx, struct unwind_state *state, int complete, int walk_set)
 {
     count(COUNTER_UNWIND_SAMPLES);
     if (complete)
@@ -380,32 +404,14 @@ static __always_inline void finish_walk(void *ctx, struct unwind_state *state, i
     state->stack.complete = complete;
     append_python_frames(state);
 #ifdef OFF_CPU
-    if (program == WALK_OFF_CPU) {
+    if (walk_set == WALK_OFF_CPU) {
         keep_walked_wait(state);
         return;
     }
 #endif
-    u64 key, check;
-    hash_frames(&state->stack, &key, &check);
-    state->stack.check = check;
-    struct user_stack *stored;
-    int err;
-    if (state->slot == 1) {
-        err = user_stacks_1.insert(&key, &state->stack);
-        stored = err ? user_stacks_1.lookup(&key) : NULL;
-    } else {
-        err = user_stacks_0.insert(&key, &state->stack);
-        stored = err ? user_stacks_0.lookup(&key) : NULL;
-    }
-    int by_value = state->key.kernel_stack_id == -PROFILE_EEXIST;
-    if (err) {
-        if (stored && stored->check == check) {
-            err = 0;  /* the same stack, stored by an earlier sample */
-        } else {
-            count(stored ? COUNTER_UNWIND_STACK_COLLISIONS : COUNTER_UNWIND_STACK_MAP_FULL);
-            by_value = 1;
-        }
-    }
+    u64 key;
+    int err = store_stack(state->slot, &state->stack, &key);
+    int by_value = err || state->key.kernel_stack_id == -PROFILE_EEXIST;
     if (by_value) {
         if (send_walked_by_value(ctx, state) == 0) {
             count(COUNTER_STACK_OVERFLOW_SENT);
@@ -423,10 +429,10 @@ static __always_inline void finish_walk(void *ctx, struct unwind_state *state, i
         count(COUNTER_MAP_FULL);
 }
 
-/* Start a walk: record_sample's last act when the process has unwind tables.  Returns only if the
- * walk could not start (then the caller counts the sample the frame-pointer way). */
+/* Start a walk: on_cpu_sample's (and leave_cpu's) last act when the process has unwind tables.
+ * Returns only if the walk could not start (then the caller walks by frame pointer). */
 static __always_inline void start_walk(void *ctx, struct pt_regs *interrupted, struct sample_key *key, u32 slot,
-                                       int program)
+                                       int walk_set)
 {
     if (!unwind_processes.lookup(&key->tgid))
         return;
@@ -447,11 +453,11 @@ static __always_inline void start_walk(void *ctx, struct pt_regs *interrupted, s
     state->python_len = 0;
     state->python_frame = 0;
     /* A Python process has its Python frames recorded first; python_walk goes on to unwind_step. */
-    walk_next(ctx, program, python_processes.lookup(&key->tgid) ? PYTHON_WALK_PROGRAM : UNWIND_STEP_PROGRAM);
+    walk_next(ctx, walk_set, python_processes.lookup(&key->tgid) ? PYTHON_WALK_PROGRAM : UNWIND_STEP_PROGRAM);
     count(COUNTER_UNWIND_TAIL_CALL_FAILED);
 }
 
-static __always_inline int unwind_step_body(void *ctx, int program)
+static __always_inline int unwind_step_body(void *ctx, int walk_set)
 {
     u32 zero = 0;
     struct unwind_state *state = unwind_state.lookup(&zero);
@@ -469,10 +475,10 @@ static __always_inline int unwind_step_body(void *ctx, int program)
     if (result == STEP_CONTINUE && state->stack.len < UNWIND_MAX_FRAMES &&
         state->tail_calls < UNWIND_MAX_TAIL_CALLS) {
         state->tail_calls++;
-        walk_next(ctx, program, UNWIND_STEP_PROGRAM);
+        walk_next(ctx, walk_set, UNWIND_STEP_PROGRAM);
         count(COUNTER_UNWIND_TAIL_CALL_FAILED);  /* and the stack ends here */
     }
-    finish_walk(ctx, state, result == STEP_COMPLETE, program);
+    finish_walk(ctx, state, result == STEP_COMPLETE, walk_set);
     return 0;
 }
 

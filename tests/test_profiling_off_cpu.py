@@ -59,9 +59,9 @@ class Profiled:
         self.cpu: list[tuple[int, list[str], int]] = []
         self.off_cpu: list[tuple[int, list[str], int]] = []
 
-    def blocked_in(self, function: str) -> int:
-        """Nanoseconds off the CPU with ``function`` on the stack."""
-        return sum(value for _, names, value in self.off_cpu if function in names)
+    def blocked_in(self, *functions: str) -> int:
+        """Nanoseconds off the CPU with all of ``functions`` on the stack."""
+        return sum(value for _, names, value in self.off_cpu if all(function in names for function in functions))
 
 
 def profiles_by_pid(messages) -> dict[int, Profiled]:
@@ -94,16 +94,15 @@ def test_off_cpu_profile_holds_the_blocking_path_and_the_time_blocked(blocking_r
     cpu_samples = sum(value for _, _, value in c.cpu)
     in_compute = sum(value for _, names, value in c.cpu if "compute" in names)
     # Its main thread's time in read(), from the kernel frames; and with the user frames, which
-    # need the process's unwind tables: its first waits, before they load, are walked by frame
-    # pointer and miss wait_for_data (its first CPU samples do the same).
+    # the process's unwind tables give (they load while it first sleeps).
     in_read = sum(value for tid, names, value in c.off_cpu if tid == native.pid and "vfs_read" in names)
-    blocked = c.blocked_in("wait_for_data")
+    blocked = c.blocked_in("wait_for_data", "vfs_read")
     print(f"C: {in_compute} of {cpu_samples} CPU samples in compute; off-CPU {in_read / 1e9:.3f} s in read(), "
           f"{blocked / 1e9:.3f} s of it in wait_for_data; the workload measured {measured['native'] / 1e9:.3f} s")
     assert cpu_samples >= SECONDS * HZ * 0.15, "about a quarter of the run was on the CPU"
     assert in_compute >= 0.8 * cpu_samples, "the CPU profile shows the compute function"
     assert abs(in_read - measured["native"]) <= 0.1 * measured["native"], "blocked time within 10% of what the workload measured"
-    assert blocked >= 0.85 * measured["native"], "the blocked time's user stacks are unwound"
+    assert abs(blocked - measured["native"]) <= 0.1 * measured["native"], "the blocked time's user stacks are unwound"
     path = max((entry for entry in c.off_cpu if "wait_for_data" in entry[1]), key=lambda entry: entry[2])[1]
     print("C off-CPU path, leaf first:", " <- ".join(path))
     assert path[0] == "__schedule", "the stack starts where the thread left the CPU"
@@ -114,9 +113,10 @@ def test_off_cpu_profile_holds_the_blocking_path_and_the_time_blocked(blocking_r
     reader_threads = {tid for tid, names, _ in c.off_cpu if "wait_for_data" in names}
     assert any("usleep" in names or "clock_nanosleep" in names for tid, names, _ in c.off_cpu if tid not in reader_threads)
 
-    # The Python workload: its Python function on the blocking path.
+    # The Python workload: its Python function on the blocking path (in read(): a preemption in
+    # the os.write() before it is off-CPU time in wait_for_data that the workload does not time).
     p = profiles[python.pid]
-    blocked = p.blocked_in("wait_for_data")
+    blocked = p.blocked_in("wait_for_data", "vfs_read")
     print(f"Python: {blocked / 1e9:.3f} s off-CPU in wait_for_data, the workload measured {measured['python'] / 1e9:.3f} s")
     assert abs(blocked - measured["python"]) <= 0.1 * measured["python"]
     path = max((entry for entry in p.off_cpu if "wait_for_data" in entry[1]), key=lambda entry: entry[2])[1]

@@ -220,10 +220,12 @@ def attach_cpu_clock(bpf, function: bytes, frequency_hz: int) -> None:
         ) from e
 
 
-def attach_raw_tracepoint(bpf, tracepoint: bytes, program: bytes) -> None:
-    """Run ``program`` on the kernel's ``tracepoint`` (e.g. sched_switch)."""
+def attach_raw_tracepoint(bpf, tracepoint: bytes, program: bytes, hint: str = "") -> None:
+    """Run ``program`` on the kernel's ``tracepoint`` (e.g. sched_switch); ``hint`` says what the
+    program needs of it, for the error."""
     try:
         bpf.attach_raw_tracepoint(tp=tracepoint, fn_name=program)
     except Exception as e:
         err = ct.get_errno()
-        raise BPFAttachError(f"could not attach to the {tracepoint.decode()} tracepoint: {os.strerror(err) if err else e}") from e
+        raise BPFAttachError(f"could not attach to the {tracepoint.decode()} tracepoint: {os.strerror(err) if err else e}"
+                             + (f" ({hint})" if hint else "")) from e

@@ -65,6 +65,7 @@ class ProfilingReceiver(Component):
         telemetry = settings.telemetry
         self._bpf_counters = telemetry.counter("pycollector_profiling_bpf_events", "Events counted by the profiling receiver's BPF program and its reader.", ("event",))
         self._dropped = telemetry.counter("pycollector_profiling_dropped_samples", "Samples the profiling receiver dropped after downstream kept refusing them.", ("reason",))
+        self._dropped_off_cpu = telemetry.counter("pycollector_profiling_dropped_off_cpu_seconds", "Off-CPU time the profiling receiver dropped.", ("reason",))
         self._processes_gauge = telemetry.gauge("pycollector_profiling_known_processes", "Processes whose /proc snapshot the receiver holds.")
         # Cumulative counts kept by the symbolizer and the process table, read at scrape time:
         # an ELF file that will not parse or a snapshot that came back partial costs names.
@@ -94,7 +95,8 @@ class ProfilingReceiver(Component):
         sampler = Sampler(
             frequency_hz=self.config.samples_per_second,
             stack_storage_size=BASE_STACK_STORAGE_SIZE * scale,
-            count_map_size=BASE_COUNT_MAP_SIZE * scale,
+            # Off-CPU keys (a thread's every distinct wait) share the count maps with CPU samples.
+            count_map_size=BASE_COUNT_MAP_SIZE * scale * (2 if self.config.off_cpu_threshold else 1),
             verifier_log_level=self.config.bpf_verifier_log_level,
             on_new_process=self.processes.on_new_process,
             unwind=UnwindSizes(row_budget=self.config.unwind_row_budget, max_frames=self.config.unwind_max_frames),
@@ -258,10 +260,12 @@ class ProfilingReceiver(Component):
             self._held_intervals = 0
             self.log.error("pipeline failed this interval's profile; dropped", samples=sample_count(data), reason=str(error), permanent=isinstance(error, PermanentError))
 
-    def _process_failed(self, tgid: int, samples: int, error: Exception) -> None:
+    def _process_failed(self, tgid: int, samples: int, off_cpu_ns: int, error: Exception) -> None:
         """One process's stacks could not be turned into a profile (e.g. an unreadable ELF file)."""
         self._dropped.labels(reason="build_error").inc(samples)
-        log_once(self.log, ("build-error", tgid), "error", "could not build this process's profile; its samples are dropped", pid=tgid, samples=samples, error=repr(error))
+        self._dropped_off_cpu.labels(reason="build_error").inc(off_cpu_ns / 1e9)
+        log_once(self.log, ("build-error", tgid), "error", "could not build this process's profile; its samples are dropped", pid=tgid, samples=samples,
+                 off_cpu_seconds=round(off_cpu_ns / 1e9, 3), error=repr(error))
 
     def _drop(self, data, reason: str, why: str) -> None:
         dropped = sample_count(data)

@@ -51,9 +51,10 @@ class ReportBuilder:
         self.python: PythonInterpreters | None = None  # names Python frames, when they are walked
         self._native_frames: dict[int, dict] = {}
 
-    def build(self, interval: Interval, on_error: Callable[[int, int, Exception], None] | None = None) -> profiles_pb2.ProfilesData:
+    def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None) -> profiles_pb2.ProfilesData:
         """One ResourceProfiles per process. A process whose stacks cannot be symbolized is left
-        out and reported to ``on_error(tgid, samples, error)``; the others are still built."""
+        out and reported to ``on_error(tgid, samples, off_cpu_ns, error)`` (its CPU samples and its
+        off-CPU nanoseconds); the others are still built."""
         builder = ProfilesBuilder()
         if self.python is not None:
             self.python.new_report()
@@ -68,7 +69,8 @@ class ReportBuilder:
             except Exception as error:  # one bad file or process must not cost the whole interval
                 if on_error is None:
                     raise
-                on_error(tgid, sum(stack.count for stack in stacks), error)
+                on_error(tgid, sum(stack.count for stack in stacks if not stack.off_cpu),
+                         sum(stack.count for stack in stacks if stack.off_cpu), error)
                 continue
             self._add_process(builder, interval, tgid, symbolized, locations)
         return builder.data

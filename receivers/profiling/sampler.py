@@ -57,7 +57,8 @@ OFF_CPU_PROGRAM_NAME = b"off_cpu_switch"
 OFF_CPU_WALK_NAMES = (b"unwind_step_off_cpu", b"python_walk_off_cpu")
 
 # How long collect() waits after flipping the active slot before draining the old one.  The BPF
-# program runs in the cpu-clock hrtimer interrupt and finishes in microseconds; a program that
+# programs (the cpu-clock one in its hrtimer interrupt, the off-CPU one in the scheduler, their
+# stack walks included) finish in microseconds; a program that
 # read the old slot just before the flip is done long before this.  One that were not could count
 # a key after the drain whose stack collect() then deletes: that key would come out two intervals
 # later with its stack missing, or with whatever other stack took the bucket meanwhile.
@@ -263,7 +264,8 @@ class Sampler:
             if self.off_cpu_threshold:
                 for index, name in enumerate(OFF_CPU_WALK_NAMES):
                     bpf[b"off_cpu_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
-                bpf_program.attach_raw_tracepoint(bpf, b"sched_switch", OFF_CPU_PROGRAM_NAME)
+                bpf_program.attach_raw_tracepoint(bpf, b"sched_switch", OFF_CPU_PROGRAM_NAME,
+                                                  hint="off-CPU profiling reads its prev_state argument: Linux 5.18 or later")
             bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, self.frequency_hz)
             self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
             self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]

@@ -1,6 +1,7 @@
 /* Off-CPU test workload (tests/test_profiling_off_cpu.py): the main thread computes for 25 ms,
- * then blocks in read() on a pipe until a writer thread answers 75 ms later, for argv[1] seconds.
- * It prints the nanoseconds it spent blocked in read(), measured around the call. */
+ * then blocks in read() on a pipe until a writer thread answers 75 ms later, for argv[1] seconds,
+ * after a 1 s sleep that lets the profiler load this program's unwind tables. It prints the
+ * nanoseconds it spent blocked in read(), measured around the call. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -53,6 +54,7 @@ int main(int argc, char **argv)
     pthread_t writer;
     if (pipe(requests) || pipe(answers) || pthread_create(&writer, NULL, answer, NULL))
         return 1;
+    sleep(1);
     long long end = now_ns() + (long long)(seconds * 1e9), blocked = 0;
     while (now_ns() < end) {
         compute(25000000);
