@@ -186,7 +186,7 @@
     const response = await fetch("data.json", { cache: "no-store" });
     if (!response.ok) throw new Error("data.json: HTTP " + response.status);
     data = await response.json();
-    fillSelects({ type: typeSelect.value, process: processSelect.value, container: containerSelect.value });
+    fillSelects({ type: wantedType, process: processSelect.value, container: containerSelect.value });
     render();
   }
 
@@ -195,10 +195,14 @@
   }
 
   const initial = readFragment();
+  // The type asked for (by the link, or chosen since): a link to off-CPU time opened before any
+  // arrived shows CPU samples meanwhile, and off-CPU time once a refresh brings some.
+  let wantedType = initial.type;
   fillSelects(initial);
   searchInput.value = initial.search;
   // Another type has other processes: keep the process and container only where they still exist.
   typeSelect.addEventListener("change", () => {
+    wantedType = typeSelect.value;
     fillProcessSelects({ process: processSelect.value, container: containerSelect.value });
     writeFragment();
     render();
