@@ -16,7 +16,6 @@ import pydantic
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
-from opentelemetry.proto.profiles.v1development import profiles_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from pycollector.component import KINDS, SIGNALS, Component, ComponentID, Factory, Settings

@@ -26,7 +26,7 @@ import grpc
 
 from pycollector.client import ClientInfo, metadata_from_pairs
 from pycollector.component import StartError
-from pycollector.otlp import OTLP_SIGNALS, Encoding, OtlpSignal, encoding_of
+from pycollector.otlp import OTLP_SIGNALS, Encoding, encoding_of
 
 from receivers.otlp.config import HttpServerSettings, split_endpoint
 from receivers.otlp.decoding import RequestDecoder
