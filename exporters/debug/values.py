@@ -5,8 +5,9 @@ bytes as ``1.50MiB``. Three significant digits are plenty to compare functions."
 from __future__ import annotations
 
 TO_NANOSECONDS = {"nanoseconds": 1, "microseconds": 1_000, "milliseconds": 1_000_000, "seconds": 1_000_000_000}
-# Each scale's size in the base unit and its symbol, largest first; Go's spellings for time.
-DURATION_SCALES = ((3600e9, "h"), (60e9, "min"), (1e9, "s"), (1e6, "ms"), (1e3, "us"), (1, "ns"))
+# Each scale's size in the base unit and its symbol, largest first; the flame graph page
+# (assets/units.js) writes time the same way.
+DURATION_SCALES = ((3600e9, "h"), (60e9, "min"), (1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1, "ns"))
 BYTE_SCALES = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
 
 
