@@ -38,12 +38,11 @@ from bench.peers import OffCpuTimeBpfcc, Profiler, PycollectorAgent
 from bench.rounds import NONE, Run
 from bench.settings import FULL, QUICK, Settings
 from bench.sink import ProfilesSink
-from pycollector.pdata import iter_samples, sample_type
+from pycollector.pdata import OFF_CPU_TIME, iter_samples, sample_type
 
 MODES = (NONE, PycollectorAgent.name, OffCpuTimeBpfcc.name)
 SECTION = "Off-CPU"
 OFF_CPU_THRESHOLD = 1.0  # every switch: the most the program can cost
-OFF_CPU_SAMPLE_TYPE = ("off_cpu", "nanoseconds")
 
 
 def run_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSink) -> list[Run]:
@@ -113,7 +112,7 @@ def _pycollector_recorded(requests: list[bytes], executable: str) -> float:
     for request in requests:
         data = profiles_pb2.ProfilesData.FromString(request)
         for view in iter_samples(data):
-            if view.resource.get("process.executable.name") == executable and sample_type(data, view.profile) == OFF_CPU_SAMPLE_TYPE:
+            if view.resource.get("process.executable.name") == executable and sample_type(data, view.profile) == OFF_CPU_TIME:
                 total_ns += sum(view.values)
     return total_ns / 1e9
 

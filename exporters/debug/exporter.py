@@ -22,15 +22,13 @@ from google.protobuf import text_format
 
 from pycollector import logs
 from pycollector.component import Component
-from pycollector.pdata import item_count, iter_samples, resource_entries, sample_count, sample_type, signal_of
+from pycollector.pdata import CPU_SAMPLES, OFF_CPU_TIME, item_count, iter_samples, resource_entries, sample_count, sample_type, signal_of
 from pycollector.pdata.attributes import to_dict
 
 from exporters.debug.config import DebugConfig
 from exporters.debug.values import format_value
 from exporters.profiles import sample_value, with_source_line
 
-CPU_SAMPLES = ("samples", "count")
-OFF_CPU_TIME = ("off_cpu", "nanoseconds")
 
 
 class _LogSampler:

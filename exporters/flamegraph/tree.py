@@ -19,9 +19,10 @@ import collections
 import time
 from typing import Any
 
+from pycollector.pdata import CPU_SAMPLES
+
 from exporters.flamegraph.window import ProcessKey, SampleType, Stack, Totals
 
-CPU_SAMPLES = ("samples", "count")
 
 
 def page_data(totals: Totals, window_seconds: float, host: str) -> dict[str, Any]:

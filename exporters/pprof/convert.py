@@ -18,14 +18,12 @@ from typing import Any
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
-from pycollector.pdata import iter_samples, sample_type
+from pycollector.pdata import CPU_SAMPLES, CPU_TIME, iter_samples, sample_type
 from pycollector.pdata.resolve import BUILD_ID_KEY
 
 from exporters.pprof.profile_proto import Profile
 from exporters.profiles import location_name, sample_value
 
-SAMPLES = ("samples", "count")
-CPU_TIME = ("cpu", "nanoseconds")
 PID_KEY = "process.pid"
 EXECUTABLE_NAME_KEY = "process.executable.name"
 EXECUTABLE_PATH_KEY = "process.executable.path"
@@ -116,7 +114,7 @@ class PprofBuilder:
         self._location_ids: dict[int, int] = {}
         self._stacks: dict[int, list[int]] = {}
         # Go's CPU profile convention: a count and the CPU time it stands for.
-        self._period = period if (value_type == SAMPLES and period_type == CPU_TIME and period > 0) else 0
+        self._period = period if (value_type == CPU_SAMPLES and period_type == CPU_TIME and period > 0) else 0
         sample_types = [value_type, CPU_TIME] if self._period else [value_type]
         for type_, unit in sample_types:
             self.profile.sample_type.add(type=self.string(type_), unit=self.string(unit))

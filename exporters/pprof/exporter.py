@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from pycollector.component import Component, PermanentError, StartError
+from pycollector.pdata import CPU_SAMPLES
 
 from exporters.pprof.config import PprofConfig
-from exporters.pprof.convert import SAMPLES, to_pprof
+from exporters.pprof.convert import to_pprof
 from exporters.pprof.files import MERGED_NAME, enforce_retention, file_name, write_gzipped
 
 
@@ -41,7 +42,7 @@ class PprofExporter(Component):
                         converted.time_unix_nano or time.time_ns(),
                         MERGED_NAME if merged else converted.process_name,
                         converted.pid,
-                        "" if converted.sample_type == SAMPLES[0] else converted.sample_type,
+                        "" if converted.sample_type == CPU_SAMPLES[0] else converted.sample_type,
                     )
                     write_gzipped(self.directory, name, converted.profile.SerializeToString())
                 deleted = enforce_retention(self.directory, self.config.max_files, self.config.max_bytes)

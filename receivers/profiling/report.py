@@ -21,7 +21,7 @@ from typing import Callable
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
-from pycollector.pdata import ProfilesBuilder
+from pycollector.pdata import CPU_SAMPLES, CPU_TIME, OFF_CPU_TIME, ProfilesBuilder
 
 from receivers.profiling.processes import ProcessInfo, ProcessTable
 from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND, PythonInterpreters
@@ -34,10 +34,6 @@ SCOPE_VERSION = "0.1.0"
 # profile.frame.type are in it).
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.34.0"
 
-# (sample type, period type, period) of each kind of profile, as opentelemetry-ebpf-profiler
-# names them: CPU samples counted at the sampling period, off-CPU time in nanoseconds.
-CPU_SAMPLES = (("samples", "count"), ("cpu", "nanoseconds"))
-OFF_CPU_TIME = (("off_cpu", "nanoseconds"), ("", ""))
 # The scheduler's core, where every switch off a CPU happens: an off-CPU kernel stack starts
 # here; the frames above it are the tracepoint's and the BPF program's own.
 SCHEDULER_ENTRY = "__schedule"
@@ -90,7 +86,8 @@ class ReportBuilder:
         stacks = [stack for stack, _ in symbolized]
         resource = builder.resource_profiles(self._resource_attributes(tgid, self.processes.lookup(tgid), stacks), schema_url=SCHEMA_URL)
         scope = builder.scope_profiles(resource, name=SCOPE_NAME, version=SCOPE_VERSION, schema_url=SCHEMA_URL)
-        for off_cpu, (sample_type, period_type) in ((False, CPU_SAMPLES), (True, OFF_CPU_TIME)):
+        # (sample type, period type) of each kind: CPU samples at the sampling period, off-CPU time without one.
+        for off_cpu, (sample_type, period_type) in ((False, (CPU_SAMPLES, CPU_TIME)), (True, (OFF_CPU_TIME, ("", "")))):
             of_kind = [(stack, frames) for stack, frames in symbolized if stack.off_cpu == off_cpu]
             if not of_kind:
                 continue
