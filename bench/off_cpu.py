@@ -46,15 +46,7 @@ OFF_CPU_THRESHOLD = 1.0  # every switch: the most the program can cost
 
 
 def run_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSink) -> list[Run]:
-    runs = []
-    for index in range(settings.rounds):
-        rotation = index % len(MODES)
-        for mode in MODES[rotation:] + MODES[:rotation]:
-            rundir = workdir / f"off-cpu{index}-{mode}"
-            rundir.mkdir()
-            runs.append(_run(mode, index, settings, binary, rundir, sink))
-            print(f"bench: off-CPU {index + 1}/{settings.rounds} {mode}: {rounds.progress(runs[-1])}", file=sys.stderr)
-    return runs
+    return rounds.rotated(settings.rounds, MODES, workdir, "off-CPU", lambda mode, index, rundir: _run(mode, index, settings, binary, rundir, sink))
 
 
 def _run(mode: str, index: int, settings: Settings, binary: Path, rundir: Path, sink: ProfilesSink) -> Run:

@@ -79,15 +79,7 @@ class PySpy:
 
 
 def run_rounds(settings: Settings, workdir: Path, sink: ProfilesSink) -> list[Run]:
-    runs = []
-    for index in range(settings.rounds):
-        rotation = index % len(MODES)
-        for mode in MODES[rotation:] + MODES[:rotation]:
-            rundir = workdir / f"python{index}-{mode}"
-            rundir.mkdir()
-            runs.append(_run(mode, index, settings, rundir, sink))
-            print(f"bench: python frames {index + 1}/{settings.rounds} {mode}: {rounds.progress(runs[-1])}", file=sys.stderr)
-    return runs
+    return rounds.rotated(settings.rounds, MODES, workdir, "python frames", lambda mode, index, rundir: _run(mode, index, settings, rundir, sink))
 
 
 def _run(mode: str, index: int, settings: Settings, rundir: Path, sink: ProfilesSink) -> Run:

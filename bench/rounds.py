@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import bpf_stats, peers, procfs, workload
@@ -33,14 +34,20 @@ class Run:
 
 def run_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSink, modes: tuple[str, ...] = MODES, label: str = "round") -> list[Run]:
     """Every mode once a round, in an order rotated round by round."""
+    return rotated(settings.rounds, modes, workdir, label, lambda mode, index, rundir: _run(mode, index, settings, binary, rundir, sink))
+
+
+def rotated(count: int, modes: tuple[str, ...], workdir: Path, label: str, run: Callable[[str, int, Path], Run]) -> list[Run]:
+    """``count`` rounds of ``run(mode, round, rundir)`` for every mode, in an order rotated by one
+    each round (so no mode always follows the same one), each in its own new folder."""
     runs = []
-    for index in range(settings.rounds):
+    for index in range(count):
         rotation = index % len(modes)
         for mode in modes[rotation:] + modes[:rotation]:
-            rundir = workdir / f"{label}{index}-{mode.replace(' ', '-')}"
+            rundir = workdir / f"{label.replace(' ', '-')}{index}-{mode.replace(' ', '-')}"
             rundir.mkdir()
-            runs.append(_run(mode, index, settings, binary, rundir, sink))
-            print(f"bench: {label} {index + 1}/{settings.rounds} {mode}: {progress(runs[-1])}", file=sys.stderr)
+            runs.append(run(mode, index, rundir))
+            print(f"bench: {label} {index + 1}/{count} {mode}: {progress(runs[-1])}", file=sys.stderr)
     return runs
 
 
