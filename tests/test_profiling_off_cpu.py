@@ -6,7 +6,8 @@ receiver run with off_cpu_threshold 1.0 profiles them: the CPU profile must put 
 function on top, and the off-CPU profile must hold the blocking call path, from the scheduler
 down through read() to the program's entry, with the time each measured within 10%. The C
 workload is built without frame pointers, so its off-CPU stacks are walked with unwind tables,
-as CPU samples are; the Python one must show its Python function.
+as CPU samples are; the Python one must show its Python function. With a process filter, only the
+matching process has off-CPU time.
 """
 
 from __future__ import annotations
@@ -123,3 +124,27 @@ def test_off_cpu_profile_holds_the_blocking_path_and_the_time_blocked(blocking_r
     print("Python off-CPU path, leaf first:", " <- ".join(path))
     assert path.index("wait_for_data") < path.index("main") < path.index("<module>")
     assert sum(value for _, names, value in p.cpu if "compute" in names) >= 0.6 * sum(value for _, _, value in p.cpu)
+
+
+def test_targeting_leaves_other_processes_out_of_the_off_cpu_profile(blocking_read, tmp_path):
+    """With a process filter, only the matching process's switches are recorded: the kernel looks
+    the leaving thread's process up in its target set before anything else."""
+    config = receiver_config(tmp_path)
+    config["receivers"]["profiling"]["process_filter"] = {"command_line": "^" + str(blocking_read)}
+    capture = CapturingExporterFactory()
+    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
+    service.start()
+    try:
+        target = subprocess.Popen([str(blocking_read), "2"], stdout=subprocess.PIPE, text=True)
+        other = subprocess.Popen([SYSTEM_PYTHON, str(WORKLOADS / "blocking_read.py"), "2"], stdout=subprocess.PIPE, text=True)
+        measured = int(target.communicate(timeout=60)[0])
+        other.communicate(timeout=60)
+        time.sleep(0.2)
+    finally:
+        service.shutdown()
+    profiles = profiles_by_pid(capture.consumer.messages)
+    blocked = profiles[target.pid].blocked_in("wait_for_data", "vfs_read")
+    print(f"target: {blocked / 1e9:.3f} s blocked of {measured / 1e9:.3f} s measured; processes with off-CPU time: "
+          f"{sorted(pid for pid, p in profiles.items() if p.off_cpu)}")
+    assert abs(blocked - measured) <= 0.1 * measured
+    assert {pid for pid, p in profiles.items() if p.off_cpu or p.cpu} == {target.pid}, "only the target is profiled"
