@@ -82,7 +82,7 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     u32 pid = id;
-    if (pid == 0)  /* the idle task */
+    if (pid == 0 || profiling_paused())  /* the idle task; an interval not drawn (its waits still end) */
         return;
 #ifdef TARGETING
     if (!target_tgids.lookup(&tgid))

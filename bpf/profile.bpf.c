@@ -6,6 +6,8 @@
  *   -DKNOWN_PROCESSES_SIZE=n   entries in the LRU of tgids already announced to user space
  *   -DUNWIND_*                 the unwinder's sizes (see unwind.h)
  *   -DOFF_CPU=1 ...            off-CPU profiling (off_cpu.bpf.c)
+ *   -DPROBABILISTIC=1          samples are taken only while profiling_on[0] is 1 (user space
+ *                              draws it every probabilistic_interval: probabilistic.py)
  *   -I<this directory>         for profile.h
  *
  * Double buffering: samples are counted in counts_0 or counts_1, chosen by active_slot[0], and
@@ -59,6 +61,21 @@ BPF_HASH(target_tgids, u32, u8, TARGET_TGIDS_SIZE);
 BPF_PERF_OUTPUT(exec_events);
 #endif
 BPF_PERCPU_ARRAY(overflow_scratch, struct stack_overflow_event, 1);
+#ifdef PROBABILISTIC
+BPF_ARRAY(profiling_on, u32, 1);
+#endif
+
+/* Probabilistic profiling: whether this interval is one user space drew to profile. */
+static __always_inline int profiling_paused(void)
+{
+#ifdef PROBABILISTIC
+    u32 index = 0;
+    u32 *on = profiling_on.lookup(&index);
+    return !on || !*on;
+#else
+    return 0;
+#endif
+}
 
 static __always_inline void count(u32 index)
 {
@@ -231,7 +248,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     u32 tgid = id >> 32;
     u32 pid = id;
 
-    if (pid == 0)  /* the idle task of each CPU */
+    if (pid == 0 || profiling_paused())  /* the idle task of each CPU; an interval not drawn */
         return 0;
 #ifdef TARGETING
     if (!target_tgids.lookup(&tgid)) {

@@ -53,6 +53,8 @@ def test_tracers_name_each_runtime_and_the_unsupported_ones_are_listed_by_name()
         ({"unwind_row_budget": 10}, "receivers::profiling::unwind_row_budget: input should be greater than or equal to 1024 (got 10)"),
         ({"reporter_interval": "5"}, "receivers::profiling::reporter_interval: invalid duration '5': use a number and a unit (ns, us, ms, s, m, h), e.g. '1m30s'"),
         ({"error_mode": "panic"}, "receivers::profiling::error_mode: input should be 'propagate' or 'ignore' (got 'panic')"),
+        ({"probabilistic_threshold": 0}, "receivers::profiling::probabilistic_threshold: input should be greater than or equal to 1 (got 0)"),
+        ({"probabilistic_interval": "100ms"}, "receivers::profiling::probabilistic_interval: input should be greater than or equal to 1 (got 0.1)"),
     ],
 )
 def test_bad_values_name_their_key(settings, problem):
@@ -64,7 +66,7 @@ def test_bad_values_name_their_key(settings, problem):
 
 @pytest.mark.bpf
 def test_deprecated_and_unimplemented_keys_are_logged_once_at_start(log_output):
-    config = ProfilingConfig.model_validate({"SamplesPerSecond": 49, "probabilistic_threshold": 50, "interpreters": {"ruby": {}}, "reporter_interval": "200ms"})
+    config = ProfilingConfig.model_validate({"SamplesPerSecond": 49, "send_error_frames": True, "interpreters": {"ruby": {}}, "reporter_interval": "200ms"})
     for _ in range(2):  # two receivers in one process: still one warning per key
         receiver = factory.create(make_settings("receivers", "profiling"), config, CapturingConsumer())
         receiver.start(TestHost())
@@ -75,5 +77,5 @@ def test_deprecated_and_unimplemented_keys_are_logged_once_at_start(log_output):
         return sum(1 for line in lines if event in line and field in line)
 
     assert count("deprecated key; use the snake_case name", "key=SamplesPerSecond") == 1
-    assert count("setting accepted but not implemented yet; it has no effect", "key=probabilistic_threshold") == 1
+    assert count("setting accepted but not implemented yet; it has no effect", "key=send_error_frames") == 1
     assert count("this runtime's frames are not read yet", "tracer=ruby") == 1

@@ -77,10 +77,13 @@ class ProfilingConfig(ComponentConfig):
     # it blocked and for how long (0: off). Go's key and meaning; bpf/off_cpu.bpf.c.
     off_cpu_threshold: float = pydantic.Field(0.0, ge=0, le=1)
 
+    # Probabilistic profiling (probabilistic.py): every interval the host is profiled with a
+    # probability of threshold/100. Go accepts intervals of 1 to 5 minutes; shorter ones work here.
+    probabilistic_interval: Duration = pydantic.Field(60.0, ge=1)
+    probabilistic_threshold: int = pydantic.Field(100, ge=1, le=100)
+
     # Accepted for compatibility; see NOT_IMPLEMENTED.
     monitor_interval: Duration = 5.0
-    probabilistic_interval: Duration = 60.0
-    probabilistic_threshold: int = pydantic.Field(100, ge=1, le=100)
     clock_sync_interval: Duration = 180.0
     send_error_frames: bool = False
     probe_links: list[str] = []
@@ -164,8 +167,6 @@ TRACERS = ("python", "go", "v8", "hotspot")
 
 # These Go receiver features are not built yet.
 NOT_IMPLEMENTED = (
-    "probabilistic_interval",
-    "probabilistic_threshold",
     "send_error_frames",
     "probe_links",
     "load_probe",

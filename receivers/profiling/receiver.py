@@ -29,6 +29,7 @@ from receivers.profiling.config import TRACERS, ProfilingConfig
 from receivers.profiling.jit import TRACER_OF_RUNTIME, JitNames
 from receivers.profiling.jvm_perfmap import JvmPerfMapRequester
 from receivers.profiling.perfmap import PerfMaps
+from receivers.profiling.probabilistic import ALWAYS, ProbabilisticProfiling
 from receivers.profiling.processes import ProcessTable
 from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.report import ReportBuilder
@@ -76,6 +77,7 @@ class ProfilingReceiver(Component):
         self.python: PythonInterpreters | None = None
         self.jvm_perf_maps: JvmPerfMapRequester | None = None
         self.targeting: Targeting | None = None
+        self.probabilistic: ProbabilisticProfiling | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -107,6 +109,7 @@ class ProfilingReceiver(Component):
             on_exec=self._on_exec,
             off_cpu_threshold=self.config.off_cpu_threshold,
             off_cpu_threads=BASE_OFF_CPU_THREADS * scale,
+            probabilistic=self.config.probabilistic_threshold < ALWAYS,
             logger=self.log,
         )
         try:
@@ -133,6 +136,11 @@ class ProfilingReceiver(Component):
                     lambda owner=owner, name=name: owner.stats.get(name, 0))
         self._start_python(sampler)
         self._start_jvm_perf_maps()
+        if sampler.probabilistic:
+            self.probabilistic = ProbabilisticProfiling(sampler.set_profiling, self.config.probabilistic_interval, self.config.probabilistic_threshold, self.log)
+            for name in self.probabilistic.stats:
+                self._stats.labels(stat=f"probabilistic_{name}").set_function(lambda name=name: self.probabilistic.stats.get(name, 0))
+            self.probabilistic.start()
         for tgid in self.processes.tgids():  # announced while the program was being attached
             info = self.processes.lookup(tgid)
             if info is not None:
@@ -192,6 +200,8 @@ class ProfilingReceiver(Component):
         if self._sampler is not None:
             if self.jvm_perf_maps is not None:
                 self.jvm_perf_maps.close()
+            if self.probabilistic is not None:
+                self.probabilistic.close()
             self.row_source.close()  # first: the registry's worker may be waiting on it
             self.unwind.close()
             self._sampler.close()

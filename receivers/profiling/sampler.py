@@ -140,6 +140,7 @@ class Sampler:
         on_exec: Callable[[int], None] | None = None,
         off_cpu_threshold: float = 0.0,
         off_cpu_threads: int = 16384,
+        probabilistic: bool = False,
         source: Path | str = BPF_SOURCE,
         logger=None,
     ) -> None:
@@ -174,6 +175,9 @@ class Sampler:
             raise ValueError(f"off_cpu_threshold must be in 0..1, got {off_cpu_threshold}")
         self.off_cpu_threshold = off_cpu_threshold
         self.off_cpu_threads = off_cpu_threads
+        # Probabilistic profiling: samples are taken only while set_profiling(True) holds.
+        self.probabilistic = probabilistic
+        self._profiling_on = None
         self.source = Path(source)
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
         self.counter_names = read_counter_names(self.source.parent / "profile.h")
@@ -233,6 +237,7 @@ class Sampler:
               if self.target_tgids_size else []),
             *(["-DOFF_CPU=1", f"-DOFF_CPU_THRESHOLD={self.off_cpu_threshold_u32}U", f"-DOFF_CPU_THREADS={self.off_cpu_threads}",
                f"-DTASK_PID_OFFSET={kernel_btf.task_pid_offset()}"] if self.off_cpu_threshold else []),
+            *(["-DPROBABILISTIC=1"] if self.probabilistic else []),
         ]
 
     @property
@@ -281,6 +286,9 @@ class Sampler:
             self._active = bpf[b"active_slot"]
             self._active[ct.c_int(0)] = ct.c_uint32(0)
             self._slot = 0
+            if self.probabilistic:
+                self._profiling_on = bpf[b"profiling_on"]
+                self._profiling_on[ct.c_int(0)] = ct.c_uint32(1)  # until the first draw
             events = bpf[b"new_processes"]
             # Decode with the struct BCC generated from profile.h.  Do not keep `events` itself:
             # BCC's cleanup() must drop the last reference to close the perf buffer readers.
@@ -421,6 +429,13 @@ class Sampler:
                     return  # this interval's last collided samples go in the next one
         self._read_perf_buffers(mine, 0)
 
+    def set_profiling(self, on: bool) -> None:
+        """Probabilistic profiling: take samples (and record off-CPU waits) or not, from now on."""
+        self._require_started()
+        if self._profiling_on is None:
+            raise SamplerError("set_profiling needs a Sampler made with probabilistic=True")
+        self._profiling_on[ct.c_int(0)] = ct.c_uint32(1 if on else 0)
+
     def forget_process(self, tgid: int) -> None:
         """Drop tgid from the kernel's known set, so its next sample announces it again
         (call when a process has exited, so a reused pid is announced)."""
@@ -486,7 +501,7 @@ class Sampler:
         self._stack_maps = []
         self._user_stack_maps = []
         self.unwind_maps = None
-        self._counters_map = self._known = self.target_tgids = None
+        self._counters_map = self._known = self.target_tgids = self._profiling_on = None
 
     def _require_started(self) -> None:
         if self._bpf is None:
