@@ -269,9 +269,6 @@ class Sampler:
             if self.off_cpu_threshold:
                 for index, name in enumerate(OFF_CPU_WALK_NAMES):
                     bpf[b"off_cpu_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
-                bpf_program.attach_raw_tracepoint(bpf, b"sched_switch", OFF_CPU_PROGRAM_NAME,
-                                                  hint="off-CPU profiling reads its prev_state argument: Linux 5.18 or later")
-            bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, self.frequency_hz)
             self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
             self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
             self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
@@ -310,6 +307,12 @@ class Sampler:
                 self._exec_event_type = bcc_table._get_event_class(exec_events)
                 exec_events.open_perf_buffer(self._on_exec_event, page_cnt=self.perf_buffer_pages, lost_cb=self._on_lost)
                 del exec_events
+            # Attached last, once every perf buffer is open: an event sent to a CPU's buffer
+            # before its reader exists fails (the first process announced was lost that way).
+            if self.off_cpu_threshold:
+                bpf_program.attach_raw_tracepoint(bpf, b"sched_switch", OFF_CPU_PROGRAM_NAME,
+                                                  hint="off-CPU profiling reads its prev_state argument: Linux 5.18 or later")
+            bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, self.frequency_hz)
         except BaseException:
             with contextlib.suppress(Exception):
                 bpf.cleanup()
