@@ -128,15 +128,9 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
 /* A wait whose stacks could not be stored, sent by value as a collided CPU sample is. */
 static __always_inline int send_wait_by_value(struct bpf_raw_tracepoint_args *ctx, struct off_cpu_wait *wait, u64 away)
 {
-    u32 zero = 0;
-    struct stack_overflow_event *event = overflow_scratch.lookup(&zero);
+    struct stack_overflow_event *event = overflow_event(&wait->key, away);
     if (!event)
         return -1;
-    event->tgid = wait->key.tgid;
-    event->pid = wait->key.pid;
-    event->value = away;
-    event->origin = ORIGIN_OFF_CPU;
-    __builtin_memcpy(event->comm, wait->key.comm, sizeof(event->comm));
     event->user_leaf_return = wait->key.user_leaf_return;
     event->user_error = wait->key.user_stack_id == STACK_HASHED ? 0 : wait->key.user_stack_id;
     event->kernel_error = wait->key.kernel_stack_id == STACK_HASHED ? 0 : wait->key.kernel_stack_id;

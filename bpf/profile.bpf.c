@@ -195,19 +195,29 @@ static __always_inline u32 stack_by_value(struct bpf_perf_event_data *ctx, s32 s
     return n;
 }
 
-/* Send a sample whose kernel or user stack collided, with both stacks by value, through the
- * stack_overflow perf buffer.  Return 0 if sent. */
-static __always_inline int send_overflow(struct bpf_perf_event_data *ctx, struct sample_key *key)
+/* The per-CPU stack_overflow event with the sample's thread, origin and `value` filled in from its
+ * key; the senders fill in the stacks.  NULL if the scratch slot cannot be had. */
+static __always_inline struct stack_overflow_event *overflow_event(struct sample_key *key, u64 value)
 {
     u32 zero = 0;
     struct stack_overflow_event *event = overflow_scratch.lookup(&zero);
     if (!event)
-        return -1;
+        return NULL;
     event->tgid = key->tgid;
     event->pid = key->pid;
-    event->value = 1;
-    event->origin = ORIGIN_CPU;
+    event->value = value;
+    event->origin = key->origin;
     __builtin_memcpy(event->comm, key->comm, sizeof(event->comm));
+    return event;
+}
+
+/* Send a sample whose kernel or user stack collided, with both stacks by value, through the
+ * stack_overflow perf buffer.  Return 0 if sent. */
+static __always_inline int send_overflow(struct bpf_perf_event_data *ctx, struct sample_key *key)
+{
+    struct stack_overflow_event *event = overflow_event(key, 1);
+    if (!event)
+        return -1;
     event->user_len = stack_by_value(ctx, key->user_stack_id, event->user_ips,
                                      BPF_F_USER_STACK, &event->user_error);
     event->user_leaf_return = event->user_len ? key->user_leaf_return : 0;

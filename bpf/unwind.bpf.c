@@ -353,15 +353,9 @@ static __always_inline int store_stack(u32 slot, struct user_stack *stack, u64 *
  * with the walked frames as the user stack. */
 static __always_inline int send_walked_by_value(void *ctx, struct unwind_state *state)
 {
-    u32 zero = 0;
-    struct stack_overflow_event *event = overflow_scratch.lookup(&zero);
+    struct stack_overflow_event *event = overflow_event(&state->key, 1);
     if (!event)
         return -1;
-    event->tgid = state->key.tgid;
-    event->pid = state->key.pid;
-    event->value = 1;
-    event->origin = ORIGIN_CPU;
-    __builtin_memcpy(event->comm, state->key.comm, sizeof(event->comm));
     event->user_error = 0;
     event->user_leaf_return = 0;
     /* All the frames, used or not: a copy of constant size is one the verifier can check. */
