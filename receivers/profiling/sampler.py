@@ -331,37 +331,28 @@ class Sampler:
         if time.monotonic_ns() - event.ktime_ns > LATE_ANNOUNCEMENT_NS:
             with self._user_lock:
                 self._user["late_announcements"] += 1
-        if self.on_new_process is None:
-            return
-        try:
-            self.on_new_process(event.tgid, event.pid, comm)
-        except Exception:
-            with self._user_lock:
-                self._user["callback_errors"] += 1
-            self.log.exception("on_new_process callback failed", tgid=event.tgid)
+        self._call("on_new_process", self.on_new_process, event.tgid, event.pid, comm)
 
     def _on_exec_event(self, cpu: int, data, size: int) -> None:
         event = ct.cast(data, ct.POINTER(self._exec_event_type)).contents
-        if self.on_exec is None:
-            return
-        try:
-            self.on_exec(event.tgid)
-        except Exception:
-            with self._user_lock:
-                self._user["callback_errors"] += 1
-            self.log.exception("on_exec callback failed", tgid=event.tgid)
+        self._call("on_exec", self.on_exec, event.tgid)
 
     def _on_unwind_event(self, cpu: int, data, size: int) -> None:
         """A sampled pc in no mapping the unwinder knew: the process's maps should be read again."""
         event = ct.cast(data, ct.POINTER(self._unwind_event_type)).contents
-        if self.on_unwind_request is None:
+        self._call("on_unwind_request", self.on_unwind_request, event.tgid, event.pc)
+
+    def _call(self, name: str, callback: Callable | None, tgid: int, *args) -> None:
+        """Hand an event to its callback, if set. A failure is counted (callback_errors) and logged
+        here, not left to the ctypes callback BCC reads the perf buffer through."""
+        if callback is None:
             return
         try:
-            self.on_unwind_request(event.tgid, event.pc)
+            callback(tgid, *args)
         except Exception:
             with self._user_lock:
                 self._user["callback_errors"] += 1
-            self.log.exception("on_unwind_request callback failed", tgid=event.tgid)
+            self.log.exception(f"{name} callback failed", tgid=tgid)
 
     def _on_lost(self, lost: int) -> None:
         with self._user_lock:
