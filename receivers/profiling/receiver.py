@@ -89,11 +89,9 @@ class ProfilingReceiver(Component):
         self.jit = JitNames(PerfMaps(), jit_runtimes)
         self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"))
         self.reports = ReportBuilder(self.processes, self.symbolizer)
-        for owner, names in ((self.symbolizer, ("files_parsed", "files_failed", "files_unreadable")), (self.processes, ("snapshots", "partial_snapshots")),
-                             (self.jit.perf_maps, ("files_read", "malformed_lines", "entries_dropped", "files_refused"))):
-            for name in names:
-                label = f"perf_map_{name}" if owner is self.jit.perf_maps else name
-                self._stats.labels(stat=label).set_function(lambda owner=owner, name=name: owner.stats.get(name, 0))
+        _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable"))
+        _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
+        _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused"))
         sampler = Sampler(
             frequency_hz=self.config.samples_per_second,
             stack_storage_size=BASE_STACK_STORAGE_SIZE * scale,
@@ -122,24 +120,20 @@ class ProfilingReceiver(Component):
         self._sampler = sampler
         if sampler.target_tgids is not None:
             self.targeting = Targeting(sampler.target_tgids, self.config.process_filter, self.config.filter_min_process_age, self.log)
-            for name in self.targeting.stats:
-                self._stats.labels(stat=f"targeting_{name}").set_function(lambda name=name: self.targeting.stats.get(name, 0))
+            _publish(self._stats, self.targeting, "targeting_")
             self.targeting.start()
         self.row_source = RowSource(self.config.unwind_cache_dir, self.log)
         self.row_source.start()
         self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log,
                                      max_files=sampler.unwind.max_files, row_budget=sampler.unwind.row_budget)
         self.processes.add_listener(self.unwind.register)
-        for owner in (self.unwind, self.row_source.cache):
-            for name in owner.stats:
-                self._unwind_stats.labels(stat=f"cache_{name}" if owner is self.row_source.cache else name).set_function(
-                    lambda owner=owner, name=name: owner.stats.get(name, 0))
+        _publish(self._unwind_stats, self.unwind)
+        _publish(self._unwind_stats, self.row_source.cache, "cache_")
         self._start_python(sampler)
         self._start_jvm_perf_maps()
         if sampler.probabilistic:
             self.probabilistic = ProbabilisticProfiling(sampler.set_profiling, self.config.probabilistic_interval, self.config.probabilistic_threshold, self.log)
-            for name in self.probabilistic.stats:
-                self._stats.labels(stat=f"probabilistic_{name}").set_function(lambda name=name: self.probabilistic.stats.get(name, 0))
+            _publish(self._stats, self.probabilistic, "probabilistic_")
             self.probabilistic.start()
         for tgid in self.processes.tgids():  # announced while the program was being attached
             info = self.processes.lookup(tgid)
@@ -168,10 +162,8 @@ class ProfilingReceiver(Component):
         self.python = PythonInterpreters(sampler.unwind_maps.python, self.log)
         self.reports.python = self.python
         self.processes.add_listener(self.python.register)
-        for owner in (self.python, self.python.code):
-            for name in owner.stats:
-                self._python_stats.labels(stat=f"code_{name}" if owner is self.python.code else name).set_function(
-                    lambda owner=owner, name=name: owner.stats.get(name, 0))
+        _publish(self._python_stats, self.python)
+        _publish(self._python_stats, self.python.code, "code_")
 
     def _on_exec(self, tgid: int) -> None:
         """A program was exec'd (heard only when targeting): is it one to profile?"""
@@ -182,8 +174,7 @@ class ProfilingReceiver(Component):
         if self.config.jvm_perf_map_interval <= 0 or not self.config.tracer_enabled("hotspot"):
             return
         self.jvm_perf_maps = JvmPerfMapRequester(self.processes, self.config.jvm_perf_map_interval, self.log)
-        for name in self.jvm_perf_maps.stats:
-            self._stats.labels(stat=f"jvm_perf_map_{name}").set_function(lambda name=name: self.jvm_perf_maps.stats.get(name, 0))
+        _publish(self._stats, self.jvm_perf_maps, "jvm_perf_map_")
         self.jvm_perf_maps.start()
 
     def shutdown(self) -> None:
@@ -304,3 +295,10 @@ class ProfilingReceiver(Component):
             if delta > 0:
                 self._bpf_counters.labels(event=name).inc(delta)
         self._last_counters = dict(counters)
+
+
+def _publish(gauge, owner, prefix: str = "", names: tuple[str, ...] | None = None) -> None:
+    """Each of ``owner.stats`` (or those ``names``, for counts that appear only once they happen)
+    as the gauge's ``stat="<prefix><name>"``, read at scrape time."""
+    for name in names if names is not None else tuple(owner.stats):
+        gauge.labels(stat=prefix + name).set_function(lambda name=name: owner.stats.get(name, 0))
