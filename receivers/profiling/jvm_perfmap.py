@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 from typing import Any
 
 from pycollector.logs import log_once
 
 from .perfmap import process_jit_runtime
+from .periodic import Periodic
 from .processes import ProcessTable
 
 JCMD_TIMEOUT_S = 30.0
@@ -33,26 +33,21 @@ class JvmPerfMapRequester:
         self.interval_s = interval_s
         self.log = logger
         self.stats = {"requests": 0, "failures": 0}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("profiling-jvm-perf-maps", interval_s, self._request_all)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="profiling-jvm-perf-maps", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=JCMD_TIMEOUT_S + 1)
+        self._periodic.close(timeout=JCMD_TIMEOUT_S + 1)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            for tgid in self.processes.tgids():
-                info = self.processes.lookup(tgid)
-                if info is not None and not info.exited and process_jit_runtime(info) == "jvm":
-                    self.request(tgid, info.exe_path)
-                if self._stop.is_set():
-                    return
+    def _request_all(self) -> None:
+        for tgid in self.processes.tgids():
+            info = self.processes.lookup(tgid)
+            if info is not None and not info.exited and process_jit_runtime(info) == "jvm":
+                self.request(tgid, info.exe_path)
+            if self._periodic.stopping:
+                return
 
     def request(self, pid: int, exe_path: str | None) -> bool:
         """Ask JVM ``pid`` to write its perf map; False (counted, logged once per JVM) if it did not."""

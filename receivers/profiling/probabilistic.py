@@ -10,8 +10,9 @@ counted is reported as usual, and an off-CPU wait recorded before a pause still 
 from __future__ import annotations
 
 import random
-import threading
 from typing import Callable
+
+from receivers.profiling.periodic import Periodic
 
 ALWAYS = 100
 
@@ -29,22 +30,14 @@ class ProbabilisticProfiling:
         self.log = log
         self.stats = {"intervals_on": 0, "intervals_off": 0}
         self._rng = _new_rng()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("profiling-probabilistic", interval_s, self._draw)
 
     def start(self) -> None:
         self._draw()  # the first interval starts now, as Go's agent does
-        self._thread = threading.Thread(target=self._loop, name="profiling-probabilistic", daemon=True)
-        self._thread.start()
+        self._periodic.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._draw()
+        self._periodic.close()
 
     def _draw(self) -> None:
         on = self._rng.randrange(ALWAYS) < self.threshold
