@@ -72,17 +72,17 @@ def _run(mode: str, index: int, settings: Settings, binary: Path, rundir: Path, 
     return Run(mode, index, load, figures)
 
 
-def _switch_program(pid: int) -> int:
-    """The profiler's program on the context switch: the one that runs (pycollector's off-CPU
-    walks are tail calls, counted in its time, their own run count 0)."""
-    programs = procfs.sampling_bpf_programs(pid, OffCpuTimeBpfcc.program_types)
-    if not programs:
-        raise RuntimeError(f"process {pid} holds no kprobe or raw tracepoint program")
-    return max(programs, key=lambda program: program["run_cnt"])["prog_id"]
+def _switch_program(profiler: Profiler) -> int:
+    """The profiler's program on the context switch, a kprobe or raw tracepoint (pycollector's
+    off-CPU walks are tail calls, counted in its time)."""
+    program = profiler.sampling_program_id(OffCpuTimeBpfcc.program_types)
+    if program is None:
+        raise RuntimeError(f"process {profiler.pid} holds no kprobe or raw tracepoint program")
+    return program
 
 
 def _measure(profiler: Profiler, binary: Path, seconds: float) -> tuple[dict[str, float], ping_pong.PingPongResult]:
-    program = _switch_program(profiler.pid)
+    program = _switch_program(profiler)
     bpf_before = bpf_stats.program_stats(program)
     cpu_before = procfs.tree_run_seconds(profiler.pid)
     began = time.monotonic()

@@ -77,11 +77,12 @@ class Profiler:
             time.sleep(POLL_S)
         return time.monotonic() - self._launched_at, procfs.tree_cpu_seconds(self.pid)
 
-    def sampling_program_id(self) -> int | None:
+    def sampling_program_id(self, program_types: tuple[int, ...] | None = None) -> int | None:
         """The id of the BPF program that takes the samples, for a BPF profiler: the one that
-        runs. pycollector's unwinder also holds the programs it tail-calls, whose time is counted
-        in the caller's and whose run count stays 0."""
-        programs = procfs.sampling_bpf_programs(self.pid, self.program_types)
+        runs, among its programs of ``program_types`` (default: the profiler's own).
+        pycollector's unwinder also holds the programs it tail-calls, whose time is counted in the
+        caller's and whose run count stays 0."""
+        programs = procfs.sampling_bpf_programs(self.pid, program_types or self.program_types)
         return max(programs, key=lambda program: program["run_cnt"])["prog_id"] if programs else None
 
 
