@@ -84,6 +84,12 @@ class CapturingExporterFactory(Factory):
         return CapturingExporter()
 
 
+def receiver_of(service: Any, name: str | None = None) -> Any:
+    """The running component of a service's receiver ``name`` (by default its only one, or first)."""
+    return next(node.component for node in service.graph.nodes.values()
+                if node.key.kind == "receivers" and (name is None or node.key.id == name))
+
+
 class TestHost:
     """A host with no extensions that records fatal errors instead of stopping anything."""
 

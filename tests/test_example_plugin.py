@@ -4,7 +4,7 @@ import csv
 
 from pycollector.config.validate import build_plan
 from pycollector.service import Service
-from pycollector.testing import registry_with
+from pycollector.testing import receiver_of, registry_with
 
 from tests.components import Journal, factories, one_profile
 
@@ -23,7 +23,7 @@ def test_installed_example_plugin_runs_in_a_pipeline(tmp_path):
     assert plan.component("exporters", "sample_counts").plugin.distribution.startswith("pycollector-example-exporter")
     service = Service(plan)
     service.start()
-    recorder = next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers")
+    recorder = receiver_of(service)
     recorder.push(one_profile(samples=4))
     assert service.telemetry.sample("example_sample_counts_rows_total", {"exporter": "sample_counts"}) == 1
     assert service.telemetry.sample("otelcol_exporter_sent_profile_samples_total", {"exporter": "sample_counts"}) == 4

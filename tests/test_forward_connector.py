@@ -4,7 +4,7 @@ exporter through the first pipeline's processor."""
 from pycollector.config.validate import build_plan
 from pycollector.pdata import to_dict
 from pycollector.service import Service
-from pycollector.testing import registry_with
+from pycollector.testing import receiver_of, registry_with
 
 from tests.components import Journal, factories, one_profile
 
@@ -28,7 +28,7 @@ def test_forward_connects_two_pipelines():
     del test_factories["connectors"]  # the installed forward connector, not the test's
     service = Service(build_plan(config, registry_with(**test_factories)))
     service.start()
-    next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers").push(one_profile())
+    receiver_of(service).push(one_profile())
     service.shutdown()
     [received] = journal.received["keeper"]
     assert to_dict(received.resource_profiles[0].resource.attributes)["tag.tagger"] == "first"

@@ -13,7 +13,7 @@ from pycollector.config import load
 from pycollector.config.validate import build_plan
 from pycollector.pdata import to_dict
 from pycollector.service import Service
-from pycollector.testing import registry_with
+from pycollector.testing import receiver_of, registry_with
 
 from processors.k8sattributes import auth
 from tests.components import Journal, factories
@@ -42,7 +42,7 @@ def test_the_daemonset_config_enriches_profiles_in_a_running_pipeline(in_a_pod_o
         service = Service(build_plan(config, registry_with(**factories(journal))))
         service.start()  # wait_for_metadata: true, so the pod table is filled once this returns
         try:
-            recorder = next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers")
+            recorder = receiver_of(service)
             recorder.push(profile(**{"container.id": container_id(fixture("pod-checkout.json"), "checkout"), "process.pid": 31337}))
         finally:
             service.shutdown()

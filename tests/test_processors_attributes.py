@@ -15,7 +15,7 @@ from pycollector.client import ClientInfo, client_context
 from pycollector.config.validate import build_plan
 from pycollector.pdata import ProfilesBuilder, iter_samples, key_values, to_dict, validate_indices
 from pycollector.service import Service
-from pycollector.testing import CapturingConsumer, CapturingExporterFactory, TestHost, make_settings, registry_with
+from pycollector.testing import CapturingConsumer, CapturingExporterFactory, TestHost, make_settings, receiver_of, registry_with
 
 from processors.attraction.actions import AttributeActions
 from processors.attraction.config import ActionConfig
@@ -176,7 +176,7 @@ def test_request_metadata_reaches_the_resource_processor_through_the_otlp_receiv
     service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
     service.start()
     try:
-        receiver = next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers")
+        receiver = receiver_of(service)
         host, port = receiver.http_address
         spans = trace_pb2.TracesData(resource_spans=[{"scope_spans": [{"spans": [{"name": "s"}]}]}])
         response = requests.post(f"http://{host}:{port}/v1/traces", data=spans.SerializeToString(), headers={"Content-Type": "application/x-protobuf", "X-Tenant": "acme"}, timeout=5)

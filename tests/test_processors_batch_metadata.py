@@ -12,7 +12,7 @@ from pycollector.config.validate import build_plan
 from pycollector.pdata import sample_count
 from pycollector.service import Service
 from pycollector.telemetry import Telemetry
-from pycollector.testing import CapturingExporterFactory, registry_with
+from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
 
 from tests.components import one_profile
 from tests.test_otlp_support import ClientRecorder, export_grpc
@@ -79,7 +79,7 @@ def test_tenants_sending_over_grpc_get_batches_of_their_own():
     service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
     service.start()
     try:
-        receiver = next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers")
+        receiver = receiver_of(service)
         endpoint = "{}:{}".format(*receiver.grpc_address)
         for tenant in ("acme", "globex", "acme", "globex"):
             assert export_grpc(endpoint, one_profile(samples=3), metadata=[("x-tenant", tenant)]) == grpc.StatusCode.OK

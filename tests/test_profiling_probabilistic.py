@@ -15,7 +15,7 @@ import pytest
 from pycollector.config.validate import build_plan
 from pycollector.pdata import iter_samples
 from pycollector.service import Service
-from pycollector.testing import CapturingExporterFactory, registry_with
+from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
 from receivers.profiling import probabilistic
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason
@@ -49,7 +49,7 @@ def test_only_the_intervals_drawn_are_profiled(tmp_path, monkeypatch):
     try:
         busy = subprocess.Popen([str(binary), str(SECONDS)], stdout=subprocess.DEVNULL)
         busy.wait(timeout=60)
-        stats = dict(next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers").probabilistic.stats)
+        stats = dict(receiver_of(service).probabilistic.stats)
     finally:
         service.shutdown()
     samples = sum(sum(view.values) for message in capture.consumer.messages for view in iter_samples(message)

@@ -19,7 +19,7 @@ import pytest
 from pycollector.config.validate import build_plan
 from pycollector.pdata import iter_samples
 from pycollector.service import Service
-from pycollector.testing import CapturingExporterFactory, registry_with
+from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason
 
@@ -55,10 +55,6 @@ def samples_by_pid(messages) -> collections.Counter:
         for view in iter_samples(message):
             counts[view.resource.get("process.pid")] += sum(view.values)
     return counts
-
-
-def receiver_of(service: Service):
-    return next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers")
 
 
 @pytest.fixture(scope="module")

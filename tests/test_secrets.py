@@ -22,6 +22,7 @@ import pytest
 from exporters.otlp_grpc.config import OtlpGrpcConfig
 from exporters.otlp_http.config import OtlpHttpConfig
 from pycollector.config.types import REDACTED, UNREDACTED, OpaqueString
+from pycollector.testing import receiver_of
 from tests.conftest import REPO, run_cli
 from tests.test_otlp_support import Answer, GrpcBackend, HttpBackend, a_profile, build_service, export_grpc, free_port
 
@@ -134,7 +135,7 @@ def test_the_grpc_exporter_sends_the_real_metadata(token):
         )
         service.start()
         try:
-            receiver = next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers")
+            receiver = receiver_of(service)
             host, port = receiver.grpc_address
             assert export_grpc(f"{host}:{port}", a_profile()) == grpc.StatusCode.OK
             assert backend.wait_for(lambda recorder: len(recorder.messages) >= 1)

@@ -10,7 +10,7 @@ from pycollector.config import load
 from pycollector.config.validate import build_plan
 from pycollector.pdata import to_dict
 from pycollector.service import Service
-from pycollector.testing import registry_with
+from pycollector.testing import receiver_of, registry_with
 
 from tests.components import Journal, factories, one_profile
 
@@ -20,10 +20,6 @@ TESTDATA = Path(__file__).parent / "testdata" / "config"
 def service_for(config: dict, journal: Journal) -> Service:
     config.setdefault("service", {}).setdefault("telemetry", {"metrics": {"level": "none"}})
     return Service(build_plan(config, registry_with(**factories(journal))))
-
-
-def receiver(service: Service, name: str):
-    return next(node.component for node in service.graph.nodes.values() if node.key.kind == "receivers" and node.key.id == name)
 
 
 SHARED = {
@@ -49,7 +45,7 @@ def test_shared_receiver_fans_out_and_each_pipeline_gets_its_own_copy():
     journal = Journal()
     service = service_for(shared_config(), journal)
     service.start()
-    receiver(service, "recorder").push(one_profile())
+    receiver_of(service, "recorder").push(one_profile())
     service.shutdown()
     # One receiver instance, one exporter instance: keeper saw the data once per pipeline.
     tags = sorted(tuple(sorted(k for k in to_dict(m.resource_profiles[0].resource.attributes) if k.startswith("tag."))) for m in journal.received["keeper"])
@@ -73,7 +69,7 @@ def test_an_edit_deep_in_one_pipeline_never_reaches_another():
     }
     service = service_for(config, journal)
     service.start()
-    receiver(service, "recorder").push(one_profile())
+    receiver_of(service, "recorder").push(one_profile())
     service.shutdown()
     [plain] = journal.received["keeper/other"]
     assert not any(key.startswith("tag.") for key in to_dict(plain.resource_profiles[0].resource.attributes))
@@ -117,7 +113,7 @@ def test_connector_feeds_a_second_pipeline():
     config.telemetry.metrics.level = "none"
     service = Service(config)
     service.start()
-    receiver(service, "recorder/second").push(one_profile())
+    receiver_of(service, "recorder/second").push(one_profile())
     service.shutdown()
     assert len(journal.received["forward_like"]) == 1
     # Exporters are debug exporters in that file; the connector's second pipeline ran its tagger.
@@ -131,10 +127,10 @@ def test_counters_follow_the_data_and_are_served():
     service = service_for(config, journal)
     service.start()
     try:
-        receiver(service, "recorder").push(one_profile(samples=3))
+        receiver_of(service, "recorder").push(one_profile(samples=3))
         journal.refuse.add("keeper/other")
         with pytest.raises(RefusedError):
-            receiver(service, "recorder/b").push(one_profile(samples=5))
+            receiver_of(service, "recorder/b").push(one_profile(samples=5))
         sample = service.telemetry.sample
         assert sample("otelcol_receiver_accepted_profile_samples_total", {"receiver": "recorder"}) == 3
         assert sample("otelcol_receiver_refused_profile_samples_total", {"receiver": "recorder/b"}) == 5
