@@ -166,9 +166,12 @@ class ProfilingReceiver(Component):
         _publish(self._python_stats, self.python.code, "code_")
 
     def _on_exec(self, tgid: int) -> None:
-        """A program was exec'd (heard only when targeting): is it one to profile?"""
-        if self.targeting is not None:
-            self.targeting.consider(tgid)
+        """A program was exec'd (heard only when targeting): is it one to profile? One that is
+        gets its /proc snapshot, unwind tables and Python registration now, as an announcement
+        from the kernel would: otherwise they wait for its first sample, and its first stacks
+        (an off-CPU wait taken as it leaves the CPU) are walked without them."""
+        if self.targeting is not None and self.targeting.consider(tgid):
+            self.processes.on_new_process(tgid, tgid, "")
 
     def _start_jvm_perf_maps(self) -> None:
         if self.config.jvm_perf_map_interval <= 0 or not self.config.tracer_enabled("hotspot"):

@@ -77,21 +77,22 @@ class Targeting:
         self.log.info("profiling only the processes the settings select", targets=len(self._targets),
                       considered=self.stats["considered"])
 
-    def consider(self, tgid: int) -> None:
-        """Decide (again, after an exec) whether ``tgid`` is a target."""
+    def consider(self, tgid: int) -> bool:
+        """Decide (again, after an exec) whether ``tgid`` is a target; True if it is one now."""
         facts = self._facts(tgid)
         with self._lock:
             self.stats["considered"] += 1
             if facts is None or not self._matches(facts):
                 self.stats["excluded"] += facts is not None
                 self._remove(tgid)
-                return
+                return False
             ready_at = facts["started"] + self._min_age_s
             if ready_at > time.clock_gettime(time.CLOCK_BOOTTIME):
                 heapq.heappush(self._too_young, (ready_at, tgid))
                 self._remove(tgid)  # an exec'd target starts its age again
-                return
+                return False
             self._add(tgid)
+            return True
 
     def tick(self) -> None:
         """Called now and then (each report): processes that came of age become targets; those
