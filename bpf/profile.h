@@ -168,13 +168,17 @@ struct unwind_event {
 /* A Python frame among a user stack's frames: bit 63 set, which no user address has. Bit 62 marks
  * the outermost frame one call of the eval loop runs (before 3.11, every frame): user space puts
  * the frames up to such a mark where that call's native frame was. Bits 47-61: the instruction
- * (raw f_lasti before 3.11, else the index of the code unit), saturating; bits 0-46: the code
- * object's address. */
+ * (raw f_lasti before 3.11, else the index of the code unit), saturating; bits 3-46: the code
+ * object's address, which is 8-byte aligned; bits 0-2: the low bits of its co_firstlineno.
+ * User space reads the code object later, when the address may hold another one (code objects
+ * of a module's import are freed, and the next allocated there): it names a frame only from a
+ * code object whose first line agrees. */
 #define PYTHON_FRAME_TAG (1ULL << 63)
 #define PYTHON_FRAME_LAST_OF_CALL (1ULL << 62)
 #define PYTHON_INSTRUCTION_SHIFT 47
 #define PYTHON_INSTRUCTION_MAX 0x7fffULL
-#define PYTHON_ADDRESS_MASK ((1ULL << 47) - 1)
+#define PYTHON_ADDRESS_MASK (((1ULL << 47) - 1) & ~7ULL)
+#define PYTHON_FIRST_LINE_MASK 7ULL
 
 enum python_frame_layout {
     PYTHON_FRAME_OBJECTS = 1,      /* 2.7, 3.6-3.10: PyFrameObject, f_lasti an int */
@@ -200,10 +204,11 @@ struct python_process {
     u16 frame_instruction;  /* f_lasti; prev_instr, instr_ptr */
     u16 frame_owner;        /* is_entry (3.11), owner (3.12+) */
     u16 code_instructions;  /* 3.11+: where a code object's instructions begin (co_code_adaptive) */
+    u16 code_first_line;    /* co_firstlineno */
     u8 layout;              /* enum python_frame_layout */
     u8 owner_kind;          /* enum python_owner_kind */
     u8 owner_c_stack;       /* PYTHON_OWNER_BYTE: the owner value of a shim frame */
-    u8 reserved[3];
+    u8 reserved[1];
 };
 
 /* Indices into the per-CPU `counters` array.  Cumulative since load; user space sums the CPUs. */

@@ -110,11 +110,16 @@ static __always_inline u64 record_python_frame(struct unwind_state *state, struc
     }
     if (instruction > PYTHON_INSTRUCTION_MAX)
         instruction = PYTHON_INSTRUCTION_MAX;
+    s32 first_line = 0;
+    if (bpf_probe_read_user(&first_line, sizeof(first_line), (void *)(code + py->code_first_line))) {
+        count(COUNTER_PYTHON_READ_ERRORS);
+        return 0;
+    }
     u32 index = state->python_len;
     if (index >= PYTHON_MAX_FRAMES)  /* the caller checks: this is for the verifier */
         return 0;
     state->python[index] = PYTHON_FRAME_TAG | last_of_call | instruction << PYTHON_INSTRUCTION_SHIFT |
-                           (code & PYTHON_ADDRESS_MASK);
+                           (code & PYTHON_ADDRESS_MASK) | ((u64)first_line & PYTHON_FIRST_LINE_MASK);
     state->python_len = index + 1;
     count(COUNTER_PYTHON_FRAMES);
     return previous;

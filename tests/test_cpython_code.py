@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from receivers.profiling.python.code import CodeCache, CodeReadError
+from receivers.profiling.python.code import CodeCache, CodeReadError, NotTheSampledCode
 from receivers.profiling.python.detect import detect_cpython
+from receivers.profiling.python.frames import FIRST_LINE_MASK
 from receivers.profiling.python.memory import MemoryReadError, ProcessMemory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -217,6 +218,15 @@ def test_code_objects_as_the_interpreter_says(version, python, interpreter, tmp_
                 assert code.function == (want["qualname"] or want["name"])
                 wrong += [f"{want['name']} instruction {i}: line {code.lines.line(i)}, the interpreter says {line}"
                           for i, line in want["lines"] if code.lines.line(i) != line]
+                # What a kernel sample of this code object noted passes; another's does not.
+                bits = want["first_line"] & FIRST_LINE_MASK
+                for i, _ in want["lines"]:
+                    code.check_sampled(i, bits, FIRST_LINE_MASK)
+                with pytest.raises(NotTheSampledCode, match="first line"):
+                    code.check_sampled(0, bits ^ 1, FIRST_LINE_MASK)
+                if code.lines.end is not None:
+                    with pytest.raises(NotTheSampledCode, match="end before"):
+                        code.check_sampled(code.lines.end, bits, FIRST_LINE_MASK)
             assert len(said["live"]) >= 9
             for code_id, instruction, line in said["live"]:
                 location = cache.locate(process.pid, memory, offsets, code_id, instruction)

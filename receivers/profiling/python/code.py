@@ -29,6 +29,12 @@ class CodeReadError(Exception):
     """A code object could not be read (the memory is gone) or does not look like one."""
 
 
+class NotTheSampledCode(CodeReadError):
+    """The address holds a code object, but not the one the sample saw there: the kernel's note
+    of its first line disagrees, or the instruction lies past its end. Code objects freed after a
+    module's import leave their addresses to new ones, within the interval before a report."""
+
+
 @dataclass(frozen=True, slots=True)
 class PythonLocation:
     function: str  # co_qualname where it exists (3.11+), else co_name
@@ -53,6 +59,15 @@ class CodeObject:
 
     def locate(self, instruction: int) -> PythonLocation:
         return PythonLocation(self.function, self.file, self.lines.line(instruction), self.first_line)
+
+    def check_sampled(self, instruction: int, first_line_bits: int, first_line_mask: int) -> None:
+        """Raise NotTheSampledCode unless this can be the code object a sample recorded."""
+        if self.first_line & first_line_mask != first_line_bits:
+            raise NotTheSampledCode(f"0x{self.address:x} holds {self.function} (first line {self.first_line}) now, "
+                                    f"not the code object sampled there")
+        if self.lines.end is not None and instruction >= self.lines.end:
+            raise NotTheSampledCode(f"0x{self.address:x} holds {self.function} now, whose {self.lines.end} "
+                                    f"instructions end before the sampled {instruction}")
 
 
 # The fields of a code object's identity: (offset field, struct format); absent ones are skipped.
@@ -154,8 +169,15 @@ class CodeCache:
         with self._lock:
             self._epoch += 1
 
-    def locate(self, pid: int, memory: ProcessMemory, offsets: Offsets, address: int, instruction: int) -> PythonLocation:
-        return self.code(pid, memory, offsets, address).locate(instruction)
+    def locate(self, pid: int, memory: ProcessMemory, offsets: Offsets, address: int, instruction: int,
+               first_line_bits: int | None = None, first_line_mask: int = 0) -> PythonLocation:
+        """The location of ``instruction`` in the code object at ``address``. With
+        ``first_line_bits`` (a kernel sample's), raises NotTheSampledCode when the code object
+        there now is not the one sampled."""
+        code = self.code(pid, memory, offsets, address)
+        if first_line_bits is not None:
+            code.check_sampled(instruction, first_line_bits, first_line_mask)
+        return code.locate(instruction)
 
     def code(self, pid: int, memory: ProcessMemory, offsets: Offsets, address: int) -> CodeObject:
         key = (pid, address)

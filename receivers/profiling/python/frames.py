@@ -19,7 +19,8 @@ TAG = 1 << 63
 LAST_OF_CALL = 1 << 62
 INSTRUCTION_SHIFT = 47
 INSTRUCTION_MASK = 0x7FFF
-ADDRESS_MASK = (1 << 47) - 1
+ADDRESS_MASK = ((1 << 47) - 1) & ~7  # code objects are 8-byte aligned
+FIRST_LINE_MASK = 7  # the low bits of co_firstlineno, as the kernel read it at the sample
 
 # The native function that is one call of the eval loop: its name's start (LTO and hot/cold
 # splitting add suffixes: "_PyEval_EvalFrameDefault.cold").
@@ -32,6 +33,7 @@ class PythonFrame:
     code: int  # the code object's address in the process
     instruction: int  # f_lasti as the interpreter keeps it before 3.11, else the code unit's index
     last_of_call: bool
+    first_line_bits: int = 0  # co_firstlineno & FIRST_LINE_MASK at the sample
 
 
 def is_python(value: int) -> bool:
@@ -44,7 +46,8 @@ def split(addresses: Sequence[int]) -> tuple[list[int], list[PythonFrame]]:
     python: list[PythonFrame] = []
     for value in addresses:
         if value & TAG:
-            python.append(PythonFrame(value & ADDRESS_MASK, (value >> INSTRUCTION_SHIFT) & INSTRUCTION_MASK, bool(value & LAST_OF_CALL)))
+            python.append(PythonFrame(value & ADDRESS_MASK, (value >> INSTRUCTION_SHIFT) & INSTRUCTION_MASK, bool(value & LAST_OF_CALL),
+                                      value & FIRST_LINE_MASK))
         else:
             native.append(value)
     return native, python

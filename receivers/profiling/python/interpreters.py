@@ -27,7 +27,7 @@ from receivers.profiling.symbolizer import Frame
 
 from .code import CodeCache, CodeReadError
 from .detect import RUNTIME, CPython, detect_cpython, version_from_name, _UNVERSIONED
-from .frames import TAG, PythonFrame, calls, eval_loop_test, interleave, split
+from .frames import FIRST_LINE_MASK, TAG, PythonFrame, calls, eval_loop_test, interleave, split
 from .memory import MemoryReadError, ProcessMemory
 from .offsets import InstructionKind, EntryKind, Offsets, UnknownLayout
 
@@ -186,6 +186,7 @@ class PythonInterpreters:
         leaf.frame_instruction = offsets.frame_instruction
         leaf.frame_owner = _or_none(offsets.frame_owner)
         leaf.code_instructions = _or_none(offsets.code_instructions)
+        leaf.code_first_line = offsets.code_firstlineno
         leaf.layout = INTERPRETER_FRAMES if offsets.instruction_kind is InstructionKind.POINTER else FRAME_OBJECTS
         leaf.owner_kind = {None: OWNER_NONE, EntryKind.IS_ENTRY: OWNER_IS_ENTRY, EntryKind.OWNER: OWNER_BYTE}[offsets.entry_kind]
         leaf.owner_c_stack = offsets.frame_owner_c_stack or 0
@@ -214,7 +215,7 @@ class PythonInterpreters:
     def frame(self, tgid: int, frame: PythonFrame) -> Frame:
         """The frame named from the process's code object, or a nameless one (counted) when it
         cannot be read: the process exited or freed the code object since the sample."""
-        key = (tgid, frame.code, frame.instruction)
+        key = (tgid, frame.code, frame.instruction, frame.first_line_bits)
         named = self._named.get(key)
         if named is None:
             named = self._named[key] = self._name(tgid, frame)
@@ -226,7 +227,8 @@ class PythonInterpreters:
         reason = "the process is no longer known"
         if process is not None:
             try:
-                where = self.code.locate(tgid, process.memory, process.offsets, frame.code, frame.instruction)
+                where = self.code.locate(tgid, process.memory, process.offsets, frame.code, frame.instruction,
+                                         frame.first_line_bits, FIRST_LINE_MASK)
             except (CodeReadError, MemoryReadError) as error:
                 reason = str(error)
             else:

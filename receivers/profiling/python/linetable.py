@@ -30,7 +30,7 @@ _LOCATION_ONE_LINE = 10  # 10, 11, 12: the line delta is form - 10
 
 
 class LineTable:
-    __slots__ = ("_starts", "_lines")
+    __slots__ = ("_starts", "_lines", "end")
 
     def __init__(self, kind: LineTableKind, table: bytes, first_line: int):
         if kind is LineTableKind.LOCATIONS:
@@ -41,6 +41,9 @@ class LineTable:
             pairs = _lnotab(table, first_line, signed=kind is LineTableKind.LNOTAB)
         self._starts = [start for start, _ in pairs]
         self._lines = [line for _, line in pairs]
+        # The first instruction past the code, where the table tells (3.10+'s cover every
+        # instruction); None for co_lnotab.
+        self.end = None if kind in (LineTableKind.LNOTAB, LineTableKind.LNOTAB_UNSIGNED) else self._starts[-1]
 
     def line(self, instruction: int) -> int | None:
         """The source line of ``instruction`` (as the walker records it), None when the table
