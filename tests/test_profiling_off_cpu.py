@@ -13,6 +13,8 @@ matching process has off-CPU time.
 from __future__ import annotations
 
 import collections
+import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -48,6 +50,19 @@ def blocking_read(tmp_path_factory) -> Path:
         pytest.skip(bpf_unavailable_reason())
     built = tmp_path_factory.mktemp("off_cpu") / "blocking_read"
     subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-pthread", "-o", str(built), str(WORKLOADS / "blocking_read.c")], check=True)
+    return built
+
+
+@pytest.fixture(scope="module")
+def go_sleeping(tmp_path_factory) -> Path:
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    if not shutil.which("go"):
+        pytest.skip("no Go toolchain (Debian's golang-go)")
+    work = tmp_path_factory.mktemp("off_cpu_go")
+    built = work / "sleeping"
+    env = {**os.environ, "GOCACHE": str(work / "gocache"), "GO111MODULE": "off"}
+    subprocess.run(["go", "build", "-o", str(built), str(WORKLOADS / "sleeping.go")], check=True, env=env)
     return built
 
 
@@ -156,3 +171,39 @@ def test_targeting_leaves_other_processes_out_of_the_off_cpu_profile(blocking_re
           f"{sorted(pid for pid, p in profiles.items() if p.off_cpu)}")
     assert abs(blocked - measured) <= 0.1 * measured
     assert {pid for pid, p in profiles.items() if p.off_cpu or p.cpu} == {target.pid}, "only the target is profiled"
+
+
+# Where a Go thread's stack starts: a goroutine's (runtime.goexit), a thread's (runtime.mstart,
+# runtime.rt0_go), or a switch to the thread's own stack (runtime.mcall, runtime.morestack).
+GO_ROOTS = {"runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.mcall", "runtime.morestack"}
+
+
+def test_go_threads_park_in_the_scheduler_and_their_stacks_end_where_go_says(go_sleeping, unwind_cache):
+    """A Go program's goroutine sleeps while its threads park: their stacks go from the futex
+    wait up through the scheduler to runtime.mcall, and stop there, as Go's own traceback does.
+    Go before 1.21 (Debian's is 1.19) leaves the goroutine's frame pointer in place across mcall,
+    and frame pointers beyond it lead into a goroutine stack that has moved on."""
+    capture = CapturingExporterFactory()
+    service = Service(build_plan(receiver_config(unwind_cache), registry_with(exporters={"capture": capture})))
+    service.start()
+    try:
+        go = subprocess.Popen([str(go_sleeping), "3"], stdout=subprocess.PIPE, text=True)
+        slept = int(go.communicate(timeout=60)[0])
+        time.sleep(0.2)
+    finally:
+        service.shutdown()
+    profile = profiles_by_pid(capture.consumer.messages)[go.pid]
+    off_cpu = sum(value for _, _, value in profile.off_cpu)
+    by_root: collections.Counter = collections.Counter()
+    for _, names, value in profile.off_cpu:
+        by_root[names[-1] if names[-1] in GO_ROOTS else f"other: {names[-1]}"] += value
+    in_scheduler = sum(value for _, names, value in profile.off_cpu if "runtime.schedule" in names)
+    cpu = sum(value for _, _, value in profile.cpu)
+    in_compute = sum(value for _, names, value in profile.cpu if "main.compute" in names)
+    print(f"Go: slept {slept / 1e9:.3f} s; its threads {off_cpu / 1e9:.3f} s off-CPU, {in_scheduler / 1e9:.3f} s of it in "
+          f"runtime.schedule; by outermost frame {[(name, round(value / 1e9, 3)) for name, value in by_root.most_common()]}; "
+          f"{in_compute} of {cpu} CPU samples in main.compute")
+    assert in_compute >= 0.8 * cpu
+    assert in_scheduler >= 0.9 * slept, "a thread parks in the scheduler while the goroutine sleeps"
+    assert not any(GO_ROOTS & set(names[:-1]) for _, names, _ in profile.off_cpu), "nothing beyond where Go's stacks start"
+    assert sum(value for name, value in by_root.items() if name in GO_ROOTS) >= 0.99 * off_cpu, by_root.most_common(6)
