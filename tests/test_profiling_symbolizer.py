@@ -13,6 +13,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from receivers.profiling.processes import ProcessTable
+from receivers.profiling.symbol_table import SymbolTable, SymbolTableBuilder
 from receivers.profiling.symbolizer import (
     ElfSymbols,
     KernelSymbols,
@@ -306,6 +307,27 @@ def test_kallsyms_parsing_modules_aliases_and_bounds(tmp_path):
     assert look(0xFFFFFFFFC0200010)[2] == "[bpf]"
     frame = ks.lookup(0xFFFFFFFFC0100010)
     assert (frame.mapping_start, frame.mapping_limit) == (0xFFFFFFFFC0100000, 0xFFFFFFFFC0101000)
+
+
+def test_symbol_table_ranges_sizeless_symbols_and_lazy_demangling():
+    demangled = []
+
+    def demangle_and_note(name):
+        demangled.append(name)
+        return name.upper()
+
+    builder = SymbolTableBuilder()
+    builder.add(0x1000, 0x10, b"sized")
+    builder.add(0x1100, 0, "sizeless_\u00e9".encode())  # hand-written asm: up to the next symbol
+    builder.add(0x1180, 0x8, b"last")
+    table = builder.build(demangle_and_note)
+    assert len(table) == 3 and demangled == []  # nothing decoded until asked
+    assert table.lookup(0x100F) == ("SIZED", 0x1000)
+    assert table.lookup(0x1010) is None  # between a sized symbol's end and the next
+    assert table.lookup(0x117F) == ("SIZELESS_\u00c9", 0x1100)
+    assert table.lookup(0x1188) is None and table.lookup(0xFFF) is None
+    assert demangled == ["sized", "sizeless_\u00e9"]
+    assert SymbolTable.empty().lookup(0x1000) is None
 
 
 def test_file_ids_match_what_other_tools_compute(tmp_path):

@@ -11,7 +11,9 @@ and shared libraries.  Symbols come from .symtab, else from a separate debug fil
 id under <debug dir>/.build-id/xx/yyyy.debug, or by .gnu_debuglink), else .dynsym.  Files are
 read through the process's own root (/proc/PID/root), so containers resolve, and parsed files are
 cached per file identity (dev, inode) with a bounded LRU; files with the same build id share one
-parse.  Results are cached per (file, offset) too.
+parse.  Results are cached per (file, offset) too.  Both kinds of symbols are held in
+`SymbolTable`s (symbol_table.py): arrays and a string table, a name decoded and demangled when a
+lookup needs it.
 
 Frames other than the leaf hold return addresses; they are looked up at address - 1, so a call
 that is the last instruction of a function is not attributed to the next one.
@@ -19,13 +21,13 @@ that is the last instruction of a function is not attributed to the next one.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import os
 import struct
 import threading
 import time
 import weakref
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,12 +39,13 @@ from elftools.elf.elffile import ELFFile
 from .gopclntab import GoFunctions
 from .jit import JitNames
 from .processes import Mapping, ProcessInfo, ProcessTable, open_mapped_file
+from .symbol_table import SymbolTable, SymbolTableBuilder
 
 KERNEL_FILE = "[kernel.kallsyms]"
 NT_GO_BUILD_ID = 4
 NT_GNU_BUILD_ID = 3
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
-_KALLSYMS_TEXT_TYPES = frozenset("TtWw")
+_KALLSYMS_TEXT_TYPES = frozenset((b"T", b"t", b"W", b"w"))
 _KERNEL_RELOAD_AFTER_S = 30.0
 _UNREADABLE_RETRY_S = 10.0
 # Where a Go stack ends though frame pointers may go on: the functions Go's own traceback treats
@@ -137,45 +140,51 @@ class KernelSymbols:
         self.sys_path = sys_path
         self.loaded_at = 0.0
         self.available = False
-        self._starts: list[int] = []
-        self._names: list[str] = []
-        self._mods: list[str | None] = []
+        self._symbols = SymbolTable.empty()
+        self._mods = array("H")  # per symbol: its module's index in _module_names
+        self._module_names: list[str | None] = [None]  # None: the core kernel
         self._text_end = 0
         self._text_start = 0
         self._modules: dict[str, tuple[int, int]] = {}  # name -> (start, end)
         self._build_ids: dict[str | None, str | None] = {}
 
     def load(self) -> None:
-        entries: list[tuple[int, int, str, str | None]] = []
+        # Sorted through a list of keys: a tuple per symbol would hold several times the memory.
+        addresses, names, module_of = [], [], array("H")
+        keys = []  # address * 2 + rank: at one address a plain name comes first
+        module_index: dict[str | None, int] = {None: 0}
         text_start = text_end = 0
-        with open(self.kallsyms_path) as f:
+        with open(self.kallsyms_path, "rb") as f:
             for line in f:
                 parts = line.split()
                 if len(parts) < 3 or parts[1] not in _KALLSYMS_TEXT_TYPES:
                     continue
                 addr = int(parts[0], 16)
                 name = parts[2]
-                mod = parts[3][1:-1] if len(parts) > 3 else None
+                mod = parts[3][1:-1].decode("utf-8", "replace") if len(parts) > 3 else None
                 if mod is None:
-                    if name == "_stext":
+                    if name == b"_stext":
                         text_start = addr
-                    elif name == "_etext":
+                    elif name == b"_etext":
                         text_end = addr
                 # Among symbols at one address prefer a plain name: not an alias such as
                 # "__pfx_x" (call padding), "__pi_x", or the section markers "_stext"/"_text".
-                rank = 1 if name.startswith(("__pfx_", "__pi_", "_stext", "_text", "__cfi_")) else 0
-                entries.append((addr, rank, name, mod))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        starts, names, mods = [], [], []
-        for addr, _rank, name, mod in entries:
-            if starts and starts[-1] == addr:
-                continue
-            starts.append(addr)
-            names.append(name)
-            mods.append(mod)
-        self._starts, self._names, self._mods = starts, names, mods
+                rank = 1 if name.startswith((b"__pfx_", b"__pi_", b"_stext", b"_text", b"__cfi_")) else 0
+                keys.append(addr * 2 + rank)
+                addresses.append(addr)
+                names.append(name)
+                module_of.append(module_index.setdefault(mod, len(module_index)))
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        del keys
+        symbols, mods = SymbolTableBuilder(), array("H")
+        for i in order:
+            if addresses[i] != symbols.last_start():
+                symbols.add(addresses[i], 0, names[i])
+                mods.append(module_of[i])
+        del order, addresses, names
+        self._symbols, self._mods, self._module_names = symbols.build(), mods, list(module_index)
         self._text_start, self._text_end = text_start, text_end
-        self.available = bool(starts) and starts[-1] != 0  # all zero: kptr_restrict hides them
+        self.available = bool(self._symbols) and self._symbols.start(len(self._symbols) - 1) != 0  # all zero: kptr_restrict hides them
         self._modules = {}
         try:
             with open(self.modules_path) as f:
@@ -203,22 +212,23 @@ class KernelSymbols:
         if self.loaded_at == 0.0:
             self.load()
         la = addr if lookup_addr is None else lookup_addr
-        i = bisect.bisect_right(self._starts, la) - 1
+        symbols = self._symbols
+        i = symbols.index(la)
         if not self.available or i < 0:
             return Frame(addr, "kernel", file=KERNEL_FILE)
-        mod = self._mods[i]
+        mod = self._module_names[self._mods[i]]
         if mod is None:
             if self._text_end and la >= self._text_end:
                 # past the core kernel's text and not a module symbol: not ours to name
                 return Frame(addr, "kernel", file=KERNEL_FILE)
-            return Frame(addr, "kernel", name=self._names[i], offset=addr - self._starts[i],
+            return Frame(addr, "kernel", name=symbols.name(i), offset=addr - symbols.start(i),
                          file=KERNEL_FILE, build_id=self.build_id(None),
                          mapping_start=self._text_start, mapping_limit=self._text_end,
                          file_address=addr)
         start, end = self._modules.get(mod, (0, 0))
         if end and not start <= la < end:
             return Frame(addr, "kernel", file=KERNEL_FILE)
-        return Frame(addr, "kernel", name=self._names[i], offset=addr - self._starts[i],
+        return Frame(addr, "kernel", name=symbols.name(i), offset=addr - symbols.start(i),
                      file=f"[{mod}]", build_id=self.build_id(mod), mapping_start=start,
                      mapping_limit=end, file_address=addr)
 
@@ -239,9 +249,7 @@ class ElfSymbols:
         self.go: GoFunctions | None = None  # a Go program's function table (.gopclntab)
         self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_filesz, p_vaddr)
         self.symbol_source = ""  # ".symtab", ".dynsym", or the debug file used
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        self._names: list[str] = []
+        self._symbols = SymbolTable.empty()
 
     @property
     def ids(self) -> dict[str, str | None]:
@@ -250,7 +258,7 @@ class ElfSymbols:
 
     @property
     def symbol_count(self) -> int:
-        return len(self._starts)
+        return len(self._symbols)
 
     def vaddr(self, file_offset: int) -> int | None:
         for off, size, vaddr in self.loads:
@@ -259,10 +267,7 @@ class ElfSymbols:
         return None
 
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
-        i = bisect.bisect_right(self._starts, vaddr) - 1
-        if i >= 0 and vaddr < self._ends[i]:
-            return self._names[i], self._starts[i]
-        return None
+        return self._symbols.lookup(vaddr)
 
     # -- parsing
 
@@ -311,19 +316,13 @@ class ElfSymbols:
         if not syms:
             return False
         syms.sort()
-        starts, ends, names = [], [], []
+        table = SymbolTableBuilder()
         for value, _rank, sym_size, name_off in syms:
-            if starts and starts[-1] == value:
+            if value == table.last_start():
                 continue  # alias at the same address; the global one came first
             end = strtab.find(b"\0", name_off)
-            name = strtab[name_off:end if end >= 0 else None].decode("utf-8", "replace")
-            starts.append(value)
-            ends.append(value + sym_size if sym_size else 0)
-            names.append(demangler(name) if demangler else name)
-        for j in range(len(starts)):  # size 0 (hand-written asm): up to the next symbol
-            if ends[j] == 0:
-                ends[j] = starts[j + 1] if j + 1 < len(starts) else starts[j] + 1
-        self._starts, self._ends, self._names = starts, ends, names
+            table.add(value, sym_size, strtab[name_off:end if end >= 0 else None])
+        self._symbols = table.build(demangler)  # names demangled when a lookup needs one
         self.symbol_source = which
         return True
 
