@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from receivers.profiling import perfmap
+from receivers.profiling.jvm_attach import run_jcmd
 from receivers.profiling.perfmap import (
     PerfMaps,
     jit_runtime,
@@ -359,8 +360,8 @@ def test_node_perf_basic_prof(tmp_path):
         path.unlink(missing_ok=True)  # node leaves it behind
 
 
-@pytest.mark.skipif(not (shutil.which("javac") and shutil.which("jcmd")), reason="no JDK")
-def test_jvm_jcmd_compiler_perfmap(tmp_path):
+@pytest.mark.skipif(not shutil.which("javac"), reason="no JDK")
+def test_jvm_compiler_perfmap_through_the_attach_socket(tmp_path):
     subprocess.run(["javac", "-d", str(tmp_path), str(WORKLOADS / "KnownSplit.java")], check=True)
     proc = subprocess.Popen(["java", "-cp", str(tmp_path), "KnownSplit", "8"], stdout=subprocess.DEVNULL)
     path = Path(f"/proc/{proc.pid}/root/tmp/perf-{proc.pid}.map")
@@ -370,11 +371,10 @@ def test_jvm_jcmd_compiler_perfmap(tmp_path):
         maps = PerfMaps(clock=clock)
         info = ProcessTable().snapshot(proc.pid)
         assert process_jit_runtime(info) == "jvm"
-        assert maps.lookup_process(info, 0) is None  # nothing before jcmd
+        assert maps.lookup_process(info, 0) is None  # nothing before the request
         assert maps.stats["files_read"] == 0
 
-        subprocess.run(["jcmd", str(proc.pid), "Compiler.perfmap"], check=True, timeout=20,
-                       stdout=subprocess.DEVNULL)
+        run_jcmd(proc.pid, "Compiler.perfmap")
         lines = map_lines(path)
         assert path.read_bytes().startswith(b"0x")  # 0x%016lx 0x%016lx name
         ranges = replay(lines)
@@ -386,11 +386,10 @@ def test_jvm_jcmd_compiler_perfmap(tmp_path):
         _check_ranges(maps, proc.pid, heavy + others, path)
         assert maps.stats["files_read"] == 1 and maps.stats["lines"] == len(lines)
 
-        # A second jcmd rewrites the same file in place: it is read again, from the start.
+        # A second request rewrites the same file in place: it is read again, from the start.
         ino = path.stat().st_ino
         time.sleep(0.5)
-        subprocess.run(["jcmd", str(proc.pid), "Compiler.perfmap"], check=True, timeout=20,
-                       stdout=subprocess.DEVNULL)
+        run_jcmd(proc.pid, "Compiler.perfmap")
         assert path.stat().st_ino == ino
         clock.now += 10.0
         ranges = replay(map_lines(path))

@@ -55,7 +55,7 @@ def build_java(work: Path) -> Path:
 def profiled(tmp_path_factory):
     if bpf_unavailable_reason():
         pytest.skip(bpf_unavailable_reason())
-    for tool in ("go", "node", "java", "javac", "jcmd", "perf"):
+    for tool in ("go", "node", "java", "javac", "perf"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} should be on this machine (scripts/setup.sh installs the runtimes' packages)")
     work = tmp_path_factory.mktemp("runtimes")

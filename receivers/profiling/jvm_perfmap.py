@@ -1,30 +1,27 @@
 """Asks each JVM for a fresh perf map now and then (the ``jvm_perf_map_interval`` setting).
 
-A HotSpot JVM writes /tmp/perf-<pid>.map only when asked (``jcmd PID Compiler.perfmap``, JDK 17+),
-with the methods compiled by then; methods compiled later stay unnamed until it is asked again.
-When the setting is on, a thread runs that command for every JVM the receiver has seen, once per
-interval. It is off by default: each jcmd starts a small JVM of its own (about half a second of
-CPU) and makes the target JVM write its whole map, which a person should choose to pay for.
-
-jcmd runs as the JVM's user (the attach mechanism refuses other users, root included), and is
-the one beside the JVM's own ``java`` when the JVM shares our mount namespace, else the host's
-(jcmd reaches a container's JVM through /proc/PID/root and its pid inside the namespace).
+A HotSpot JVM writes /tmp/perf-<pid>.map only when asked (the diagnostic command
+``Compiler.perfmap``, JDK 17+), with the methods compiled by then; methods compiled later stay
+unnamed until it is asked again. When the setting is on, a thread asks every JVM the receiver has
+seen, once per interval, through the JVM's attach socket as jcmd would (jvm_attach.py: a few
+milliseconds, where starting jcmd cost half a second of CPU), containers' JVMs included. It is off
+by default: the first request starts the JVM's attach listener (SIGQUIT), and each makes it write
+its whole map into its /tmp, which a person should choose. A JVM whose listener cannot start is
+not asked again.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from typing import Any
 
 from pycollector.logs import log_once
 
+from .jvm_attach import AttachError, NoListener, run_jcmd
 from .perfmap import process_jit_runtime
 from .periodic import Periodic
 from .processes import ProcessTable
 
-JCMD_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 10.0
 
 
 class JvmPerfMapRequester:
@@ -34,50 +31,38 @@ class JvmPerfMapRequester:
         self.log = logger
         self.stats = {"requests": 0, "failures": 0}
         self._periodic = Periodic("profiling-jvm-perf-maps", interval_s, self._request_all)
+        self._no_listener: set[tuple[int, int | None]] = set()  # (pid, start time): not asked again
 
     def start(self) -> None:
         self._periodic.start()
 
     def close(self) -> None:
-        self._periodic.close(timeout=JCMD_TIMEOUT_S + 1)
+        self._periodic.close(timeout=REQUEST_TIMEOUT_S + 1)
 
     def _request_all(self) -> None:
         for tgid in self.processes.tgids():
             info = self.processes.lookup(tgid)
             if info is not None and not info.exited and process_jit_runtime(info) == "jvm":
-                self.request(tgid, info.exe_path)
+                key = (tgid, info.start_time_ticks)
+                if key not in self._no_listener:
+                    try:
+                        self.request(tgid)
+                    except NoListener:
+                        self._no_listener.add(key)
             if self._periodic.stopping:
                 return
 
-    def request(self, pid: int, exe_path: str | None) -> bool:
-        """Ask JVM ``pid`` to write its perf map; False (counted, logged once per JVM) if it did not."""
-        jcmd = _jcmd_for(pid, exe_path)
-        if jcmd is None:
-            log_once(self.log, ("jvm-perf-map-jcmd", pid), "warning", "no jcmd to ask this JVM for its perf map (install a JDK's jcmd on the host)", pid=pid)
-            self.stats["failures"] += 1
-            return False
-        try:
-            status = os.stat(f"/proc/{pid}")
-            done = subprocess.run([jcmd, str(pid), "Compiler.perfmap"], capture_output=True, text=True, timeout=JCMD_TIMEOUT_S,
-                                  user=status.st_uid, group=status.st_gid)
-            failure = None if done.returncode == 0 else (done.stdout + done.stderr).strip()[-300:]
-        except (OSError, subprocess.SubprocessError) as error:
-            failure = str(error)
+    def request(self, pid: int) -> bool:
+        """Ask JVM ``pid`` to write its perf map; False if it did not (counted, and logged once
+        per JVM). NoListener is raised on, for the caller to stop asking that JVM."""
         self.stats["requests"] += 1
-        if failure is not None:
+        try:
+            run_jcmd(pid, "Compiler.perfmap", REQUEST_TIMEOUT_S)
+        except AttachError as error:
             self.stats["failures"] += 1
-            log_once(self.log, ("jvm-perf-map", pid), "warning", "a JVM did not write its perf map; its compiled Java frames stay unnamed", pid=pid, jcmd=jcmd, reason=failure)
+            log_once(self.log, ("jvm-perf-map", pid), "warning", "a JVM did not write its perf map; its compiled Java frames stay unnamed",
+                     pid=pid, reason=str(error), asked_again=not isinstance(error, NoListener))
+            if isinstance(error, NoListener):
+                raise
             return False
         return True
-
-
-def _jcmd_for(pid: int, exe_path: str | None) -> str | None:
-    try:
-        same_namespace = os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
-    except OSError:
-        return None
-    if same_namespace and exe_path:
-        beside = os.path.join(os.path.dirname(exe_path), "jcmd")
-        if os.access(beside, os.X_OK):
-            return beside
-    return shutil.which("jcmd")

@@ -1,0 +1,108 @@
+"""HotSpot's attach protocol spoken by receivers/profiling/jvm_attach.py, against real JVMs (JDK 17):
+what jcmd does, what it must refuse, and the perf map requester that uses it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import structlog
+
+from receivers.profiling import jvm_perfmap
+from receivers.profiling.jvm_attach import AttachError, NoListener, run_jcmd
+from receivers.profiling.jvm_perfmap import JvmPerfMapRequester
+from receivers.profiling.processes import ProcessTable
+from tests.conftest import WORKLOADS
+
+pytestmark = pytest.mark.skipif(not shutil.which("javac"), reason="no JDK")
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory) -> Path:
+    built = tmp_path_factory.mktemp("java")
+    subprocess.run(["javac", "-d", str(built), str(WORKLOADS / "KnownSplit.java")], check=True)
+    return built
+
+
+def start_jvm(classes: Path, *options: str) -> subprocess.Popen:
+    """A JVM running KnownSplit for a minute, 1.5 s in (its handlers installed, spinHeavy
+    compiled); its output (a thread dump, if SIGQUIT reaches it without a listener) is kept."""
+    jvm = subprocess.Popen(["java", *options, "-cp", str(classes), "KnownSplit", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(1.5)
+    return jvm
+
+
+def stop(jvm: subprocess.Popen) -> bytes:
+    jvm.kill()
+    output, _ = jvm.communicate(timeout=20)
+    for leftover in (f"/tmp/perf-{jvm.pid}.map", f"/tmp/.java_pid{jvm.pid}"):
+        Path(leftover).unlink(missing_ok=True)
+    return output
+
+
+def test_a_command_runs_as_jcmd_runs_it(classes):
+    jvm = start_jvm(classes)
+    try:
+        assert not os.path.exists(f"/tmp/.java_pid{jvm.pid}"), "no listener before the first request"
+        started = time.monotonic()
+        version = run_jcmd(jvm.pid, "VM.version")
+        took = time.monotonic() - started
+        jcmd = subprocess.run(["jcmd", str(jvm.pid), "VM.version"], capture_output=True, text=True, timeout=30) if shutil.which("jcmd") else None
+        print(f"VM.version through the socket in {took * 1000:.0f} ms: {version.splitlines()[0]}")
+        assert "OpenJDK" in version or "HotSpot" in version
+        if jcmd is not None:
+            assert version.splitlines()[-1] in jcmd.stdout, "jcmd prints the same"
+        assert not os.path.exists(f"/tmp/.attach_pid{jvm.pid}"), "the trigger file is removed"
+        with pytest.raises(AttachError, match="Unknown diagnostic command"):
+            run_jcmd(jvm.pid, "No.such.command")
+        assert jvm.poll() is None
+    finally:
+        output = stop(jvm)
+    assert b"Full thread dump" not in output, "the signal started the listener, not a thread dump"
+
+
+def test_a_jvm_without_a_sigquit_handler_is_not_signalled(classes):
+    """-Xrs leaves SIGQUIT to its default action, which would end the JVM."""
+    jvm = start_jvm(classes, "-Xrs", "-XX:+DisableAttachMechanism")
+    try:
+        with pytest.raises(NoListener, match="does not catch SIGQUIT"):
+            run_jcmd(jvm.pid, "Compiler.perfmap")
+        time.sleep(0.2)
+        assert jvm.poll() is None, "still running"
+    finally:
+        stop(jvm)
+
+
+def test_the_requester_stops_asking_a_jvm_whose_listener_never_starts(classes, monkeypatch):
+    monkeypatch.setattr(jvm_perfmap, "REQUEST_TIMEOUT_S", 2.0)  # how long it waits for the socket
+    jvm = start_jvm(classes, "-XX:+DisableAttachMechanism")
+    try:
+        processes = ProcessTable()
+        processes.on_new_process(jvm.pid, jvm.pid, "java")
+        requester = JvmPerfMapRequester(processes, 3600, structlog.get_logger())
+        requester._request_all()
+        assert requester.stats == {"requests": 1, "failures": 1}
+        requester._request_all()
+        assert requester.stats["requests"] == 1, "not asked again"
+        assert jvm.poll() is None
+    finally:
+        output = stop(jvm)
+    assert output.count(b"Full thread dump") == 1, "one SIGQUIT, one thread dump"
+
+
+def test_the_requester_gets_a_perf_map_written(classes):
+    jvm = start_jvm(classes)
+    try:
+        processes = ProcessTable()
+        processes.on_new_process(jvm.pid, jvm.pid, "java")
+        requester = JvmPerfMapRequester(processes, 3600, structlog.get_logger())
+        requester._request_all()
+        assert requester.stats == {"requests": 1, "failures": 0}
+        names = Path(f"/proc/{jvm.pid}/root/tmp/perf-{jvm.pid}.map").read_text()
+        assert "KnownSplit.spinHeavy" in names
+    finally:
+        stop(jvm)
