@@ -4,8 +4,10 @@ what jcmd does, what it must refuse, and the perf map requester that uses it."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,10 +30,23 @@ def classes(tmp_path_factory) -> Path:
     return built
 
 
-def start_jvm(classes: Path, *options: str) -> subprocess.Popen:
+@pytest.fixture
+def shared_classes(classes) -> Path:
+    """The classes where another user can read them (pytest's directories are root's alone)."""
+    shared = Path(tempfile.mkdtemp(prefix="pycollector-java-"))
+    shared.chmod(0o755)
+    for built in classes.iterdir():
+        shutil.copy(built, shared / built.name)
+        (shared / built.name).chmod(0o644)
+    yield shared
+    shutil.rmtree(shared)
+
+
+def start_jvm(classes: Path, *options: str, user: str | None = None) -> subprocess.Popen:
     """A JVM running KnownSplit for a minute, 1.5 s in (its handlers installed, spinHeavy
     compiled); its output (a thread dump, if SIGQUIT reaches it without a listener) is kept."""
-    jvm = subprocess.Popen(["java", *options, "-cp", str(classes), "KnownSplit", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    jvm = subprocess.Popen(["java", *options, "-cp", str(classes), "KnownSplit", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           **({"user": user, "group": pwd.getpwnam(user).pw_gid, "cwd": "/"} if user else {}))
     time.sleep(1.5)
     return jvm
 
@@ -78,6 +93,8 @@ def test_a_jvm_without_a_sigquit_handler_is_not_signalled(classes):
 
 
 def test_the_requester_stops_asking_a_jvm_whose_listener_never_starts(classes, monkeypatch):
+    """Once the JVM has run long enough to have its handlers (SETTLED_AFTER_S); before, it is
+    asked again."""
     monkeypatch.setattr(jvm_perfmap, "REQUEST_TIMEOUT_S", 2.0)  # how long it waits for the socket
     jvm = start_jvm(classes, "-XX:+DisableAttachMechanism")
     try:
@@ -85,13 +102,16 @@ def test_the_requester_stops_asking_a_jvm_whose_listener_never_starts(classes, m
         processes.on_new_process(jvm.pid, jvm.pid, "java")
         requester = JvmPerfMapRequester(processes, 3600, structlog.get_logger())
         requester._request_all()
-        assert requester.stats == {"requests": 1, "failures": 1}
         requester._request_all()
-        assert requester.stats["requests"] == 1, "not asked again"
+        assert requester.stats == {"requests": 2, "failures": 2}, "a young JVM is asked again"
+        monkeypatch.setattr(jvm_perfmap, "SETTLED_AFTER_S", 1.0)
+        requester._request_all()
+        requester._request_all()
+        assert requester.stats["requests"] == 3, "a settled one is not"
         assert jvm.poll() is None
     finally:
         output = stop(jvm)
-    assert output.count(b"Full thread dump") == 1, "one SIGQUIT, one thread dump"
+    assert output.count(b"Full thread dump") == 3, "one thread dump per SIGQUIT"
 
 
 def test_the_requester_gets_a_perf_map_written(classes):
@@ -104,5 +124,23 @@ def test_the_requester_gets_a_perf_map_written(classes):
         assert requester.stats == {"requests": 1, "failures": 0}
         names = Path(f"/proc/{jvm.pid}/root/tmp/perf-{jvm.pid}.map").read_text()
         assert "KnownSplit.spinHeavy" in names
+    finally:
+        stop(jvm)
+
+
+def test_a_jvm_of_another_user_is_asked_as_that_user(shared_classes):
+    """The JVM accepts only its own user (or root, outside user namespaces): the request runs as
+    the JVM's user, and the trigger file is that user's."""
+    jvm = start_jvm(shared_classes, user="nobody")
+    try:
+        started = time.monotonic()
+        version = run_jcmd(jvm.pid, "VM.version")
+        took = time.monotonic() - started
+        print(f"a JVM of user nobody answered in {took * 1000:.0f} ms")
+        assert "OpenJDK" in version or "HotSpot" in version
+        listener = Path(f"/tmp/.java_pid{jvm.pid}")
+        assert listener.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+        run_jcmd(jvm.pid, "Compiler.perfmap")
+        assert Path(f"/tmp/perf-{jvm.pid}.map").stat().st_uid == pwd.getpwnam("nobody").pw_uid
     finally:
         stop(jvm)

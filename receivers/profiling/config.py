@@ -69,8 +69,9 @@ class ProfilingConfig(ComponentConfig):
     # in TRACERS), and per runtime {enabled: false} to leave one out.
     tracers: str = ""
     interpreters: dict[str, Any] | None = None
-    # How often each JVM is asked to write its perf map (jcmd PID Compiler.perfmap), which names
-    # its compiled methods; 0: never (the default: each request costs a small JVM's start).
+    # How often each JVM is asked to write its perf map (Compiler.perfmap, through its attach
+    # socket), which names its compiled methods; 0: never (the default: the first request starts
+    # the JVM's attach listener with SIGQUIT, and each has it write into its /tmp).
     jvm_perf_map_interval: NonNegativeDuration = 0.0
 
     # Off-CPU profiling: the probability that a thread's switch off a CPU is recorded, with where

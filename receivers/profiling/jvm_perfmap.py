@@ -3,15 +3,17 @@
 A HotSpot JVM writes /tmp/perf-<pid>.map only when asked (the diagnostic command
 ``Compiler.perfmap``, JDK 17+), with the methods compiled by then; methods compiled later stay
 unnamed until it is asked again. When the setting is on, a thread asks every JVM the receiver has
-seen, once per interval, through the JVM's attach socket as jcmd would (jvm_attach.py: a few
-milliseconds, where starting jcmd cost half a second of CPU), containers' JVMs included. It is off
+seen, once per interval, through the JVM's attach socket as jcmd would (jvm_attach.py: about
+40 ms, where starting jcmd cost half a second of CPU), containers' JVMs included. It is off
 by default: the first request starts the JVM's attach listener (SIGQUIT), and each makes it write
 its whole map into its /tmp, which a person should choose. A JVM whose listener cannot start is
-not asked again.
+not asked again once it has run a minute (a younger one may still be installing its handlers).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from pycollector.logs import log_once
@@ -22,6 +24,8 @@ from .periodic import Periodic
 from .processes import ProcessTable
 
 REQUEST_TIMEOUT_S = 10.0
+# A JVM younger than this may not have its SIGQUIT handler yet: its missing listener is not final.
+SETTLED_AFTER_S = 60.0
 
 
 class JvmPerfMapRequester:
@@ -30,39 +34,52 @@ class JvmPerfMapRequester:
         self.interval_s = interval_s
         self.log = logger
         self.stats = {"requests": 0, "failures": 0}
-        self._periodic = Periodic("profiling-jvm-perf-maps", interval_s, self._request_all)
+        self._periodic = Periodic("profiling-jvm-perf-maps", interval_s, self._request_all, logger)
         self._no_listener: set[tuple[int, int | None]] = set()  # (pid, start time): not asked again
 
     def start(self) -> None:
         self._periodic.start()
 
     def close(self) -> None:
-        self._periodic.close(timeout=REQUEST_TIMEOUT_S + 1)
+        self._periodic.close(timeout=REQUEST_TIMEOUT_S + 6)
 
     def _request_all(self) -> None:
+        jvms = set()
         for tgid in self.processes.tgids():
             info = self.processes.lookup(tgid)
-            if info is not None and not info.exited and process_jit_runtime(info) == "jvm":
-                key = (tgid, info.start_time_ticks)
-                if key not in self._no_listener:
-                    try:
-                        self.request(tgid)
-                    except NoListener:
-                        self._no_listener.add(key)
+            if info is None or info.exited or process_jit_runtime(info) != "jvm":
+                continue
+            key = (tgid, info.start_time_ticks)
+            jvms.add(key)
+            if key in self._no_listener:
+                continue
+            try:
+                self.request(tgid)
+            except NoListener:
+                if _age_s(info.start_time_ticks) >= SETTLED_AFTER_S:
+                    self._no_listener.add(key)
             if self._periodic.stopping:
                 return
+        self._no_listener &= jvms  # the exited ones
 
     def request(self, pid: int) -> bool:
         """Ask JVM ``pid`` to write its perf map; False if it did not (counted, and logged once
-        per JVM). NoListener is raised on, for the caller to stop asking that JVM."""
+        per JVM). NoListener is raised on, for the caller to decide whether to ask again."""
         self.stats["requests"] += 1
         try:
             run_jcmd(pid, "Compiler.perfmap", REQUEST_TIMEOUT_S)
         except AttachError as error:
             self.stats["failures"] += 1
             log_once(self.log, ("jvm-perf-map", pid), "warning", "a JVM did not write its perf map; its compiled Java frames stay unnamed",
-                     pid=pid, reason=str(error), asked_again=not isinstance(error, NoListener))
+                     pid=pid, reason=str(error))
             if isinstance(error, NoListener):
                 raise
             return False
         return True
+
+
+def _age_s(start_time_ticks: int | None) -> float:
+    """Seconds since a process started (its /proc/PID/stat start time, in clock ticks since boot)."""
+    if start_time_ticks is None:
+        return 0.0
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_time_ticks / os.sysconf("SC_CLK_TCK")

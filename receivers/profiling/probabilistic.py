@@ -30,7 +30,7 @@ class ProbabilisticProfiling:
         self.log = log
         self.stats = {"intervals_on": 0, "intervals_off": 0}
         self._rng = _new_rng()
-        self._periodic = Periodic("profiling-probabilistic", interval_s, self._draw)
+        self._periodic = Periodic("profiling-probabilistic", interval_s, self._draw, log)
 
     def start(self) -> None:
         self._draw()  # the first interval starts now, as Go's agent does
