@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from receivers.profiling.python.code import CodeCache, CodeReadError, NotTheSampledCode
+from receivers.profiling.python.code import CodeCache, CodeObject, CodeReadError, NotTheSampledCode
 from receivers.profiling.python.detect import detect_cpython
 from receivers.profiling.python.frames import FIRST_LINE_MASK
+from receivers.profiling.python.linetable import LineTable
+from receivers.profiling.python.offsets import LineTableKind
 from receivers.profiling.python.memory import MemoryReadError, ProcessMemory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -333,3 +335,14 @@ def test_errors_are_clear(tmp_path):
         process.wait()
     with pytest.raises(MemoryReadError, match="cannot open"):
         ProcessMemory(process.pid)
+
+
+@pytest.mark.parametrize("kind", [LineTableKind.LINETABLE_310, LineTableKind.LOCATIONS])
+def test_an_empty_line_table_does_not_reject_a_frame(kind):
+    """Code built by hand (types.CodeType, .replace(co_linetable=b"")) has no lines: its frames
+    are still named (no line), not taken for another code object's."""
+    table = LineTable(kind, b"", 7)
+    assert table.end is None
+    code = CodeObject(0x1000, "made", None, "<made>", 7, (), table)
+    code.check_sampled(12, 7 & FIRST_LINE_MASK, FIRST_LINE_MASK)
+    assert code.locate(12).line is None

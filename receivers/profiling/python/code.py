@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .frames import FIRST_LINE_MASK
 from .linetable import LineTable
 from .memory import MemoryReadError, ProcessMemory
 from .offsets import Offsets, StringKind
@@ -170,7 +171,7 @@ class CodeCache:
             self._epoch += 1
 
     def locate(self, pid: int, memory: ProcessMemory, offsets: Offsets, address: int, instruction: int,
-               first_line_bits: int | None = None, first_line_mask: int = 0) -> PythonLocation:
+               first_line_bits: int | None = None, first_line_mask: int = FIRST_LINE_MASK) -> PythonLocation:
         """The location of ``instruction`` in the code object at ``address``. With
         ``first_line_bits`` (a kernel sample's), raises NotTheSampledCode when the code object
         there now is not the one sampled."""

@@ -27,7 +27,7 @@ from receivers.profiling.symbolizer import Frame
 
 from .code import CodeCache, CodeReadError
 from .detect import RUNTIME, CPython, detect_cpython, version_from_name, _UNVERSIONED
-from .frames import FIRST_LINE_MASK, TAG, PythonFrame, calls, eval_loop_test, interleave, split
+from .frames import TAG, PythonFrame, calls, eval_loop_test, interleave, split
 from .memory import MemoryReadError, ProcessMemory
 from .offsets import InstructionKind, EntryKind, Offsets, UnknownLayout
 
@@ -227,8 +227,7 @@ class PythonInterpreters:
         reason = "the process is no longer known"
         if process is not None:
             try:
-                where = self.code.locate(tgid, process.memory, process.offsets, frame.code, frame.instruction,
-                                         frame.first_line_bits, FIRST_LINE_MASK)
+                where = self.code.locate(tgid, process.memory, process.offsets, frame.code, frame.instruction, frame.first_line_bits)
             except (CodeReadError, MemoryReadError) as error:
                 reason = str(error)
             else:

@@ -42,8 +42,8 @@ class LineTable:
         self._starts = [start for start, _ in pairs]
         self._lines = [line for _, line in pairs]
         # The first instruction past the code, where the table tells (3.10+'s cover every
-        # instruction); None for co_lnotab.
-        self.end = None if kind in (LineTableKind.LNOTAB, LineTableKind.LNOTAB_UNSIGNED) else self._starts[-1]
+        # instruction); None for co_lnotab, and for an empty table (code made by hand).
+        self.end = None if kind in (LineTableKind.LNOTAB, LineTableKind.LNOTAB_UNSIGNED) or not self._starts[-1] else self._starts[-1]
 
     def line(self, instruction: int) -> int | None:
         """The source line of ``instruction`` (as the walker records it), None when the table
