@@ -320,13 +320,16 @@ def test_symbol_table_ranges_sizeless_symbols_and_lazy_demangling():
     builder.add(0x1000, 0x10, b"sized")
     builder.add(0x1100, 0, "sizeless_\u00e9".encode())  # hand-written asm: up to the next symbol
     builder.add(0x1180, 0x8, b"last")
+    builder.add(0xFFFF_FFFF_FFFF_FF00, 0x1000, b"malformed")  # its size runs past the top of the address space
     table = builder.build(demangle_and_note)
-    assert len(table) == 3 and demangled == []  # nothing decoded until asked
+    assert len(table) == 4 and demangled == []  # nothing decoded until asked
     assert table.lookup(0x100F) == ("SIZED", 0x1000)
     assert table.lookup(0x1010) is None  # between a sized symbol's end and the next
     assert table.lookup(0x117F) == ("SIZELESS_\u00c9", 0x1100)
     assert table.lookup(0x1188) is None and table.lookup(0xFFF) is None
-    assert demangled == ["sized", "sizeless_\u00e9"]
+    assert table.lookup(0xFFFF_FFFF_FFFF_FFF0) == ("MALFORMED", 0xFFFF_FFFF_FFFF_FF00)
+    assert table.lookup(0x1000) == ("SIZED", 0x1000)
+    assert demangled == ["sized", "sizeless_\u00e9", "malformed"], "a name once decoded is kept"
     assert SymbolTable.empty().lookup(0x1000) is None
 
 
