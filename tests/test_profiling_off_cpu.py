@@ -174,8 +174,8 @@ def test_targeting_leaves_other_processes_out_of_the_off_cpu_profile(blocking_re
 
 
 # Where a Go thread's stack starts: a goroutine's (runtime.goexit), a thread's (runtime.mstart,
-# runtime.rt0_go), or a switch to the thread's own stack (runtime.mcall, runtime.morestack).
-GO_ROOTS = {"runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.mcall", "runtime.morestack"}
+# runtime.rt0_go), or the scheduler's on the thread's own stack (runtime.mcall).
+GO_ROOTS = {"runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.mcall"}
 
 
 def test_go_threads_park_in_the_scheduler_and_their_stacks_end_where_go_says(go_sleeping, unwind_cache):

@@ -109,7 +109,7 @@ def leaves(profiled, pid: int) -> collections.Counter:
 
 # Where a whole stack ends: a program's entry, a thread's root, a goroutine's.
 ROOTS = {"_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "__clone3", "clone3", "__clone",
-         "runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.mcall", "runtime.morestack"}
+         "runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.mcall"}
 
 
 def rooted(profiled, pid: int) -> tuple[float, collections.Counter]:

@@ -48,15 +48,16 @@ _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _KALLSYMS_TEXT_TYPES = frozenset((b"T", b"t", b"W", b"w"))
 _KERNEL_RELOAD_AFTER_S = 30.0
 _UNREADABLE_RETRY_S = 10.0
-# Where a Go stack ends though frame pointers may go on: the functions Go's own traceback treats
-# as the top of a stack. A goroutine starts in runtime.goexit's frame, a thread in runtime.mstart
-# (runtime.rt0_go the first), with whatever the clone left in the frame pointer; runtime.mcall and
-# runtime.morestack switch to the thread's g0 stack to run the scheduler or grow the stack, and
-# before Go 1.21 mcall keeps the goroutine's frame pointer, which leads back into a goroutine stack
-# another thread may have rewritten by the time a parked thread is sampled. An off-CPU profile of a
-# Go 1.19 program had 15% of its time under "runtime.mcall <- runtime.newproc <- ?" and 3% under
-# "runtime.mstart <- runtime.execute <- ?".
-GO_STACK_TOPS = frozenset({"runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.mcall", "runtime.morestack"})
+# Where a Go stack ends though frame pointers may go on, as Go's own traceback ends it. A
+# goroutine starts in runtime.goexit's frame, a thread in runtime.mstart (runtime.rt0_go the
+# first), with whatever the clone left in the frame pointer. runtime.mcall switches to the thread's
+# g0 stack to run the scheduler and, before Go 1.21, keeps the goroutine's frame pointer, which
+# leads back into a goroutine stack another thread may have rewritten by the time a parked thread
+# is sampled. An off-CPU profile of a Go 1.19 program had 15% of its time under
+# "runtime.mcall <- runtime.newproc <- ?" and 3% under "runtime.mstart <- runtime.execute <- ?".
+# (runtime.morestack is not cut: the goroutine it grows is stopped on this thread, its frames true.)
+# By name, whether from .gopclntab or .symtab (go_names: false).
+GO_STACK_TOPS = frozenset({"runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.mcall"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,7 +498,7 @@ class Symbolizer:
                 if frame is None:
                     frame = memo[key] = self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr))
                 out.append(frame)
-                if frame.kind == "go" and frame.name in GO_STACK_TOPS:
+                if frame.name in GO_STACK_TOPS:
                     break
         return out
 
