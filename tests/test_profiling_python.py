@@ -283,7 +283,10 @@ def test_each_thread_gets_its_own_python_stack(profiled):
             outermost[functions[-1] if functions else None] += count
         roots[tid] = outermost
         print(f"thread {tid}: {samples} samples, spin_heavy {heavy:.3f}, outermost Python frames {outermost.most_common(3)}")
-        assert abs(heavy - 0.75) <= share_tolerance(samples)
+        # Two threads hand the GIL back and forth, and each one's share sits lower than a lone
+        # thread's: over 15 threads in 8 runs here it averaged 0.726 (SD 0.015, a binomial's
+        # 0.0125), single-threaded runs 0.738. The floor leaves room for that shift.
+        assert abs(heavy - 0.75) <= share_tolerance(samples, floor=0.07)
         # The main thread runs main() from <module>; the other from threading's _bootstrap.
         # (3.11 names it by its qualified name, Thread._bootstrap.)
         expected = "<module>" if tid == main_thread else "_bootstrap"
