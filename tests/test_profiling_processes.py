@@ -174,6 +174,27 @@ def test_maps_refresh_after_dlopen_is_rate_limited(tmp_path):
         child.wait()
 
 
+def test_an_exiting_process_keeps_its_mappings():
+    """A process that has exited but is not reaped yet (as one is while it exits) reads empty
+    maps: a refresh on a miss then must not empty what the snapshot had, which its last samples
+    need. CI runs lost a whole report's frames of a process that way."""
+    child = start_child()
+    table = ProcessTable()
+    info = table.on_new_process(child.pid, child.pid, "python3")
+    known = info.mappings[0].start
+    child.stdin.close()  # start_child's loop ends; nobody reaps it yet
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/maps").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert Path(f"/proc/{child.pid}/maps").read_text() == "", "a zombie has no maps"
+        assert table.find_mapping(child.pid, 0x10, rate_limited=False) is None  # a miss: maps read again
+        assert table.find_mapping(child.pid, known) is not None and info.mappings, "the snapshot's mappings stay"
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_deleted_executable_is_marked(tmp_path):
     exe = tmp_path / "sleeper"
     shutil.copy("/bin/sleep", exe)

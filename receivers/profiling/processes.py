@@ -366,7 +366,9 @@ class ProcessTable:
         if not self._same_incarnation(info):
             return None
         fresh = ProcessInfo(pid=tgid)
-        if self._read_maps(fresh, base):
+        # An exiting process has no memory left before its /proc entry goes: its maps read empty,
+        # and its last samples still need the mappings it had.
+        if self._read_maps(fresh, base) and fresh.mappings:
             with self._lock:
                 info.set_mappings(fresh.mappings)
             self.stats["maps_refreshes"] += 1
