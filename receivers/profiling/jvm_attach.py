@@ -53,8 +53,10 @@ def run_jcmd(pid: int, command: str, timeout_s: float = 10.0) -> str:
         raise AttachError(f"process {pid}: unreadable status ({error!r})") from error
     same_user = (uid, gid) == (os.geteuid(), os.getegid())
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", _CHILD, str(pid), command, str(timeout_s)],
-                              capture_output=True, timeout=timeout_s + 5, close_fds=True,
+        # The interpreter itself, not a virtualenv's link to it, from /: the JVM's user may not
+        # be able to reach the collector's directories.
+        done = subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", _CHILD, str(pid), command, str(timeout_s)],
+                              capture_output=True, timeout=timeout_s + 5, close_fds=True, cwd="/",
                               **({} if same_user else {"user": uid, "group": gid, "extra_groups": []}))
     except (OSError, subprocess.SubprocessError) as error:  # no right to switch users, timed out
         raise AttachError(f"could not ask as the JVM's user {uid}: {error}") from error
