@@ -31,6 +31,7 @@ import time
 
 PROTOCOL_VERSION = b"1"
 LISTENER_POLL_S = 0.02
+HELPER_GRACE_S = 5.0  # what the child may take beyond the request's timeout (its start, its exit)
 # The child's exit codes besides 0 (its stdout is the command's output, its stderr the reason).
 _FAILED, _NO_LISTENER = 2, 3
 
@@ -56,7 +57,7 @@ def run_jcmd(pid: int, command: str, timeout_s: float = 10.0) -> str:
         # The interpreter itself, not a virtualenv's link to it, from /: the JVM's user may not
         # be able to reach the collector's directories.
         done = subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", _CHILD, str(pid), command, str(timeout_s)],
-                              capture_output=True, timeout=timeout_s + 5, close_fds=True, cwd="/",
+                              capture_output=True, timeout=timeout_s + HELPER_GRACE_S, close_fds=True, cwd="/",
                               **({} if same_user else {"user": uid, "group": gid, "extra_groups": []}))
     except (OSError, subprocess.SubprocessError) as error:  # no right to switch users, timed out
         raise AttachError(f"could not ask as the JVM's user {uid}: {error}") from error

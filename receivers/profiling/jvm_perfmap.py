@@ -12,13 +12,11 @@ not asked again once it has run a minute (a younger one may still be installing 
 
 from __future__ import annotations
 
-import os
-import time
 from typing import Any
 
 from pycollector.logs import log_once
 
-from .jvm_attach import AttachError, NoListener, run_jcmd
+from .jvm_attach import HELPER_GRACE_S, AttachError, NoListener, run_jcmd
 from .perfmap import process_jit_runtime
 from .periodic import Periodic
 from .processes import ProcessTable
@@ -41,7 +39,7 @@ class JvmPerfMapRequester:
         self._periodic.start()
 
     def close(self) -> None:
-        self._periodic.close(timeout=REQUEST_TIMEOUT_S + 6)
+        self._periodic.close(timeout=REQUEST_TIMEOUT_S + HELPER_GRACE_S + 1)
 
     def _request_all(self) -> None:
         jvms = set()
@@ -56,7 +54,7 @@ class JvmPerfMapRequester:
             try:
                 self.request(tgid)
             except NoListener:
-                if _age_s(info.start_time_ticks) >= SETTLED_AFTER_S:
+                if info.age_s() >= SETTLED_AFTER_S:
                     self._no_listener.add(key)
             if self._periodic.stopping:
                 return
@@ -77,9 +75,3 @@ class JvmPerfMapRequester:
             return False
         return True
 
-
-def _age_s(start_time_ticks: int | None) -> float:
-    """Seconds since a process started (its /proc/PID/stat start time, in clock ticks since boot)."""
-    if start_time_ticks is None:
-        return 0.0
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_time_ticks / os.sysconf("SC_CLK_TCK")

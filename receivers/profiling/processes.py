@@ -114,6 +114,10 @@ class ProcessInfo:
     def executable_name(self) -> str:
         return os.path.basename(self.exe_path) if self.exe_path else self.comm
 
+    def age_s(self) -> float:
+        """Seconds since the process started (to the second: boot time is); 0 if unknown."""
+        return (time.time_ns() - self.start_time_ns) / 1e9 if self.start_time_ns is not None else 0.0
+
     @property
     def root(self) -> str:
         """This process's view of / (files of a container resolve through it)."""
