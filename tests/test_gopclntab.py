@@ -28,7 +28,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from receivers.profiling.gopclntab import GoFunctions, GoTableError
-from tests.conftest import WORKLOADS
+from tests.conftest import WORKLOADS, build_go_program
 
 pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="go (Debian golang-go) is not installed")
 
@@ -61,7 +61,6 @@ SAMPLED_FUNCTIONS = 3000  # per binary of another version: addr2line and lookups
 def go_build(tmp_path_factory):
     """build(flags) -> path of known_split built with those flags (once per flag set)."""
     out = tmp_path_factory.mktemp("go")
-    env = dict(os.environ, GOCACHE=str(out / "gocache"), GOPROXY="off")
     built: dict[tuple[str, ...], Path] = {}
 
     def build(flags: list[str]) -> Path:
@@ -69,10 +68,7 @@ def go_build(tmp_path_factory):
         if key not in built:
             if any("external" in flag for flag in flags) and shutil.which("gcc") is None:
                 pytest.skip("external linking needs gcc")
-            path = out / f"known_split{len(built)}"
-            subprocess.run(["go", "build", *flags, "-o", str(path), str(SOURCE)], cwd=out, env=env,
-                           check=True, capture_output=True, timeout=300)
-            built[key] = path
+            built[key] = build_go_program(SOURCE, out / f"known_split{len(built)}", *flags)
         return built[key]
 
     return build

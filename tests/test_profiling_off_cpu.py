@@ -13,7 +13,6 @@ matching process has off-CPU time.
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import subprocess
 import time
@@ -26,7 +25,7 @@ from pycollector.pdata import iter_samples, sample_type
 from pycollector.service import Service
 from pycollector.testing import CapturingExporterFactory, registry_with
 
-from tests.conftest import bpf_unavailable_reason
+from tests.conftest import bpf_unavailable_reason, build_go_program
 
 pytestmark = pytest.mark.bpf
 
@@ -59,11 +58,7 @@ def go_sleeping(tmp_path_factory) -> Path:
         pytest.skip(bpf_unavailable_reason())
     if not shutil.which("go"):
         pytest.skip("no Go toolchain (Debian's golang-go)")
-    work = tmp_path_factory.mktemp("off_cpu_go")
-    built = work / "sleeping"
-    env = {**os.environ, "GOCACHE": str(work / "gocache"), "GO111MODULE": "off"}
-    subprocess.run(["go", "build", "-o", str(built), str(WORKLOADS / "sleeping.go")], check=True, env=env)
-    return built
+    return build_go_program(WORKLOADS / "sleeping.go", tmp_path_factory.mktemp("off_cpu_go") / "sleeping")
 
 
 def receiver_config(unwind_cache: Path) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import io
-import os
 import shutil
 import subprocess
 import time
@@ -28,20 +27,12 @@ from pycollector.pdata import iter_samples
 from pycollector.service import Service
 from pycollector.testing import CapturingExporterFactory, TestHost, make_settings, registry_with
 
-from tests.conftest import WORKLOADS, bpf_unavailable_reason, perf_leaves, share_tolerance
+from tests.conftest import WORKLOADS, bpf_unavailable_reason, build_go_program, perf_leaves, share_tolerance
 
 pytestmark = pytest.mark.bpf
 
 HZ = 499
 SECONDS = 8
-
-
-def build_go(work: Path) -> Path:
-    binary = work / "known_split_go"
-    env = {**os.environ, "GOCACHE": str(work / "gocache"), "GOFLAGS": "-mod=mod", "GO111MODULE": "off"}
-    subprocess.run(["go", "build", "-ldflags=-s -w", "-o", str(binary), str(WORKLOADS / "known_split.go")],
-                   check=True, capture_output=True, env=env, cwd=work)
-    return binary
 
 
 def build_java(work: Path) -> Path:
@@ -59,7 +50,7 @@ def profiled(tmp_path_factory):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} should be on this machine (scripts/setup.sh installs the runtimes' packages)")
     work = tmp_path_factory.mktemp("runtimes")
-    go_binary = build_go(work)
+    go_binary = build_go_program(WORKLOADS / "known_split.go", work / "known_split_go", "-ldflags=-s -w")
     classes = build_java(work)
     capture = CapturingExporterFactory()
     config = {
