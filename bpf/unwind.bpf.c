@@ -83,8 +83,8 @@ enum step_result { STEP_CONTINUE, STEP_DONE, STEP_COMPLETE };
  * `walk_set` argument, a constant in each copy. */
 enum walk_program_set { WALK_ON_CPU = 0, WALK_OFF_CPU = 1 };
 
-/* Tail-call program `index` of the walk (UNWIND_STEP_PROGRAM, PYTHON_WALK_PROGRAM) in `program`'s
- * set.  Returns only if the call failed. */
+/* Tail-call program `index` of the walk (UNWIND_STEP_PROGRAM, PYTHON_WALK_PROGRAM) in
+ * `walk_set`.  Returns only if the call failed. */
 static __always_inline void walk_next(void *ctx, int walk_set, u32 index)
 {
 #ifdef OFF_CPU

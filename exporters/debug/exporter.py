@@ -30,7 +30,6 @@ from exporters.debug.values import format_value
 from exporters.profiles import sample_value, with_source_line
 
 
-
 class _LogSampler:
     """Per one-second tick: let the first ``initial`` through, then every ``thereafter``-th."""
 

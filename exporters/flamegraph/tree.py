@@ -24,7 +24,6 @@ from pycollector.pdata import CPU_SAMPLES
 from exporters.flamegraph.window import ProcessKey, SampleType, Stack, Totals
 
 
-
 def page_data(totals: Totals, window_seconds: float, host: str) -> dict[str, Any]:
     ordered = sorted(totals, key=lambda value_type: (value_type != CPU_SAMPLES, value_type))
     ids = type_ids(ordered)
