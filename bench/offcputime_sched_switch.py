@@ -121,7 +121,7 @@ def patched_source(source: str) -> str:
 def _task_pid_offset() -> int:
     """Where the running kernel keeps a thread's id in task_struct, as pycollector reads it."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from receivers.profiling.kernel_btf import task_pid_offset
+    from receivers.profiling.kernel.btf import task_pid_offset
 
     return task_pid_offset()
 

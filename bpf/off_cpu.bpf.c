@@ -182,7 +182,7 @@ static __always_inline void return_to_cpu(struct bpf_raw_tracepoint_args *ctx, u
 }
 
 /* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
- * unsigned int prev_state), attached by user space (receivers/profiling/sampler.py). */
+ * unsigned int prev_state), attached by user space (receivers/profiling/kernel/sampler.py). */
 int off_cpu_switch(struct bpf_raw_tracepoint_args *ctx)
 {
     /* One time for both threads: the switch.  (What this program costs is then counted once, in

@@ -1,6 +1,6 @@
 /* CPU profiler: a perf_event program run by the software cpu-clock event on every CPU.
  *
- * Compiled by BCC.  Settings arrive as cflags (receivers/profiling/sampler.py passes them):
+ * Compiled by BCC.  Settings arrive as cflags (receivers/profiling/kernel/settings.py makes them):
  *   -DSTACK_STORAGE_SIZE=n     entries in each of the two stack maps
  *   -DCOUNT_MAP_SIZE=n         entries in each of the two count maps
  *   -DKNOWN_PROCESSES_SIZE=n   entries in the LRU of tgids already announced to user space
@@ -53,7 +53,7 @@ BPF_PERF_OUTPUT(new_processes);
 BPF_PERF_OUTPUT(stack_overflow);
 
 #ifdef TARGETING
-/* Process targeting (receivers/profiling/targeting.py): only the tgids in target_tgids are
+/* Process targeting (receivers/profiling/processes/targeting.py): only the tgids in target_tgids are
  * sampled, and the others cost this one lookup.  User space keeps the set: it hears of every
  * exec through exec_events, and a process forked by a target is a target from its first
  * instruction (sched_process_fork), before user space could hear of it. */

@@ -1,5 +1,5 @@
 /* Shared between bpf/profile.bpf.c (kernel side, compiled by BCC) and
- * receivers/profiling/sampler.py and bpf_counters.py (user side).
+ * receivers/profiling/kernel/sampler.py and kernel/counters.py (user side).
  *
  * User space does not re-declare these structs by hand: BCC turns the map key type into a ctypes
  * class (table.Key), and bpf_counters.py reads the counter indices from the `enum profile_counter`

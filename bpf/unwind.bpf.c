@@ -2,7 +2,7 @@
  * .eh_frame, one frame-pointer step where a file has none.  Included by profile.bpf.c, after its
  * maps and helpers (count, add_sample_N, stack_by_value).  BCC rewrites map calls (x.lookup())
  * only in its main file, so the loader pastes this file in place of its #include (see
- * receivers/profiling/bpf_program.py) rather than letting clang include it.
+ * receivers/profiling/kernel/program.py) rather than letting clang include it.
  *
  * A walk spans several programs: on_cpu_sample (or off_cpu.bpf.c's leave_cpu) starts it (the
  * registers, the sample's key) in a

@@ -90,7 +90,7 @@ def test_installed_collector_validates_and_lists_its_components_outside_the_chec
     for kind, name in (("receiver", "profiling"), ("exporter", "flamegraph"), ("processor", "k8s_attributes"), ("extension", "file_storage")):
         assert "pycollector 0.1.0" in rows[(kind, name)]
     # The modules, and the files they read, come from the venv, not from this checkout.
-    where = subprocess.run([str(installed / "python"), "-c", "import receivers.profiling.sampler as s, receivers.profiling.bpf_counters as c, exporters.flamegraph.page as p\n"
+    where = subprocess.run([str(installed / "python"), "-c", "import receivers.profiling.kernel.sampler as s, receivers.profiling.kernel.counters as c, exporters.flamegraph.page as p\n"
                             "print(s.BPF_SOURCE); print(c.BPF_HEADER); print(p.VENDOR); print(len(p.PageTemplate().render({}, live=True)))"], **outside(tmp_path))
     assert where.returncode == 0, where.stderr
     source, header, vendor, page_size = where.stdout.split()

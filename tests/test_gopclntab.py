@@ -1,4 +1,4 @@
-"""GoFunctions (receivers/profiling/gopclntab.py) names the functions of stripped Go binaries as
+"""GoFunctions (receivers/profiling/symbols/gopclntab.py) names the functions of stripped Go binaries as
 the Go toolchain's own readers name them.
 
 Names and entries are checked against `go tool nm` on a plain build of the same program (its
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from receivers.profiling.gopclntab import GoFunctions, GoTableError
+from receivers.profiling.symbols.gopclntab import GoFunctions, GoTableError
 from tests.conftest import WORKLOADS, build_go_program
 
 pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="go (Debian golang-go) is not installed")

@@ -1,4 +1,4 @@
-"""HotSpot's attach protocol spoken by receivers/profiling/jvm_attach.py, against real JVMs (JDK 17):
+"""HotSpot's attach protocol spoken by receivers/profiling/jit/jvm_attach.py, against real JVMs (JDK 17):
 what jcmd does, what it must refuse, and the perf map requester that uses it."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from receivers.profiling import jvm_perfmap
-from receivers.profiling.jvm_attach import AttachError, NoListener, run_jcmd
-from receivers.profiling.jvm_perfmap import JvmPerfMapRequester
-from receivers.profiling.processes import ProcessTable
+from receivers.profiling.jit import jvm_perfmap
+from receivers.profiling.jit.jvm_attach import AttachError, NoListener, run_jcmd
+from receivers.profiling.jit.jvm_perfmap import JvmPerfMapRequester
+from receivers.profiling.processes.table import ProcessTable
 from tests.conftest import WORKLOADS
 
 pytestmark = pytest.mark.skipif(not shutil.which("javac"), reason="no JDK")

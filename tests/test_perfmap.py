@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from receivers.profiling import perfmap
-from receivers.profiling.jvm_attach import run_jcmd
-from receivers.profiling.perfmap import (
+from receivers.profiling.jit import perfmap
+from receivers.profiling.jit.jvm_attach import run_jcmd
+from receivers.profiling.jit.perfmap import (
     PerfMaps,
     jit_runtime,
     parse_line,
     process_jit_runtime,
     status_ids,
 )
-from receivers.profiling.processes import ProcessTable
+from receivers.profiling.processes.table import ProcessTable
 from tests.conftest import WORKLOADS
 
 NSPID = 4242  # the fake process's pid "inside its namespace": the file is tmp/perf-4242.map

@@ -16,7 +16,7 @@ from pycollector.config.validate import build_plan
 from pycollector.pdata import iter_samples
 from pycollector.service import Service
 from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
-from receivers.profiling import probabilistic
+from receivers.profiling.kernel import probabilistic
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason
 

@@ -12,12 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from receivers.profiling.processes import (
-    ProcessTable,
-    container_id_from_cgroup,
-    parse_maps,
-    parse_stat,
-)
+from receivers.profiling.processes.proc import container_id_from_cgroup, parse_maps, parse_stat
+from receivers.profiling.processes.table import ProcessTable
 
 ID = "3c4f9c8a1b2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f"
 ID2 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -122,7 +118,7 @@ def test_snapshot_of_a_live_process():
     try:
         table = ProcessTable(include_env_vars=["PYCOLLECTOR_WANTED", "NOT_SET"])
         seen = []
-        table.add_listener(seen.append)
+        table.watch(changed=seen.append)
         info = table.on_new_process(child.pid, child.pid, "python3")
         assert seen == [info] and table.lookup(child.pid) is info
         assert info.errors == [] and not info.exited and not info.kernel_thread

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from receivers.profiling.processes import ProcessTable
-from receivers.profiling.bpf_program import BPFCompileError, SamplerError, check_privileges, find_kernel_headers
-from receivers.profiling.sampler import BPF_SOURCE, Sampler
-from receivers.profiling.samples import Interval
-from receivers.profiling.symbolizer import Symbolizer
+from receivers.profiling.processes.table import ProcessTable
+from receivers.profiling.kernel.program import BPFCompileError, SamplerError, check_privileges, find_kernel_headers
+from receivers.profiling.kernel.sampler import BPF_SOURCE, Sampler
+from receivers.profiling.kernel.settings import SamplerSettings
+from receivers.profiling.kernel.samples import Interval
+from receivers.profiling.symbols.symbolizer import Symbolizer
 from tests.conftest import share_tolerance
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,7 +108,7 @@ class Profiler:
     def __init__(self, stack_storage_size: int = 16384) -> None:
         self.processes = ProcessTable(include_env_vars=["PYCOLLECTOR_TEST_MARK"])
         self.symbolizer = Symbolizer(self.processes)
-        self.sampler = Sampler(HZ, stack_storage_size=stack_storage_size, count_map_size=16384,
+        self.sampler = Sampler(SamplerSettings(HZ, stack_storage_size=stack_storage_size, count_map_size=16384),
                                on_new_process=self.processes.on_new_process)
         self.sampler.start()
         self._stop = threading.Event()
@@ -312,15 +313,15 @@ def test_compile_error_carries_clang_message(tmp_path):
         if part.name != bad.name:
             shutil.copy(part, tmp_path / part.name)
     with pytest.raises(BPFCompileError) as err:
-        Sampler(HZ, 1024, 1024, source=bad).start()
+        Sampler(SamplerSettings(HZ, 1024, 1024), source=bad).start()
     assert "error: expected expression" in str(err.value)
     assert "profile.bpf.c" in str(err.value)
 
 
 def test_unprivileged_start_says_what_is_missing():
     """Without root or CAP_BPF+CAP_PERFMON, start() explains; it does not fail deep in BCC."""
-    code = ("from receivers.profiling.sampler import Sampler\nfrom receivers.profiling.bpf_program import BPFPermissionError\n"
-            "try:\n    Sampler(97, 1024, 1024).start()\n"
+    code = ("from receivers.profiling.kernel.sampler import Sampler, SamplerSettings\nfrom receivers.profiling.kernel.program import BPFPermissionError\n"
+            "try:\n    Sampler(SamplerSettings(97, 1024, 1024)).start()\n"
             "except BPFPermissionError as e:\n    print('DENIED', e)\n")
     if os.geteuid() != 0:
         argv = [sys.executable, "-c", code]
@@ -338,8 +339,8 @@ def test_missing_kernel_headers_say_how_to_install():
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare to hide the headers in a private mount namespace")
     release = os.uname().release
-    code = ("from receivers.profiling.sampler import Sampler\nfrom receivers.profiling.bpf_program import KernelHeadersMissingError\n"
-            "try:\n    Sampler(97, 1024, 1024).start()\n"
+    code = ("from receivers.profiling.kernel.sampler import Sampler, SamplerSettings\nfrom receivers.profiling.kernel.program import KernelHeadersMissingError\n"
+            "try:\n    Sampler(SamplerSettings(97, 1024, 1024)).start()\n"
             "except KernelHeadersMissingError as e:\n    print('NOHEADERS', e)\n")
     script = (f"mount -t tmpfs none /lib/modules/{release} && "
               f"exec {sys.executable} -c \"$0\"")
@@ -353,11 +354,11 @@ def test_missing_kernel_headers_say_how_to_install():
 
 
 def test_counter_names_come_from_the_header_and_warnings_name_the_setting():
-    from receivers.profiling.bpf_counters import USER_COUNTERS, counter_warnings, read_counter_names
+    from receivers.profiling.kernel.counters import USER_COUNTERS, counter_warnings, read_counter_names
 
     names = read_counter_names()
     assert names[:3] == ["samples", "map_full", "kernel_stack_efault"]
-    sampler = Sampler(HZ, 1024, 1024)  # not started: counters are zero, keys are complete
+    sampler = Sampler(SamplerSettings(HZ, 1024, 1024))  # not started: counters are zero, keys are complete
     assert list(sampler.counters()) == names + list(USER_COUNTERS)
     assert set(sampler.counters().values()) == {0}
     sampler.close()
@@ -382,7 +383,7 @@ def test_stacks_of_samples_dropped_for_a_full_count_map_are_freed(tmp_path):
     key referring to it; collect() must free those, or their buckets collide for ever."""
     require_bpf()
     binary = build(tmp_path, "known_split", KNOWN_SPLIT, "-O2", "-fno-omit-frame-pointer")
-    sampler = Sampler(997, stack_storage_size=4096, count_map_size=4)
+    sampler = Sampler(SamplerSettings(997, stack_storage_size=4096, count_map_size=4))
     sampler.start()
     # map_scale_factor reaches the kernel through stack_storage_size: it sizes both stack maps.
     assert [m.max_entries for m in sampler._stack_maps] == [4096, 4096]

@@ -12,15 +12,12 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from receivers.profiling.processes import ProcessTable
-from receivers.profiling.symbol_table import SymbolTable, SymbolTableBuilder
-from receivers.profiling.symbolizer import (
-    ElfSymbols,
-    KernelSymbols,
-    Symbolizer,
-    demangle,
-    parse_build_id_notes,
-)
+from receivers.profiling.processes.table import ProcessTable
+from receivers.profiling.symbols.table import SymbolTable, SymbolTableBuilder
+from receivers.profiling.elf.headers import parse_build_id_notes
+from receivers.profiling.symbols.elf_symbols import ElfSymbols, demangle
+from receivers.profiling.symbols.kernel import KernelSymbols
+from receivers.profiling.symbols.symbolizer import Symbolizer
 
 from tests.conftest import WORKLOADS
 

@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
-from pycollector.pdata import merging
+from pycollector.pdata.merging import Reinterner
 from pycollector.pdata.attributes import key_values, to_any_value
 
 # Attribute values that can key a cache directly, skipping AnyValue encoding on a repeat.
@@ -355,8 +355,32 @@ class ProfilesBuilder:
     def merge(self, src: profiles_pb2.ProfilesData) -> None:
         """Append ``src``'s resource profiles to ``data``, re-indexed into this dictionary: what
         they use is interned, so each entry stays once. (``appending.append`` instead appends src's
-        tables as they are, several times faster, as the batch processor does.)"""
-        merging.merge_into(self, src)
+        tables as they are, several times faster, as the batch processor does.)
+
+        Raises ValueError if ``src`` refers outside its own dictionary; ``data`` then gets no
+        resource profiles from ``src`` (its dictionary may keep a few harmless unreferenced
+        entries)."""
+        if src is self.data:
+            # Appending to the list being read would never end: merge a snapshot instead.
+            snapshot = type(src)()
+            snapshot.CopyFrom(src)
+            src = snapshot
+        dst = self.data.resource_profiles
+        start = len(dst)
+        reintern = Reinterner(src.dictionary, self)
+        try:
+            for resource_profiles in src.resource_profiles:
+                copy = dst.add()
+                copy.CopyFrom(resource_profiles)
+                for scope_profiles in copy.scope_profiles:
+                    for profile in scope_profiles.profiles:
+                        reintern.profile(profile)
+        except IndexError as e:
+            del dst[start:]
+            raise ValueError(
+                f"profiles refer to an index outside their dictionary ({e}); "
+                "validate_indices() lists every such index"
+            ) from e
 
 
 def merge(

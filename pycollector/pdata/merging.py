@@ -1,8 +1,9 @@
-"""Merging one ``ProfilesData`` into another by re-interning: its dictionary, and every index that
-refers into it.
+"""Re-interning one ``ProfilesData``'s dictionary into another's, and every index that refers
+into it.
 
-``merge_into(builder, src)``, behind ``ProfilesBuilder.merge``: ``Reinterner`` re-interns what
-src's profiles use, so that each entry is held once (``split_at`` cuts profiles with it too). The
+``Reinterner`` re-interns what src's profiles use, so that each entry is held once; behind
+``ProfilesBuilder.merge``, and ``split_at`` cuts profiles with it too. It needs of the builder only
+its interning (``Interning``), so this module does not import the builder, which imports it. The
 batch processor appends instead (``pycollector.pdata.appending``): faster, and an entry is held
 once per message that had it.
 """
@@ -10,15 +11,24 @@ once per message that had it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from google.protobuf.message import Message
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
 from pycollector.pdata.zero_entries import TABLES
 
-if TYPE_CHECKING:
-    from pycollector.pdata.builder import ProfilesBuilder
+
+class Interning(Protocol):
+    """What re-interning asks of a dictionary builder (``ProfilesBuilder``): each call returns the
+    index of an entry equal to the one described, adding it when there is none."""
+
+    def string(self, value: str) -> int: ...
+    def _attribute(self, key: int, value: Any, unit: int) -> int: ...
+    def _mapping(self, *fields: Any) -> int: ...
+    def _function(self, *fields: Any) -> int: ...
+    def _location(self, *fields: Any) -> int: ...
+    def stack(self, location_indices: Sequence[int]) -> int: ...
+    def link(self, trace_id: bytes, span_id: bytes) -> int: ...
 
 # -- re-interning ---------------------------------------------------------------------------------
 
@@ -29,7 +39,7 @@ class Reinterner:
 
     Raises IndexError for an index outside its source table."""
 
-    def __init__(self, source: profiles_pb2.ProfilesDictionary, builder: ProfilesBuilder) -> None:
+    def __init__(self, source: profiles_pb2.ProfilesDictionary, builder: Interning) -> None:
         self._source = source
         self._builder = builder
         self._done: dict[str, dict[int, int]] = {name: {} for name in TABLES}
@@ -119,32 +129,3 @@ class Reinterner:
             if sample.attribute_indices:
                 sample.attribute_indices[:] = self.attributes(sample.attribute_indices)
             sample.link_index = self.link(sample.link_index)
-
-
-def merge_into(builder: ProfilesBuilder, src: Message) -> None:
-    """Append ``src``'s resource profiles to ``builder.data``, re-indexed through its interning.
-
-    Raises ValueError if ``src`` refers outside its own dictionary; ``builder.data`` then gets no
-    resource profiles from ``src`` (its dictionary may keep a few harmless unreferenced entries).
-    """
-    if src is builder.data:
-        # Appending to the list being read would never end: merge a snapshot instead.
-        snapshot = type(src)()
-        snapshot.CopyFrom(src)
-        src = snapshot
-    dst = builder.data.resource_profiles
-    start = len(dst)
-    reintern = Reinterner(src.dictionary, builder)
-    try:
-        for resource_profiles in src.resource_profiles:
-            copy = dst.add()
-            copy.CopyFrom(resource_profiles)
-            for scope_profiles in copy.scope_profiles:
-                for profile in scope_profiles.profiles:
-                    reintern.profile(profile)
-    except IndexError as e:
-        del dst[start:]
-        raise ValueError(
-            f"profiles refer to an index outside their dictionary ({e}); "
-            "validate_indices() lists every such index"
-        ) from e

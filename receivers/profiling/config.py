@@ -15,7 +15,7 @@ import pydantic
 from pycollector.component import ComponentConfig
 from pycollector.config.types import Duration, NonNegativeDuration
 
-from receivers.profiling.targeting import ProcessFilter
+from receivers.profiling.processes.targeting import ProcessFilter
 
 DEFAULT_SAMPLES_PER_SECOND = 20
 DEFAULT_REPORTER_INTERVAL = 5.0

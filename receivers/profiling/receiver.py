@@ -26,18 +26,19 @@ from pycollector.pdata import merge, sample_count
 from pycollector.process_memory import trim_heap
 
 from receivers.profiling.config import TRACERS, ProfilingConfig
-from receivers.profiling.jit import TRACER_OF_RUNTIME, JitNames
-from receivers.profiling.jvm_perfmap import JvmPerfMapRequester
-from receivers.profiling.perfmap import PerfMaps
-from receivers.profiling.probabilistic import ALWAYS, ProbabilisticProfiling
-from receivers.profiling.processes import ProcessTable
+from receivers.profiling.jit.jvm_perfmap import JvmPerfMapRequester
+from receivers.profiling.jit.names import TRACER_OF_RUNTIME, JitNames
+from receivers.profiling.jit.perfmap import PerfMaps
+from receivers.profiling.kernel.counters import counter_warnings, unwind_warnings
+from receivers.profiling.kernel.probabilistic import ALWAYS, ProbabilisticProfiling
+from receivers.profiling.kernel.program import SamplerError
+from receivers.profiling.kernel.sampler import Sampler
+from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
+from receivers.profiling.processes.table import ProcessTable
+from receivers.profiling.processes.targeting import Targeting
 from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.report import ReportBuilder
-from receivers.profiling.bpf_counters import counter_warnings, unwind_warnings
-from receivers.profiling.bpf_program import SamplerError
-from receivers.profiling.sampler import Sampler, UnwindSizes
-from receivers.profiling.symbolizer import Symbolizer
-from receivers.profiling.targeting import Targeting
+from receivers.profiling.symbols.symbolizer import Symbolizer
 from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
 
 # Map sizes at map_scale_factor 0; each step of the factor doubles them.
@@ -83,31 +84,18 @@ class ProfilingReceiver(Component):
 
     def start(self, host) -> None:
         self._warn_about_settings()
-        scale = 2 ** self.config.map_scale_factor
         self.processes = ProcessTable(self.config.env_var_names())
         jit_runtimes = {runtime for runtime, tracer in TRACER_OF_RUNTIME.items() if self.config.tracer_enabled(tracer)}
         self.jit = JitNames(PerfMaps(), jit_runtimes)
         self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"))
         self.reports = ReportBuilder(self.processes, self.symbolizer)
-        _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable"))
-        _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
-        _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused"))
         sampler = Sampler(
-            frequency_hz=self.config.samples_per_second,
-            stack_storage_size=BASE_STACK_STORAGE_SIZE * scale,
-            # Off-CPU keys (a thread's every distinct wait) share the count maps with CPU samples.
-            count_map_size=BASE_COUNT_MAP_SIZE * scale * (2 if self.config.off_cpu_threshold else 1),
-            verifier_log_level=self.config.bpf_verifier_log_level,
+            self._sampler_settings(),
             on_new_process=self.processes.on_new_process,
-            unwind=UnwindSizes(row_budget=self.config.unwind_row_budget, max_frames=self.config.unwind_max_frames),
             # A pc in no mapping the unwinder knew (a library opened since): read the maps again;
-            # the process table tells its listeners, the unwind registry among them.
+            # the process table tells its watchers, the unwind registry among them.
             on_unwind_request=lambda tgid, pc: self.processes.find_mapping(tgid, pc, rate_limited=False),
-            target_tgids_size=BASE_TARGETS_SIZE * scale if self.config.targeting() else 0,
             on_exec=self._on_exec,
-            off_cpu_threshold=self.config.off_cpu_threshold,
-            off_cpu_threads=BASE_OFF_CPU_THREADS * scale,
-            probabilistic=self.config.probabilistic_threshold < ALWAYS,
             logger=self.log,
         )
         try:
@@ -118,29 +106,20 @@ class ProfilingReceiver(Component):
                 return
             raise StartError(str(error)) from error
         self._sampler = sampler
-        if sampler.target_tgids is not None:
-            self.targeting = Targeting(sampler.target_tgids, self.config.process_filter, self.config.filter_min_process_age, self.log)
-            _publish(self._stats, self.targeting, "targeting_")
-            self.targeting.start()
-        self.row_source = RowSource(self.config.unwind_cache_dir, self.log)
-        self.row_source.start()
-        self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log,
-                                     max_files=sampler.unwind.max_files, row_budget=sampler.unwind.row_budget)
-        self.processes.add_listener(self.unwind.register)
-        _publish(self._unwind_stats, self.unwind)
-        _publish(self._unwind_stats, self.row_source.cache, "cache_")
+        # The rooms that keep state per process, in the order the process table tells them of
+        # a process's life (each _start_* watches it): unwind tables, Python, then the JIT names,
+        # targeting and, last, the kernel's set of announced tgids, so a reused pid is announced
+        # again only once everything of its predecessor is gone.
+        self._start_targeting(sampler)
+        self._start_unwinding(sampler)
         self._start_python(sampler)
         self._start_jvm_perf_maps()
-        if sampler.probabilistic:
-            self.probabilistic = ProbabilisticProfiling(sampler.set_profiling, self.config.probabilistic_interval, self.config.probabilistic_threshold, self.log)
-            _publish(self._stats, self.probabilistic, "probabilistic_")
-            self.probabilistic.start()
-        for tgid in self.processes.tgids():  # announced while the program was being attached
-            info = self.processes.lookup(tgid)
-            if info is not None:
-                self.unwind.register(info)
-                if self.python is not None:
-                    self.python.register(info)
+        self._start_probabilistic(sampler)
+        self.processes.watch(exited=self.jit.forget)
+        if self.targeting is not None:
+            self.processes.watch(exited=self.targeting.forget)
+        self.processes.watch(exited=sampler.forget_process)
+        self._publish_stats()
         # Compiling the program with BCC's LLVM leaves tens of MiB of freed heap mapped; hand it
         # back (measured: steady RSS 204 -> 149 MiB; the peak during the compile stays).
         trim_heap()
@@ -150,6 +129,55 @@ class ProfilingReceiver(Component):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _sampler_settings(self) -> SamplerSettings:
+        scale = 2 ** self.config.map_scale_factor
+        return SamplerSettings(
+            frequency_hz=self.config.samples_per_second,
+            stack_storage_size=BASE_STACK_STORAGE_SIZE * scale,
+            # Off-CPU keys (a thread's every distinct wait) share the count maps with CPU samples.
+            count_map_size=BASE_COUNT_MAP_SIZE * scale * (2 if self.config.off_cpu_threshold else 1),
+            verifier_log_level=self.config.bpf_verifier_log_level,
+            unwind=UnwindSizes(row_budget=self.config.unwind_row_budget, max_frames=self.config.unwind_max_frames),
+            target_tgids_size=BASE_TARGETS_SIZE * scale if self.config.targeting() else 0,
+            off_cpu_threshold=self.config.off_cpu_threshold,
+            off_cpu_threads=BASE_OFF_CPU_THREADS * scale,
+            probabilistic=self.config.probabilistic_threshold < ALWAYS,
+        )
+
+    def _start_targeting(self, sampler: Sampler) -> None:
+        if sampler.target_tgids is None:
+            return
+        self.targeting = Targeting(sampler.target_tgids, self.config.process_filter, self.config.filter_min_process_age, self.log)
+        self.processes.admits = self.targeting.consider  # a reused pid's new process, too
+        self.targeting.start()
+
+    def _start_unwinding(self, sampler: Sampler) -> None:
+        self.row_source = RowSource(self.config.unwind_cache_dir, self.log)
+        self.row_source.start()
+        self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log,
+                                     max_files=sampler.unwind.max_files, row_budget=sampler.unwind.row_budget)
+        self.processes.watch(changed=self.unwind.register, exited=self.unwind.forget)
+
+    def _start_probabilistic(self, sampler: Sampler) -> None:
+        if not sampler.probabilistic:
+            return
+        self.probabilistic = ProbabilisticProfiling(sampler.set_profiling, self.config.probabilistic_interval, self.config.probabilistic_threshold, self.log)
+        self.probabilistic.start()
+
+    def _publish_stats(self) -> None:
+        """Each component's cumulative counts on its gauge, read at scrape time."""
+        _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable"))
+        _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
+        _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused"))
+        _publish(self._unwind_stats, self.unwind)
+        _publish(self._unwind_stats, self.row_source.cache, "cache_")
+        for component, prefix in ((self.targeting, "targeting_"), (self.jvm_perf_maps, "jvm_perf_map_"), (self.probabilistic, "probabilistic_")):
+            if component is not None:
+                _publish(self._stats, component, prefix)
+        if self.python is not None:
+            _publish(self._python_stats, self.python)
+            _publish(self._python_stats, self.python.code, "code_")
 
     def _start_python(self, sampler: Sampler) -> None:
         """Python frames, unless the settings leave them out or the kernel cannot say where a
@@ -161,9 +189,7 @@ class ProfilingReceiver(Component):
             return
         self.python = PythonInterpreters(sampler.unwind_maps.python, self.log)
         self.reports.python = self.python
-        self.processes.add_listener(self.python.register)
-        _publish(self._python_stats, self.python)
-        _publish(self._python_stats, self.python.code, "code_")
+        self.processes.watch(changed=self.python.register, exited=self.python.forget)
 
     def _on_exec(self, tgid: int) -> None:
         """A program was exec'd (heard only when targeting): is it one to profile? One that is
@@ -177,7 +203,6 @@ class ProfilingReceiver(Component):
         if self.config.jvm_perf_map_interval <= 0 or not self.config.tracer_enabled("hotspot"):
             return
         self.jvm_perf_maps = JvmPerfMapRequester(self.processes, self.config.jvm_perf_map_interval, self.log)
-        _publish(self._stats, self.jvm_perf_maps, "jvm_perf_map_")
         self.jvm_perf_maps.start()
 
     def shutdown(self) -> None:
@@ -236,12 +261,7 @@ class ProfilingReceiver(Component):
         self._record_counters(interval.counters)
         if self.targeting is not None:
             self.targeting.tick()
-        for pid in self.processes.forget_exited():
-            self._sampler.forget_process(pid)
-            self.unwind.forget(pid)
-            self.jit.forget(pid)
-            if self.python is not None:
-                self.python.forget(pid)
+        self.processes.forget_exited()  # its watchers forget what they held of each
         self._processes_gauge.set(len(self.processes))
         if self._held is not None:
             data = merge(self._held, data)

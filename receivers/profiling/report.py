@@ -23,10 +23,12 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2
 
 from pycollector.pdata import CPU_SAMPLES, CPU_TIME, OFF_CPU_TIME, ProfilesBuilder
 
-from receivers.profiling.processes import ProcessInfo, ProcessTable
+from receivers.profiling.kernel.samples import Interval, StackCount
+from receivers.profiling.processes.proc import ProcessInfo
+from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND, PythonInterpreters
-from receivers.profiling.samples import Interval, StackCount
-from receivers.profiling.symbolizer import Frame, Symbolizer
+from receivers.profiling.symbols.frame import Frame
+from receivers.profiling.symbols.symbolizer import Symbolizer
 
 SCOPE_NAME = "pycollector/receivers/profiling"
 SCOPE_VERSION = "0.1.0"

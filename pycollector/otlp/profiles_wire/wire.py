@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pycollector.varint import VarintError, read_uvarint
+
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
 
@@ -17,17 +19,10 @@ class WireError(ValueError):
 
 def read_varint(buffer: bytes | bytearray, position: int, end: int) -> tuple[int, int]:
     """The varint at ``position`` and the position after it."""
-    value = shift = 0
-    while position < end:
-        byte = buffer[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
-        if shift > 63:
-            break
-    raise WireError("a varint runs past its message or past 10 bytes")
+    try:
+        return read_uvarint(buffer, position, end)
+    except VarintError as error:
+        raise WireError(str(error)) from None
 
 
 def encode_varint(value: int) -> bytes:

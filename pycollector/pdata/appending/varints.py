@@ -5,23 +5,12 @@ from __future__ import annotations
 import threading
 
 from pycollector.pdata.appending.shadow import TYPES
+from pycollector.varint import read_uvarint as read_varint
 
 _CACHE_LIMIT = 1 << 20  # encodings kept, far more than a batch's tables hold: 45 MiB at most
 _encoded: list[bytes] = [b"\x00"]
 _encoded_lock = threading.Lock()
 LENGTH = [bytes([n]) for n in range(128)]  # one-byte lengths
-
-
-def read_varint(serialized: bytes, position: int) -> tuple[int, int]:
-    """The varint at ``position``, and the position after it."""
-    value = shift = 0
-    while True:
-        byte = serialized[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
 
 
 def _encode(start: int, stop: int) -> list[bytes]:

@@ -25,7 +25,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from ..symbolizer import DEBUG_DIRS, ElfSymbols, debug_file_candidates
+from ..elf.headers import DEBUG_DIRS, ElfHeaders, debug_file_candidates
 from .memory import ProcessMemory
 from .offsets import (DEBUG_OFFSETS_MAX_SIZE, FIRST_WITH_DEBUG_OFFSETS, Offsets, UnknownLayout, debug_offsets_version,
                       read_debug_offsets, table_offsets)
@@ -61,7 +61,7 @@ class CPython:
 
     @property
     def loads(self) -> tuple[tuple[int, int, int], ...]:
-        """(p_offset, p_filesz, p_vaddr) of each PT_LOAD, as ElfSymbols.loads."""
+        """(p_offset, p_filesz, p_vaddr) of each PT_LOAD, as ElfHeaders.loads."""
         return tuple(s[:3] for s in self.segments)
 
     def offsets(self) -> Offsets:
@@ -125,7 +125,7 @@ def detect_cpython(path: str, *, fd: int | None = None, roots: Sequence[str] = (
 
 
 def _read(path, elf, version, roots, debug_dirs) -> CPython | None:
-    headers = ElfSymbols.read_headers(elf, path)
+    headers = ElfHeaders.read_headers(elf, path)
     segments = tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"])
                      for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
     symbols = _symbols(elf)
@@ -187,7 +187,7 @@ def _symbols(elf: ELFFile) -> dict[str, int]:
     return out
 
 
-def _debug_file_symbols(headers: ElfSymbols, path: str, roots, debug_dirs) -> dict[str, int]:
+def _debug_file_symbols(headers: ElfHeaders, path: str, roots, debug_dirs) -> dict[str, int]:
     """The symbols from the file's separate debug file, when it has one of the same build."""
     for candidate in debug_file_candidates(headers.build_id, headers.debuglink, path, debug_dirs):
         for root in roots:
@@ -198,7 +198,7 @@ def _debug_file_symbols(headers: ElfSymbols, path: str, roots, debug_dirs) -> di
             with f:
                 try:
                     debug = ELFFile(f)
-                    if headers.build_id and ElfSymbols.read_headers(debug, candidate).build_id != headers.build_id:
+                    if headers.build_id and ElfHeaders.read_headers(debug, candidate).build_id != headers.build_id:
                         continue
                     found = _symbols(debug)
                 except (ELFError, OSError, ValueError, struct.error):

@@ -22,8 +22,9 @@ from typing import Any
 
 from pycollector.logs import log_once
 
-from receivers.profiling.processes import Mapping, ProcessInfo, open_mapped_file
-from receivers.profiling.symbolizer import Frame
+from receivers.profiling.processes.files import open_mapped_file
+from receivers.profiling.processes.proc import Mapping, ProcessInfo
+from receivers.profiling.symbols.frame import Frame
 
 from .code import CodeCache, CodeReadError
 from .detect import RUNTIME, CPython, detect_cpython, version_from_name, _UNVERSIONED

@@ -14,6 +14,8 @@ import dataclasses
 import struct
 from collections.abc import Iterator
 
+from pycollector.varint import read_svarint as sleb128, read_uvarint as uleb128  # noqa: F401 (rows.py reads them from here)
+
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
 _S16, _S32, _S64 = struct.Struct("<h"), struct.Struct("<i"), struct.Struct("<q")
 
@@ -26,28 +28,6 @@ _PE_PCREL = 0x10
 
 class CfiError(ValueError):
     """The section is not well-formed where it was read."""
-
-
-def uleb128(data: bytes, position: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, position
-        shift += 7
-
-
-def sleb128(data: bytes, position: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return (result - (1 << shift) if byte & 0x40 else result), position
 
 
 def read_pointer(data: bytes, position: int, encoding: int, section_address: int) -> tuple[int, int]:

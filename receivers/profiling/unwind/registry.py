@@ -26,8 +26,9 @@ from typing import Any
 
 from elftools.elf.elffile import ELFFile
 
-from receivers.profiling.processes import Mapping, ProcessInfo, open_mapped_file
-from receivers.profiling.symbolizer import ElfSymbols, debug_file_candidates
+from receivers.profiling.elf.headers import ElfHeaders, debug_file_candidates
+from receivers.profiling.processes.files import open_mapped_file
+from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.unwind.builder_process import BuilderProcess
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.rows import ROW_SIZE, NoRows, build_rows_at
@@ -395,7 +396,7 @@ class RowSource:
         here: its milliseconds would otherwise wait behind the helper's build of a large one."""
         with os.fdopen(os.dup(fd), "rb") as stream:
             try:
-                headers = ElfSymbols.read_headers(ELFFile(stream), path)
+                headers = ElfHeaders.read_headers(ELFFile(stream), path)
             except Exception as error:
                 raise NoRows(f"not an ELF file: {error}") from None
         if headers.build_id:

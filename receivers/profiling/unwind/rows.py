@@ -22,7 +22,9 @@ from typing import BinaryIO
 
 from elftools.elf.elffile import ELFFile
 
-from receivers.profiling.symbolizer import elf_build_id
+from pycollector.varint import VarintError
+
+from receivers.profiling.elf.headers import elf_build_id
 from receivers.profiling.unwind.cfi import CfiError, Cie, Fde, read_pointer, records, sleb128, uleb128
 
 # struct unwind_row: u32 pc; u8 cfa_type; u8 rbp_type; s16 rbp_offset; s32 cfa_offset
@@ -155,7 +157,7 @@ def rows_of(fdes: Iterable[Fde]) -> list[tuple[int, int, int, int, int]]:
         ends.setdefault(end, _UNDEFINED_ROW)
         try:
             changes = _run(cie, fde.instructions, dict(initial), initial, begin)[1]
-        except (CfiError, IndexError):  # an instruction we cannot read: no rule rather than a wrong one
+        except (CfiError, IndexError, VarintError):  # an instruction we cannot read: no rule rather than a wrong one
             changes = [(begin, _UNSUPPORTED_ROW)]
         for pc, rule in changes:
             if pc < end:
@@ -343,7 +345,7 @@ def _deref(expression: bytes) -> tuple[int, int] | None:
         added = 0
         if position < len(expression) and expression[position] == _DW_OP_PLUS_UCONST:
             added, position = uleb128(expression, position + 1)
-    except IndexError:
+    except (IndexError, VarintError):
         return None
     if position != len(expression) or slot not in _S16 or not 0 <= added < 1 << 15:
         return None

@@ -2,7 +2,7 @@
 
 One `Sampler` owns one BPF program instance:
 
-    sampler = Sampler(frequency_hz=97, stack_storage_size=16384, count_map_size=16384,
+    sampler = Sampler(SamplerSettings(frequency_hz=97, stack_storage_size=16384, count_map_size=16384),
                       on_new_process=processes.on_new_process)
     sampler.start()                 # compile, load, attach to cpu-clock on every CPU (and,
                                     # with off_cpu_threshold, to the scheduler: off_cpu.bpf.c)
@@ -35,17 +35,18 @@ from pathlib import Path
 
 import structlog
 
-from receivers.profiling import bpf_program, kernel_btf
-from receivers.profiling.bpf_counters import USER_COUNTERS, read_counter_names
-from receivers.profiling.bpf_program import SamplerError
-from receivers.profiling.count_maps import SlotReader
-from receivers.profiling.samples import Interval, stack_count
+from receivers.profiling.kernel import btf as kernel_btf, program as bpf_program
+from receivers.profiling.kernel.count_maps import SlotReader
+from receivers.profiling.kernel.counters import USER_COUNTERS, read_counter_names
+from receivers.profiling.kernel.program import SamplerError
+from receivers.profiling.kernel.samples import Interval, stack_count
+from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
 
 # The BPF sources: the repository's bpf/ folder, which receivers/profiling/bpf links to (a relative
 # symlink), so a source checkout and an installed wheel (where the build copied the files in as
 # package data) find them in the same place, next to this module. BCC needs a real directory: it
 # compiles the text and clang reads profile.h through -I.
-BPF_DIR = Path(__file__).resolve().parent / "bpf"
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 BPF_SOURCE = BPF_DIR / "profile.bpf.c"
 
 PROGRAM_NAME = b"on_cpu_sample"
@@ -80,24 +81,6 @@ _NEW_PROCESS_CALLBACK = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)
-class UnwindSizes:
-    """The unwinder's tables (bpf/unwind.h), sized by the receiver's settings."""
-
-    row_budget: int = 1 << 20  # rows of all files together, 12 bytes each
-    max_files: int = 4096
-    max_processes: int = 4096
-    max_frames: int = 128  # frames walked a stack: at most 30 tail calls of 16
-
-    def cflags(self) -> list[str]:
-        return [
-            f"-DUNWIND_ROW_BUDGET={self.row_budget}",
-            f"-DUNWIND_MAX_FILES={self.max_files}",
-            f"-DUNWIND_MAX_PROCESSES={self.max_processes}",
-            f"-DUNWIND_MAX_FRAMES={self.max_frames}",
-        ]
-
-
-@dataclass(frozen=True)
 class UnwindMaps:
     """The BCC tables user space fills for the unwinder (receivers/profiling/unwind/)."""
 
@@ -126,57 +109,21 @@ class Sampler:
 
     def __init__(
         self,
-        frequency_hz: int,
-        stack_storage_size: int,
-        count_map_size: int,
-        verifier_log_level: int = 0,
-        on_new_process: _NEW_PROCESS_CALLBACK | None = None,
+        settings: SamplerSettings,
         *,
-        known_processes_size: int = 8192,
-        perf_buffer_pages: int = 64,
-        unwind: UnwindSizes | None = None,
+        on_new_process: _NEW_PROCESS_CALLBACK | None = None,
         on_unwind_request: Callable[[int, int], None] | None = None,
-        target_tgids_size: int = 0,
         on_exec: Callable[[int], None] | None = None,
-        off_cpu_threshold: float = 0.0,
-        off_cpu_threads: int = 16384,
-        probabilistic: bool = False,
         source: Path | str = BPF_SOURCE,
         logger=None,
     ) -> None:
-        if not 1 <= frequency_hz <= 100_000:
-            raise ValueError(f"frequency_hz must be in 1..100000, got {frequency_hz}")
-        for name, value in (("stack_storage_size", stack_storage_size),
-                            ("count_map_size", count_map_size),
-                            ("known_processes_size", known_processes_size)):
-            if value < 1:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if perf_buffer_pages < 1 or perf_buffer_pages & (perf_buffer_pages - 1):
-            raise ValueError(f"perf_buffer_pages must be a power of two, got {perf_buffer_pages}")
-        if verifier_log_level not in (0, 1, 2):
-            raise ValueError(f"verifier_log_level must be 0, 1 or 2, got {verifier_log_level}")
-        self.frequency_hz = frequency_hz
-        self.stack_storage_size = stack_storage_size
-        self.count_map_size = count_map_size
-        self.known_processes_size = known_processes_size
-        self.perf_buffer_pages = perf_buffer_pages
-        self.verifier_log_level = verifier_log_level
+        self.settings = settings
         self.on_new_process = on_new_process
-        self.unwind = unwind or UnwindSizes()
+        # A sampled pc in no mapping the unwinder knew: on_unwind_request(tgid, pc).
         self.on_unwind_request = on_unwind_request
-        # Targeting (targeting.py): with a size, only the tgids in target_tgids are sampled, and
-        # on_exec(tgid) hears of every exec, for user space to decide whether it is a target.
-        self.target_tgids_size = target_tgids_size
+        # With targeting (settings.target_tgids_size), every exec: on_exec(tgid).
         self.on_exec = on_exec
         self.target_tgids = None
-        # Off-CPU: the share of switches off a CPU that are recorded (0: none, nothing attached to
-        # the scheduler), and how many threads can be away at once with their switch recorded.
-        if not 0.0 <= off_cpu_threshold <= 1.0:
-            raise ValueError(f"off_cpu_threshold must be in 0..1, got {off_cpu_threshold}")
-        self.off_cpu_threshold = off_cpu_threshold
-        self.off_cpu_threads = off_cpu_threads
-        # Probabilistic profiling: samples are taken only while set_profiling(True) holds.
-        self.probabilistic = probabilistic
         self._profiling_on = None
         self.source = Path(source)
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
@@ -218,32 +165,35 @@ class Sampler:
     # ---------------------------------------------------------------------------------------
 
     @property
+    def frequency_hz(self) -> int:
+        return self.settings.frequency_hz
+
+    @property
     def period_ns(self) -> int:
-        return 1_000_000_000 // self.frequency_hz
+        return self.settings.period_ns
+
+    @property
+    def unwind(self) -> UnwindSizes:
+        return self.settings.unwind
+
+    @property
+    def probabilistic(self) -> bool:
+        return self.settings.probabilistic
 
     @property
     def started(self) -> bool:
         return self._bpf is not None
 
     def cflags(self) -> list[str]:
+        """The settings' flags, and the offsets in the running kernel's structures they need."""
+        settings = self.settings
         return [
             f"-I{self.source.parent}",
-            f"-DSTACK_STORAGE_SIZE={self.stack_storage_size}",
-            f"-DCOUNT_MAP_SIZE={self.count_map_size}",
-            f"-DKNOWN_PROCESSES_SIZE={self.known_processes_size}",
-            *self.unwind.cflags(),
+            *settings.cflags(),
             *([f"-DTASK_FSBASE_OFFSET={self.task_fsbase_offset}"] if self.task_fsbase_offset is not None else []),
-            *(["-DTARGETING=1", f"-DTARGET_TGIDS_SIZE={self.target_tgids_size}", f"-DTASK_TGID_OFFSET={kernel_btf.task_tgid_offset()}"]
-              if self.target_tgids_size else []),
-            *(["-DOFF_CPU=1", f"-DOFF_CPU_THRESHOLD={self.off_cpu_threshold_u32}U", f"-DOFF_CPU_THREADS={self.off_cpu_threads}",
-               f"-DTASK_PID_OFFSET={kernel_btf.task_pid_offset()}"] if self.off_cpu_threshold else []),
-            *(["-DPROBABILISTIC=1"] if self.probabilistic else []),
+            *([f"-DTASK_TGID_OFFSET={kernel_btf.task_tgid_offset()}"] if settings.target_tgids_size else []),
+            *([f"-DTASK_PID_OFFSET={kernel_btf.task_pid_offset()}"] if settings.off_cpu_threshold else []),
         ]
-
-    @property
-    def off_cpu_threshold_u32(self) -> int:
-        """The threshold as the BPF program compares it with bpf_get_prandom_u32()."""
-        return min(0xFFFFFFFF, round(self.off_cpu_threshold * 0xFFFFFFFF))
 
     def describe_program(self) -> str:
         """The final program as BCC compiles it: cflags, then the source (for --debug output)."""
@@ -255,73 +205,82 @@ class Sampler:
             raise SamplerError("Sampler was closed; create a new one")
         if self._bpf is not None:
             raise SamplerError("Sampler already started")
-        from bcc import table as bcc_table
-
+        settings = self.settings
         programs = {PROGRAM_NAME: "PERF_EVENT", UNWIND_STEP_NAME: "PERF_EVENT", PYTHON_WALK_NAME: "PERF_EVENT"}
-        if self.off_cpu_threshold:
+        if settings.off_cpu_threshold:
             programs.update(dict.fromkeys((OFF_CPU_PROGRAM_NAME, *OFF_CPU_WALK_NAMES), "RAW_TRACEPOINT"))
-        bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), self.verifier_log_level, programs)
+        bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), settings.verifier_log_level, programs)
         try:
-            # Loaded above: BCC hands back the same fds. Their places are bpf/unwind.bpf.c's
-            # UNWIND_STEP_PROGRAM and PYTHON_WALK_PROGRAM.
-            for index, name in enumerate((UNWIND_STEP_NAME, PYTHON_WALK_NAME)):
-                bpf[b"unwind_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
-            if self.off_cpu_threshold:
-                for index, name in enumerate(OFF_CPU_WALK_NAMES):
-                    bpf[b"off_cpu_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
-            self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
-            self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
-            self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
-            self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
-                                          bpf[b"unwind_demand"], bpf[b"python_processes"])
-            unwind_events = bpf[b"unwind_events"]
-            self._unwind_event_type = bcc_table._get_event_class(unwind_events)
-            unwind_events.open_perf_buffer(self._on_unwind_event, page_cnt=8, lost_cb=self._on_lost)
-            del unwind_events
-            self._counters_map = bpf[b"counters"]
-            self._known = bpf[b"known_tgids"]
-            self._active = bpf[b"active_slot"]
-            self._active[ct.c_int(0)] = ct.c_uint32(0)
-            self._slot = 0
-            if self.probabilistic:
-                self._profiling_on = bpf[b"profiling_on"]
-                self._profiling_on[ct.c_int(0)] = ct.c_uint32(1)  # until the first draw
-            events = bpf[b"new_processes"]
-            # Decode with the struct BCC generated from profile.h.  Do not keep `events` itself:
-            # BCC's cleanup() must drop the last reference to close the perf buffer readers.
-            self._event_type = bcc_table._get_event_class(events)
-            events.open_perf_buffer(self._on_event, page_cnt=self.perf_buffer_pages,
-                                    lost_cb=self._on_lost)
-            del events
-            overflow = bpf[b"stack_overflow"]
-            overflow_type = bcc_table._get_event_class(overflow)
-            self._overflow_header = overflow_type.user_ips.offset
-            self._overflow_kernel_offset = overflow_type.kernel_ips.offset
-            self._overflow_type = overflow_type
-            overflow.open_perf_buffer(self._on_overflow, page_cnt=self.perf_buffer_pages,
-                                      lost_cb=self._on_overflow_lost)
-            del overflow
-            if self.target_tgids_size:
-                self.target_tgids = bpf[b"target_tgids"]
-                exec_events = bpf[b"exec_events"]
-                self._exec_event_type = bcc_table._get_event_class(exec_events)
-                exec_events.open_perf_buffer(self._on_exec_event, page_cnt=self.perf_buffer_pages, lost_cb=self._on_lost)
-                del exec_events
+            self._fill_tail_call_arrays(bpf)
+            self._find_maps(bpf)
+            self._open_event_readers(bpf)
             # Attached last, once every perf buffer is open: an event sent to a CPU's buffer
             # before its reader exists fails (the first process announced was lost that way).
-            if self.off_cpu_threshold:
+            if settings.off_cpu_threshold:
                 bpf_program.attach_raw_tracepoint(bpf, b"sched_switch", OFF_CPU_PROGRAM_NAME,
                                                   hint="off-CPU profiling reads its prev_state argument: Linux 5.18 or later")
-            bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, self.frequency_hz)
+            bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, settings.frequency_hz)
         except BaseException:
             with contextlib.suppress(Exception):
                 bpf.cleanup()
             raise
-        if self.verifier_log_level and self.compile_log:
+        if settings.verifier_log_level and self.compile_log:
             sys.stderr.write(self.compile_log)  # the user asked to see the verifier log
         self._bpf = bpf
         self._interval_start = (time.monotonic_ns(), time.time_ns())
-        self.log.debug("profiler attached", frequency_hz=self.frequency_hz, cpus=os.cpu_count())
+        self.log.debug("profiler attached", frequency_hz=settings.frequency_hz, cpus=os.cpu_count())
+
+    def _fill_tail_call_arrays(self, bpf) -> None:
+        """The programs a walk tail-calls, at their places: bpf/unwind.bpf.c's
+        UNWIND_STEP_PROGRAM and PYTHON_WALK_PROGRAM (load() loaded them: BCC hands back the
+        same fds)."""
+        for index, name in enumerate((UNWIND_STEP_NAME, PYTHON_WALK_NAME)):
+            bpf[b"unwind_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
+        if self.settings.off_cpu_threshold:
+            for index, name in enumerate(OFF_CPU_WALK_NAMES):
+                bpf[b"off_cpu_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
+
+    def _find_maps(self, bpf) -> None:
+        """The maps user space reads and fills, and the switches it sets before the first sample."""
+        self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
+        self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
+        self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
+        self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
+                                      bpf[b"unwind_demand"], bpf[b"python_processes"])
+        self._counters_map = bpf[b"counters"]
+        self._known = bpf[b"known_tgids"]
+        self._active = bpf[b"active_slot"]
+        self._active[ct.c_int(0)] = ct.c_uint32(0)
+        self._slot = 0
+        if self.settings.probabilistic:
+            self._profiling_on = bpf[b"profiling_on"]
+            self._profiling_on[ct.c_int(0)] = ct.c_uint32(1)  # until the first draw
+        if self.settings.target_tgids_size:
+            self.target_tgids = bpf[b"target_tgids"]
+
+    def _open_event_readers(self, bpf) -> None:
+        """A reader on each perf buffer, each event decoded with the struct BCC generated from
+        profile.h.  The tables are not kept: BCC's cleanup() must drop the last reference to close
+        the perf buffer readers."""
+        from bcc import table as bcc_table
+
+        pages = self.settings.perf_buffer_pages
+        unwind_events = bpf[b"unwind_events"]
+        self._unwind_event_type = bcc_table._get_event_class(unwind_events)
+        unwind_events.open_perf_buffer(self._on_unwind_event, page_cnt=8, lost_cb=self._on_lost)
+        events = bpf[b"new_processes"]
+        self._event_type = bcc_table._get_event_class(events)
+        events.open_perf_buffer(self._on_event, page_cnt=pages, lost_cb=self._on_lost)
+        overflow = bpf[b"stack_overflow"]
+        overflow_type = bcc_table._get_event_class(overflow)
+        self._overflow_header = overflow_type.user_ips.offset
+        self._overflow_kernel_offset = overflow_type.kernel_ips.offset
+        self._overflow_type = overflow_type
+        overflow.open_perf_buffer(self._on_overflow, page_cnt=pages, lost_cb=self._on_overflow_lost)
+        if self.settings.target_tgids_size:
+            exec_events = bpf[b"exec_events"]
+            self._exec_event_type = bcc_table._get_event_class(exec_events)
+            exec_events.open_perf_buffer(self._on_exec_event, page_cnt=pages, lost_cb=self._on_lost)
 
     # ---------------------------------------------------------------------------------------
 
@@ -467,7 +426,7 @@ class Sampler:
         self._interval_start = (end_mono, end_wall)
         return Interval(stacks=out, start_monotonic_ns=start_mono, end_monotonic_ns=end_mono,
                         start_wall_ns=start_wall, end_wall_ns=end_wall,
-                        frequency_hz=self.frequency_hz, counters=self.counters())
+                        frequency_hz=self.settings.frequency_hz, counters=self.counters())
 
     def counters(self) -> dict[str, int]:
         """Cumulative counts since start(): the BPF per-CPU counters summed, plus user-side ones

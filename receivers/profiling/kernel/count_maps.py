@@ -9,7 +9,7 @@ import errno
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from receivers.profiling.samples import StackCount, stack_count
+from receivers.profiling.kernel.samples import StackCount, stack_count
 
 STACK_HASHED = -61  # profile.h: the stack id of a stack stored by its hash in user_stacks_N
 

@@ -52,7 +52,7 @@ from itertools import islice
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from .unwind.cfi import uleb128  # Go's varints are unsigned LEB128, as DWARF's are
+from pycollector.varint import VarintError, read_uvarint as uleb128  # Go's varints are unsigned LEB128, as DWARF's are
 
 # Layout versions by magic: what changed is named in the module docstring.
 _GO12, _GO116, _GO118 = 12, 116, 118
@@ -87,7 +87,7 @@ class GoFunctions:
     def __init__(self, data: bytes, text_address: int = 0) -> None:
         try:
             self._parse(bytes(data), text_address)
-        except (IndexError, struct.error, OverflowError) as e:
+        except (IndexError, struct.error, OverflowError, VarintError) as e:
             raise GoTableError(f"damaged pclntab: {e}") from None
 
     @classmethod

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from receivers.profiling.bpf_program import SamplerError
+from receivers.profiling.kernel.program import SamplerError
 
-BPF_HEADER = Path(__file__).resolve().parent / "bpf" / "profile.h"  # bpf/ as package data (see sampler.BPF_DIR)
+BPF_HEADER = Path(__file__).resolve().parent.parent / "bpf" / "profile.h"  # bpf/ as package data (see sampler.BPF_DIR)
 
 # Counters kept in user space, next to the ones read from the BPF per-CPU array.
 USER_COUNTERS = ("lost_events", "late_announcements", "missing_stacks", "stacks_freed",

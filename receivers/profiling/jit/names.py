@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 
+from ..processes.proc import ProcessInfo
 from .perfmap import PerfMaps, process_jit_runtime
-from .processes import ProcessInfo
 
 # The runtimes' frame types, and the tracer name (the Go receiver's) that turns each on.
 TRACER_OF_RUNTIME = {"v8js": "v8", "jvm": "hotspot"}

@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from pycollector.logs import log_once
+from pycollector.periodic import Periodic
 
+from ..processes.table import ProcessTable
 from .jvm_attach import HELPER_GRACE_S, AttachError, NoListener, run_jcmd
 from .perfmap import process_jit_runtime
-from .periodic import Periodic
-from .processes import ProcessTable
 
 REQUEST_TIMEOUT_S = 10.0
 # A JVM younger than this may not have its SIGQUIT handler yet: its missing listener is not final.

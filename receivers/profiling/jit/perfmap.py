@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from .processes import ProcessInfo
+from ..processes.proc import ProcessInfo
 
 DEFAULT_MAX_ENTRIES = 100_000
 DEFAULT_REFRESH_INTERVAL_S = 1.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from receivers.profiling.periodic import Periodic
+from pycollector.periodic import Periodic
 
 ALWAYS = 100
 

@@ -27,7 +27,7 @@ import pydantic
 
 from pycollector.component import ComponentConfig
 
-from .processes import container_id_from_cgroup
+from .proc import container_id_from_cgroup
 
 
 class ProcessFilter(ComponentConfig):
@@ -112,6 +112,12 @@ class Targeting:
                 elif tgid not in self._targets:
                     self._targets.add(tgid)
             self.stats["targets"] = len(self._targets)
+
+    def forget(self, tgid: int) -> None:
+        """The process exited (the process table says so): its pid is not a target any more; a
+        process reusing it is considered on its own."""
+        with self._lock:
+            self._remove(tgid)
 
     # -- inside ---------------------------------------------------------------------------------
 

@@ -1,0 +1,137 @@
+"""The headers of an ELF file that every reader starts from, and the ids that name the file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Sequence
+
+from elftools.elf.elffile import ELFFile
+
+NT_GO_BUILD_ID = 4
+NT_GNU_BUILD_ID = 3
+
+
+class ElfHeaders:
+    """What every reader of an ELF file needs first: PT_LOAD segments, build ids, debug link."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.build_id: str | None = None
+        self.go_build_id: str | None = None
+        self.htlhash: str | None = None
+        self.debuglink: str | None = None
+        self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_filesz, p_vaddr)
+
+    @property
+    def ids(self) -> dict[str, str | None]:
+        """The file's ids, as Frame fields."""
+        return {"build_id": self.build_id, "go_build_id": self.go_build_id, "htlhash": self.htlhash}
+
+    def vaddr(self, file_offset: int) -> int | None:
+        for off, size, vaddr in self.loads:
+            if off <= file_offset < off + size:
+                return file_offset - off + vaddr
+        return None
+
+    @classmethod
+    def read_headers(cls, elf: ELFFile, path: str, *, mapping_ids: bool = False):
+        """Segments, build id and debug link; with ``mapping_ids`` also the ids a profile's
+        mapping carries (Go build id, htlhash: more reading, which only reports need)."""
+        out = cls(path)
+        for seg in elf.iter_segments():
+            if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
+                out.loads.append((seg["p_offset"], seg["p_filesz"], seg["p_vaddr"]))
+        out.build_id = elf_build_id(elf)
+        if mapping_ids:
+            out.go_build_id = go_build_id(elf)
+            out.htlhash = file_htlhash(elf.stream)
+        link = elf.get_section_by_name(".gnu_debuglink")
+        if link is not None:
+            data = link.data()
+            out.debuglink = data[: data.find(b"\0")].decode("utf-8", "replace") or None
+        return out
+
+
+def find_note(data: bytes, owner: bytes, note_type: int) -> bytes | None:
+    """The descriptor of the first note from ``owner`` of ``note_type`` in a raw ELF note blob
+    (little-endian, 4-byte aligned as x86-64's are)."""
+    pos = 0
+    while pos + 12 <= len(data):
+        namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+        name_at = pos + 12
+        desc_at = name_at + ((namesz + 3) & ~3)
+        if ntype == note_type and data[name_at:name_at + namesz].rstrip(b"\0") == owner and desc_at + descsz <= len(data):
+            return data[desc_at:desc_at + descsz]
+        pos = desc_at + ((descsz + 3) & ~3)
+    return None
+
+
+def parse_build_id_notes(data: bytes) -> str | None:
+    """The GNU build id in a raw ELF note blob (/sys/kernel/notes, .note.gnu.build-id)."""
+    found = find_note(data, b"GNU", NT_GNU_BUILD_ID)
+    return found.hex() if found is not None else None
+
+
+DEBUG_DIRS = ("/usr/lib/debug",)
+
+
+def debug_file_candidates(build_id: str | None, debuglink: str | None, path: str, debug_dirs: Sequence[str] = DEBUG_DIRS) -> list[str]:
+    """Where the separate debug file of the file at ``path`` may be, as gdb looks: by build id
+    under each debug directory, then by its .gnu_debuglink name beside it, in .debug/ beside it,
+    and under each debug directory's copy of its directory."""
+    out = []
+    if build_id and len(build_id) > 2:
+        for d in debug_dirs:
+            out.append(f"{d}/.build-id/{build_id[:2]}/{build_id[2:]}.debug")
+    if debuglink:
+        directory = os.path.dirname(path)
+        out.append(f"{directory}/{debuglink}")
+        out.append(f"{directory}/.debug/{debuglink}")
+        for d in debug_dirs:
+            out.append(f"{d}{directory}/{debuglink}")
+    return out
+
+
+def elf_build_id(elf: ELFFile) -> str | None:
+    for sec in elf.iter_sections():
+        if sec["sh_type"] == "SHT_NOTE":
+            for note in sec.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return note["n_desc"]
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_NOTE":
+            for note in seg.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return note["n_desc"]
+    return None
+
+
+def go_build_id(elf: ELFFile) -> str | None:
+    """The Go toolchain's build id: the note of .note.go.buildid (owner "Go", type 4)."""
+    section = elf.get_section_by_name(".note.go.buildid")
+    if section is None or section["sh_type"] == "SHT_NOBITS" or not elf.little_endian:
+        return None
+    found = find_note(section.data(), b"Go", NT_GO_BUILD_ID)
+    return found.decode("ascii", "replace") if found else None
+
+
+HTLHASH_PAGE = 4096
+
+
+def file_htlhash(stream) -> str | None:
+    """The file id OpenTelemetry's profiling conventions define for mappings
+    (``process.executable.build_id.htlhash``, the one id every file has): the first 16 bytes of
+    SHA-256 over the file's first and last 4096 bytes (overlapping in a small file) and its
+    length as a big-endian uint64, in hex. Backends match it with what other profilers send."""
+    try:
+        stream.seek(0, os.SEEK_END)
+        size = stream.tell()
+        stream.seek(0)
+        head = stream.read(HTLHASH_PAGE)
+        stream.seek(max(0, size - HTLHASH_PAGE))
+        tail = stream.read(HTLHASH_PAGE)
+    except OSError:
+        return None
+    return hashlib.sha256(head + tail + size.to_bytes(8, "big")).digest()[:16].hex()

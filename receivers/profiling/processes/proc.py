@@ -1,0 +1,169 @@
+"""What /proc says about a process: its mappings, stat line, container id; plain data, no state."""
+
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+DELETED_SUFFIX = " (deleted)"
+PF_KTHREAD = 0x00200000
+
+
+# --------------------------------------------------------------------------------------------
+# Container id
+
+
+# A container id is 64 hex digits in one path component of the cgroup, possibly wrapped by the
+# runtime or by systemd: "<id>", "docker-<id>.scope", "cri-containerd-<id>.scope",
+# "crio-<id>.scope", "libpod-<id>.scope", "containerd-<id>.scope".  "crio-conmon-<id>" is CRI-O's
+# monitor process, not the container, so it does not match (the prefix must be one of these).
+_CONTAINER_COMPONENT = re.compile(
+    r"^(?:(?:docker|cri-containerd|crio|libpod|containerd)-)?([0-9a-f]{64})(?:\.scope)?$"
+)
+
+
+def container_id_from_cgroup(text: str) -> str | None:
+    """The container id in the contents of /proc/PID/cgroup (cgroup v1 or v2), or None.
+
+    Handles docker (`/docker/<id>`, `/system.slice/docker-<id>.scope`), containerd and CRI-O under
+    Kubernetes (`/kubepods/<qos>/pod<uid>/<id>`, `/kubepods.slice/.../cri-containerd-<id>.scope`,
+    `crio-<id>.scope`) and podman (`libpod-<id>.scope`).  With nesting (docker in docker, or
+    systemd's `init.scope` under the container) the innermost id wins.
+    """
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        found = None
+        for component in parts[2].split("/"):
+            m = _CONTAINER_COMPONENT.match(component)
+            if m:
+                found = m.group(1)
+        if found:
+            return found
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Plain data
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One line of /proc/PID/maps (only executable mappings are kept)."""
+
+    start: int
+    end: int
+    offset: int
+    perms: str
+    dev: str  # "major:minor" in hex, as in /proc/PID/maps
+    inode: int
+    path: str  # "" for anonymous, "[vdso]" etc. for special mappings
+    deleted: bool = False  # the file was deleted (or replaced) after it was mapped
+
+    @property
+    def file_backed(self) -> bool:
+        return self.inode != 0 and self.path.startswith("/")
+
+    @property
+    def identity(self) -> tuple[str, int]:
+        """(dev, inode): the same file in every process that maps it, across containers."""
+        return (self.dev, self.inode)
+
+
+@dataclass(slots=True)
+class ProcessInfo:
+    pid: int
+    comm: str = ""
+    exe_path: str | None = None  # readlink(/proc/PID/exe), " (deleted)" stripped
+    exe_deleted: bool = False
+    cmdline: list[str] = field(default_factory=list)
+    mappings: list[Mapping] = field(default_factory=list)  # executable ones, sorted by start
+    threads: dict[int, str] = field(default_factory=dict)  # tid -> thread name
+    container_id: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # only include_env_vars
+    start_time_ticks: int | None = None  # /proc/PID/stat field 22 (identifies the incarnation)
+    parent_pid: int | None = None
+    start_time_ns: int | None = None  # wall clock, ns since the epoch
+    kernel_thread: bool = False
+    errors: list[str] = field(default_factory=list)  # what the snapshot could not read
+    exited: bool = False
+    maps_read_at: float = 0.0  # monotonic seconds
+    _starts: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def executable_name(self) -> str:
+        return os.path.basename(self.exe_path) if self.exe_path else self.comm
+
+    def age_s(self) -> float:
+        """Seconds since the process started (to the second: boot time is); 0 if unknown."""
+        return (time.time_ns() - self.start_time_ns) / 1e9 if self.start_time_ns is not None else 0.0
+
+    @property
+    def root(self) -> str:
+        """This process's view of / (files of a container resolve through it)."""
+        return f"/proc/{self.pid}/root"
+
+    def set_mappings(self, mappings: list[Mapping]) -> None:
+        self.mappings = sorted(mappings, key=lambda m: m.start)
+        self._starts = [m.start for m in self.mappings]
+
+    def find_mapping(self, addr: int) -> Mapping | None:
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self.mappings[i].end:
+            return self.mappings[i]
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# /proc readers (each raises OSError when the process is gone)
+
+
+def _split_deleted(path: str) -> tuple[str, bool]:
+    # The kernel appends " (deleted)" to the path of an unlinked file.  A file whose real name
+    # ends that way is indistinguishable; treating it as deleted only costs a fallback open.
+    if path.endswith(DELETED_SUFFIX):
+        return path[: -len(DELETED_SUFFIX)], True
+    return path, False
+
+
+def parse_maps(text: str, executable_only: bool = True) -> list[Mapping]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        perms = parts[1]
+        if executable_only and (len(perms) < 3 or perms[2] != "x"):
+            continue
+        start, _, end = parts[0].partition("-")
+        path, deleted = _split_deleted(parts[5]) if len(parts) == 6 else ("", False)
+        out.append(Mapping(start=int(start, 16), end=int(end, 16), offset=int(parts[2], 16),
+                           perms=perms, dev=parts[3], inode=int(parts[4]), path=path,
+                           deleted=deleted))
+    return out
+
+
+def parse_stat(text: str) -> dict:
+    """comm, state, ppid, flags and starttime from /proc/PID/stat (comm may hold ')' or ' ')."""
+    lpar, rpar = text.index("("), text.rindex(")")
+    rest = text[rpar + 2:].split()  # rest[0] is field 3 (state)
+    return {"comm": text[lpar + 1:rpar], "state": rest[0], "ppid": int(rest[1]),
+            "flags": int(rest[6]), "starttime": int(rest[19])}
+
+
+def _boot_time_s(proc: str) -> int:
+    with open(f"{proc}/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return int(line.split()[1])
+    return 0
+
+
+def _read(path: str) -> str:
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace")

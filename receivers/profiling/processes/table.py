@@ -1,0 +1,302 @@
+"""What /proc says about each sampled process, read as soon as the process is first sampled.
+
+The BPF program announces every new tgid (first sample, and again after execve()).  Short-lived
+processes exit before the interval is reported, so `ProcessTable.on_new_process` snapshots
+/proc/<tgid> right away: comm, exe, executable mappings, thread names, container id, selected
+environment variables and start time.  A snapshot that races with the exit keeps whatever it
+got (`ProcessInfo.errors` lists what it missed).
+
+The table is the one owner of a process's life in the receiver.  Every room that keeps state per
+process (the symbolizer's pinned files, unwind tables, Python interpreters, JIT maps, targeting,
+the kernel's set of announced tgids) registers with `watch()` and is told, in the order it
+registered, of each snapshot (a new process, an exec, mappings read again: ``changed(info)``) and
+of each exit (``exited(tgid)``); nothing outside keeps its own list of what to forget.  One lock
+(``_life``) orders these events, so an exit is never told after the pid's successor was
+registered, nor a registration lost to its predecessor's exit.
+
+Exit: `forget_exited()` (call it after each report) marks processes whose /proc entry is gone or
+belongs to another incarnation (start time), and removes them one call later, so an interval that
+still holds samples of a process that just exited can be reported with its metadata.  An entry
+already replaced by its successor is not forgotten; a successor found alive when its
+predecessor is removed is snapshotted and registered at once (if ``admits`` it), as its
+announcement would: the kernel, which knew the pid, did not announce it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from .proc import PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, _split_deleted, container_id_from_cgroup, parse_maps, parse_stat
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class ProcessTable:
+    """Snapshots of sampled processes, keyed by tgid.  Thread-safe."""
+
+    def __init__(
+        self,
+        include_env_vars: Iterable[str] = (),
+        *,
+        proc_root: str = "/proc",
+        maps_refresh_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.include_env_vars = frozenset(include_env_vars)
+        self.proc = proc_root
+        self.maps_refresh_interval_s = maps_refresh_interval_s
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._procs: dict[int, ProcessInfo] = {}
+        # Held while a process's life changes and its watchers are told (see the module's doc).
+        self._life = threading.RLock()
+        self._on_changed: list[Callable[[ProcessInfo], None]] = []
+        self._on_exited: list[Callable[[int], None]] = []
+        # Whether a pid's successor, found when its predecessor is removed, is registered (the
+        # receiver sets it to targeting's decision when only some processes are profiled).
+        self.admits: Callable[[int], bool] = lambda _tgid: True
+        self._boot_time_s = _boot_time_s(proc_root)
+        self.stats = {"snapshots": 0, "partial_snapshots": 0, "maps_refreshes": 0, "expired": 0, "successors": 0}
+
+    # ----------------------------------------------------------------------- snapshots
+
+    def watch(self, changed: Callable[[ProcessInfo], None] | None = None,
+              exited: Callable[[int], None] | None = None) -> None:
+        """Tell ``changed`` of each snapshot (new process, exec, mappings read again) and
+        ``exited`` of each process removed, on the thread that saw it (keep them quick).  Watchers
+        are told in the order they registered.  ``changed`` hears at once of the processes already
+        known (those announced while the program was being attached)."""
+        with self._life:
+            if changed is not None:
+                self._on_changed.append(changed)
+                for info in self._known():
+                    changed(info)
+            if exited is not None:
+                self._on_exited.append(exited)
+
+    def _known(self) -> list[ProcessInfo]:
+        with self._lock:
+            return list(self._procs.values())
+
+    def _changed(self, info: ProcessInfo) -> None:
+        for changed in self._on_changed:
+            changed(info)
+
+    def on_new_process(self, tgid: int, pid: int, comm: str) -> ProcessInfo:
+        """Sampler callback: snapshot /proc/<tgid> now, before the process can exit.
+        Also used on re-announcement after execve(): the snapshot replaces the old one."""
+        info = self.snapshot(tgid)
+        if comm:
+            info.threads[pid] = comm
+            if not info.comm and pid == tgid:
+                info.comm = comm  # gone before we could read it: the sample's name is all we have
+        with self._life:
+            with self._lock:
+                self._procs[tgid] = info
+            self._changed(info)
+        return info
+
+    def snapshot(self, tgid: int) -> ProcessInfo:
+        """Read everything about tgid from /proc.  Never raises for a vanished process."""
+        base = f"{self.proc}/{tgid}"
+        info = ProcessInfo(pid=tgid)
+        self.stats["snapshots"] += 1
+        try:  # stat first: it tells kernel threads apart and dates the incarnation
+            st = parse_stat(_read(f"{base}/stat"))
+            info.comm = st["comm"]
+            info.kernel_thread = bool(st["flags"] & PF_KTHREAD)
+            info.start_time_ticks = st["starttime"]
+            info.parent_pid = st["ppid"]
+            info.start_time_ns = (self._boot_time_s * 1_000_000_000
+                                  + st["starttime"] * 1_000_000_000 // _CLK_TCK)
+        except (OSError, ValueError, IndexError) as e:
+            info.errors.append(f"stat: {e}")
+            info.exited = isinstance(e, FileNotFoundError | ProcessLookupError)
+            self.stats["partial_snapshots"] += 1
+            return info  # nothing else will be there either
+        if not info.kernel_thread:
+            self._read_exe(info, base)
+            self._read_maps(info, base)
+            try:
+                info.cmdline = [a for a in _read(f"{base}/cmdline").split("\0") if a]
+            except OSError as e:
+                info.errors.append(f"cmdline: {e}")
+            if self.include_env_vars:
+                self._read_env(info, base)
+        try:
+            info.container_id = container_id_from_cgroup(_read(f"{base}/cgroup"))
+        except OSError as e:
+            info.errors.append(f"cgroup: {e}")
+        self._read_threads(info, base)
+        if info.errors:
+            self.stats["partial_snapshots"] += 1
+        return info
+
+    def _read_exe(self, info: ProcessInfo, base: str) -> None:
+        try:
+            info.exe_path, info.exe_deleted = _split_deleted(os.readlink(f"{base}/exe"))
+        except OSError as e:
+            info.errors.append(f"exe: {e}")
+
+    def _read_maps(self, info: ProcessInfo, base: str) -> bool:
+        info.maps_read_at = self._clock()
+        try:
+            info.set_mappings(parse_maps(_read(f"{base}/maps")))
+            return True
+        except OSError as e:
+            info.errors.append(f"maps: {e}")
+            return False
+
+    def _read_env(self, info: ProcessInfo, base: str) -> None:
+        try:
+            with open(f"{base}/environ", "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            info.errors.append(f"environ: {e}")
+            return
+        for item in raw.split(b"\0"):
+            name, sep, value = item.partition(b"=")
+            if sep and name.decode("utf-8", "replace") in self.include_env_vars:
+                info.env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+
+    def _read_threads(self, info: ProcessInfo, base: str) -> None:
+        try:
+            tids = os.listdir(f"{base}/task")
+        except OSError as e:
+            info.errors.append(f"task: {e}")
+            return
+        for tid in tids:
+            try:
+                info.threads[int(tid)] = _read(f"{base}/task/{tid}/comm").rstrip("\n")
+            except (OSError, ValueError):
+                pass  # that thread exited meanwhile
+
+    # ----------------------------------------------------------------------- queries
+
+    def lookup(self, tgid: int) -> ProcessInfo | None:
+        """The snapshot of tgid; snapshots it now if it was never announced (perf event lost),
+        None if it is unknown and gone."""
+        with self._lock:
+            info = self._procs.get(tgid)
+        if info is not None:
+            return info
+        fresh = self.snapshot(tgid)
+        if fresh.start_time_ticks is None:
+            return None
+        with self._life:
+            with self._lock:
+                info = self._procs.setdefault(tgid, fresh)
+            if info is fresh:  # not announced by another thread meanwhile
+                self._changed(info)
+        return info
+
+    def observe_thread(self, tgid: int, tid: int, comm: str) -> None:
+        """Record a thread name seen in a sample key (threads rename themselves)."""
+        with self._lock:
+            info = self._procs.get(tgid)
+            if info is not None and comm:
+                info.threads[tid] = comm
+
+    def thread_name(self, tgid: int, tid: int) -> str | None:
+        with self._lock:
+            info = self._procs.get(tgid)
+            return info.threads.get(tid) if info else None
+
+    def find_mapping(self, tgid: int, addr: int, *, rate_limited: bool = True) -> Mapping | None:
+        """The executable mapping of tgid that holds addr.  On a miss (a library dlopen()ed
+        after the snapshot, or mapped by ld.so after a snapshot taken at exec), re-read
+        /proc/PID/maps, at most once per maps_refresh_interval_s unless ``rate_limited`` is
+        False (the kernel's unwinder asks at most every 100 ms per process already, and a
+        100 ms process cannot wait a second)."""
+        info = self.lookup(tgid)
+        if info is None:
+            return None
+        m = info.find_mapping(addr)
+        if m is not None or info.exited or info.kernel_thread:
+            return m
+        if rate_limited and self._clock() - info.maps_read_at < self.maps_refresh_interval_s:
+            return None
+        base = f"{self.proc}/{tgid}"
+        if not self._same_incarnation(info):
+            return None
+        fresh = ProcessInfo(pid=tgid)
+        # An exiting process has no memory left before its /proc entry goes: its maps read empty,
+        # and its last samples still need the mappings it had.
+        if self._read_maps(fresh, base) and fresh.mappings:
+            with self._life:
+                with self._lock:
+                    current = self._procs.get(tgid) is info
+                    if current:
+                        info.set_mappings(fresh.mappings)
+                if current:  # (not removed, nor replaced by an exec, while the maps were read)
+                    self.stats["maps_refreshes"] += 1
+                    self._changed(info)
+        info.maps_read_at = fresh.maps_read_at
+        return info.find_mapping(addr)
+
+    def _same_incarnation(self, info: ProcessInfo) -> bool:
+        try:
+            st = parse_stat(_read(f"{self.proc}/{info.pid}/stat"))
+        except (OSError, ValueError, IndexError):
+            return False
+        return st["starttime"] == info.start_time_ticks
+
+    def __contains__(self, tgid: int) -> bool:
+        with self._lock:
+            return tgid in self._procs
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._procs)
+
+    def tgids(self) -> list[int]:
+        with self._lock:
+            return list(self._procs)
+
+    # ----------------------------------------------------------------------- expiry
+
+    def forget_exited(self) -> list[int]:
+        """Call once per report, after it was built.  A process found gone (or its pid reused)
+        is marked exited; one still marked from the previous call is removed, and its watchers
+        told (its last samples have been reported by then).  Returns the removed tgids."""
+        with self._lock:
+            procs = list(self._procs.items())
+        due = []
+        for tgid, info in procs:
+            if info.exited:
+                due.append(info)
+            elif not self._same_incarnation(info):
+                info.exited = True
+        removed = []
+        for info in due:
+            if self._remove(info):
+                removed.append(info.pid)
+                self._register_successor(info)
+        self.stats["expired"] += len(removed)
+        return removed
+
+    def _remove(self, info: ProcessInfo) -> bool:
+        """Remove this incarnation and tell the watchers; False when its entry was replaced (an
+        announcement of its successor since the scan: the watchers hold the successor's state)."""
+        with self._life:
+            with self._lock:
+                if self._procs.get(info.pid) is not info:
+                    return False
+                del self._procs[info.pid]
+            for exited in self._on_exited:
+                exited(info.pid)
+        return True
+
+    def _register_successor(self, info: ProcessInfo) -> None:
+        """A process now runs under the pid of ``info``, which was just removed: the kernel, which
+        knew the pid, did not announce it; register it now, as its announcement would."""
+        try:
+            started = parse_stat(_read(f"{self.proc}/{info.pid}/stat"))["starttime"]
+        except (OSError, ValueError, IndexError):
+            return  # no successor
+        if started != info.start_time_ticks and info.pid not in self and self.admits(info.pid):
+            self.stats["successors"] += 1
+            self.on_new_process(info.pid, info.pid, "")

@@ -1,0 +1,314 @@
+"""Addresses -> function names, for kernel frames (kallsyms) and native user frames (ELF).
+
+Kernel: /proc/kallsyms (kernel.py).
+
+User: the mapping that holds the address (from `ProcessTable`) gives the file offset
+(addr - mapping.start + mapping.offset); the PT_LOAD segment holding that file offset turns it into
+the ELF virtual address the symbol table uses.  That one rule covers PIE and non-PIE executables
+and shared libraries.  Symbols come from .symtab, else from a separate debug file (found by build
+id under <debug dir>/.build-id/xx/yyyy.debug, or by .gnu_debuglink), else .dynsym.  Files are
+read through the process's own root (/proc/PID/root), so containers resolve, and parsed files are
+cached per file identity (dev, inode) with a bounded LRU; files with the same build id share one
+parse.  Results are cached per (file, offset) too.  Both kinds of symbols are held in
+`SymbolTable`s (table.py): arrays and a string table, a name decoded and demangled when a
+lookup needs it.
+
+Frames other than the leaf hold return addresses; they are looked up at address - 1, so a call
+that is the last instruction of a function is not attributed to the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from ..elf.headers import DEBUG_DIRS, debug_file_candidates, elf_build_id
+from ..jit.names import JitNames
+from ..processes.files import open_mapped_file
+from ..processes.table import Mapping, ProcessInfo, ProcessTable
+from .elf_symbols import ElfSymbols, demangle
+from .frame import Frame
+from .gopclntab import GoFunctions
+from .kernel import KernelSymbols
+
+_KERNEL_RELOAD_AFTER_S = 30.0
+_UNREADABLE_RETRY_S = 10.0
+# Where a Go stack ends though frame pointers may go on, as Go's own traceback ends it. A
+# goroutine starts in runtime.goexit's frame, a thread in runtime.mstart (runtime.rt0_go the
+# first), with whatever the clone left in the frame pointer. runtime.mcall switches to the thread's
+# g0 stack to run the scheduler and, before Go 1.21, keeps the goroutine's frame pointer, which
+# leads back into a goroutine stack another thread may have rewritten by the time a parked thread
+# is sampled. An off-CPU profile of a Go 1.19 program had 15% of its time under
+# "runtime.mcall <- runtime.newproc <- ?" and 3% under "runtime.mstart <- runtime.execute <- ?".
+# (runtime.morestack is not cut: the goroutine it grows is stopped on this thread, its frames true.)
+# By name, whether from .gopclntab or .symtab (go_names: false).
+GO_STACK_TOPS = frozenset({"runtime.goexit", "runtime.mstart", "runtime.rt0_go", "runtime.mcall"})
+
+
+class _LRU(OrderedDict):
+    def __init__(self, maxsize: int, on_evict=None) -> None:
+        super().__init__()
+        self.maxsize = maxsize
+        self.on_evict = on_evict
+
+    def get_touch(self, key):
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def put(self, key, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.maxsize:
+            old_key, old = self.popitem(last=False)
+            if self.on_evict:
+                self.on_evict(old_key, old)
+
+
+class Symbolizer:
+    """Turns kernel and native user stacks into `Frame`s.
+
+    processes:      the ProcessTable that knows each tgid's mappings (and refreshes them on a
+                    miss); the symbolizer also registers itself to pin the files of every new
+                    snapshot (see retain_files).
+    max_files:      parsed ELF files kept (LRU).
+    max_addresses:  (file, offset) -> symbol results kept (LRU).
+    debug_dirs:     where separate debug files live (".build-id/xx/yyyy.debug" and debuglink).
+    """
+
+    def __init__(
+        self,
+        processes: ProcessTable | None = None,
+        *,
+        max_files: int = 256,
+        max_addresses: int = 200_000,
+        max_pinned_files: int = 128,
+        kallsyms_path: str = "/proc/kallsyms",
+        debug_dirs: Sequence[str] = DEBUG_DIRS,
+        demangle_names: bool = True,
+        jit: JitNames | None = None,
+        go_names: bool = True,
+    ) -> None:
+        self.processes = processes
+        self.go_names = go_names
+        self.jit = jit  # names JIT-compiled code from perf maps
+        self.kernel = KernelSymbols(kallsyms_path)
+        self.debug_dirs = tuple(debug_dirs)
+        self._demangler = demangle if demangle_names else None
+        self._lock = threading.RLock()
+        self._files: _LRU = _LRU(max_files)
+        self._by_build_id: weakref.WeakValueDictionary[str, ElfSymbols] = (
+            weakref.WeakValueDictionary())
+        self._addresses: _LRU = _LRU(max_addresses)
+        self._pin_lock = threading.Lock()
+        self._pinned: _LRU = _LRU(max_pinned_files, on_evict=lambda _k, fd: os.close(fd))
+        self._unreadable: dict[tuple[str, int], float] = {}
+        self.stats = {"files_parsed": 0, "files_failed": 0, "files_unreadable": 0,
+                      "address_cache_hits": 0, "address_lookups": 0, "files_pinned": 0}
+        if processes is not None:
+            processes.watch(changed=self.retain_files)
+
+    # ----------------------------------------------------------------------- kernel
+
+    def symbolize_kernel(self, addrs: Sequence[int]) -> list[Frame]:
+        """Kernel stack, leaf first."""
+        with self._lock:
+            ks = self.kernel
+            if ks.loaded_at == 0.0:
+                ks.load()
+            frames = []
+            for i, addr in enumerate(addrs):
+                frame = ks.lookup(addr, addr - 1 if i else addr)
+                if frame.name is None and time.monotonic() - ks.loaded_at > _KERNEL_RELOAD_AFTER_S:
+                    ks.load()  # a module loaded or a BPF program appeared since
+                    frame = ks.lookup(addr, addr - 1 if i else addr)
+                frames.append(frame)
+            return frames
+
+    # ----------------------------------------------------------------------- user
+
+    def symbolize_user(self, tgid: int, addrs: Sequence[int], memo: dict | None = None) -> list[Frame]:
+        """Native user stack of process tgid, leaf first (needs a ProcessTable). ``memo``: the
+        frames already made for this process (a report's stacks share most of their frames)."""
+        if self.processes is None:
+            raise ValueError("Symbolizer was created without a ProcessTable; "
+                             "use symbolize_process(info, addrs)")
+        info = self.processes.lookup(tgid)
+        if info is None:
+            return [Frame(a, "native") for a in addrs]
+        return self.symbolize_process(
+            info, addrs, find_mapping=lambda a: self.processes.find_mapping(tgid, a), memo=memo)
+
+    def symbolize_process(self, info: ProcessInfo, addrs: Sequence[int],
+                          find_mapping=None, memo: dict | None = None) -> list[Frame]:
+        find = find_mapping or info.find_mapping
+        memo = {} if memo is None else memo
+        out = []
+        with self._lock:
+            for i, addr in enumerate(addrs):
+                key = (addr, i > 0)  # a return address is looked up one byte back
+                frame = memo.get(key)
+                if frame is None:
+                    frame = memo[key] = self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr))
+                out.append(frame)
+                if frame.name in GO_STACK_TOPS:
+                    break
+        return out
+
+    def _symbolize_one(self, info: ProcessInfo, addr: int, lookup_addr: int,
+                       m: Mapping | None) -> Frame:
+        if m is None:
+            return Frame(addr, "native")
+        base = dict(file=m.path or None, mapping_start=m.start, mapping_limit=m.end,
+                    mapping_offset=m.offset)
+        if not m.file_backed:
+            if self.jit is None:
+                return Frame(addr, "native", **base)
+            name, start, kind = self.jit.frame(info, addr)
+            return Frame(addr, kind, name=name, offset=addr - start if name else 0, **base)
+        elf = self._elf_for(info, m)
+        if elf is None:
+            return Frame(addr, "native", **base)
+        file_offset = lookup_addr - m.start + m.offset
+        self.stats["address_lookups"] += 1
+        key = (m.identity, file_offset)
+        hit = self._addresses.get_touch(key)
+        if hit is None:
+            vaddr = elf.vaddr(file_offset)
+            go = elf.go.lookup(vaddr) if elf.go is not None and vaddr is not None else None
+            sym = elf.lookup(vaddr) if vaddr is not None and go is None else None
+            hit = (vaddr, sym, go)
+            self._addresses.put(key, hit)
+        else:
+            self.stats["address_cache_hits"] += 1
+        vaddr, sym, go = hit
+        file_address = None if vaddr is None else vaddr + (addr - lookup_addr)
+        if go is not None:  # (a Go program's C code, cgo's, is not in Go's table: native below)
+            return Frame(addr, "go", name=go.name, offset=file_address - go.entry, file_address=file_address,
+                         source_file=go.file, line=go.line, **elf.ids, **base)
+        if sym is None and self.jit is not None:
+            sym = self.jit.name(info, addr)
+            if sym is not None:  # a perf map's names are of addresses, not of file offsets
+                return Frame(addr, "native", name=sym[0], offset=addr - sym[1], file_address=file_address, **elf.ids, **base)
+        if sym is None:
+            return Frame(addr, "native", file_address=file_address, **elf.ids, **base)
+        name, start = sym
+        return Frame(addr, "native", name=name, offset=file_address - start if file_address
+                     is not None else 0, file_address=file_address, **elf.ids, **base)
+
+    # ----------------------------------------------------------------------- files
+
+    def retain_files(self, info: ProcessInfo) -> None:
+        """Open (but do not parse) the mapped files of a fresh snapshot that are not cached
+        yet, so they can still be read after a short-lived process exits, or a file is
+        deleted or replaced.  ProcessTable calls this for every snapshot."""
+        for m in info.mappings:
+            if not m.file_backed:
+                continue
+            with self._pin_lock:
+                if m.identity in self._pinned:
+                    continue
+            if m.identity in self._files:  # racy read of an OrderedDict: harmless
+                continue
+            fd = open_mapped_file(info, m)
+            if fd is None:
+                continue
+            with self._pin_lock:
+                if m.identity in self._pinned:
+                    os.close(fd)
+                else:
+                    self._pinned.put(m.identity, fd)
+                    self.stats["files_pinned"] += 1
+
+    def _elf_for(self, info: ProcessInfo, m: Mapping) -> ElfSymbols | None:
+        elf = self._files.get_touch(m.identity)
+        if elf is not None:
+            return elf
+        with self._pin_lock:
+            fd = self._pinned.pop(m.identity, None)
+        if fd is None:
+            failed_at = self._unreadable.get(m.identity)
+            if failed_at is not None and time.monotonic() - failed_at < _UNREADABLE_RETRY_S:
+                return None
+            fd = open_mapped_file(info, m)
+        if fd is None:
+            # Not cached as a file: another process mapping it may still be alive.  Until
+            # then, do not retry the opens for every frame.
+            if len(self._unreadable) > 4096:
+                self._unreadable.clear()
+            self._unreadable[m.identity] = time.monotonic()
+            self.stats["files_unreadable"] += 1
+            return None
+        self._unreadable.pop(m.identity, None)
+        try:
+            elf = self._load(fd, m.path, info)
+        finally:
+            os.close(fd)
+        self._files.put(m.identity, elf)
+        return elf
+
+    def _load(self, fd: int, path: str, info: ProcessInfo | None) -> ElfSymbols:
+        try:
+            with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as f:
+                elf_file = ELFFile(f)
+                elf = ElfSymbols.read_headers(elf_file, path, mapping_ids=True)
+                if elf.build_id:
+                    shared = self._by_build_id.get(elf.build_id)
+                    if shared is not None:
+                        return shared
+                if self.go_names:  # Go's own table names Go code, stripped or not, with file and line
+                    elf.go = GoFunctions.from_elf(elf_file)
+                if not elf.read_symbols(elf_file, ".symtab", self._demangler):
+                    if not self._read_debug_file(elf, path, info):
+                        elf.read_symbols(elf_file, ".dynsym", self._demangler)
+        except (ELFError, OSError, ValueError, struct.error) as e:
+            self.stats["files_failed"] += 1
+            bad = ElfSymbols(path)
+            bad.symbol_source = f"error: {e}"
+            return bad
+        self.stats["files_parsed"] += 1
+        if elf.build_id:
+            self._by_build_id[elf.build_id] = elf
+        return elf
+
+    def debug_file_candidates(self, elf: ElfSymbols, path: str) -> list[str]:
+        return debug_file_candidates(elf.build_id, elf.debuglink, path, self.debug_dirs)
+
+    def _read_debug_file(self, elf: ElfSymbols, path: str, info: ProcessInfo | None) -> bool:
+        roots = [info.root, ""] if info is not None else [""]
+        for candidate in self.debug_file_candidates(elf, path):
+            for root in roots:
+                try:
+                    f = open(f"{root}{candidate}", "rb", buffering=1 << 16)  # noqa: SIM115
+                except OSError:
+                    continue
+                with f:
+                    try:
+                        dbg = ELFFile(f)
+                        dbg_id = elf_build_id(dbg)
+                        if elf.build_id and dbg_id and dbg_id != elf.build_id:
+                            continue  # a debug file of another build
+                        if elf.read_symbols(dbg, ".symtab", self._demangler):
+                            elf.symbol_source = candidate
+                            return True
+                    except (ELFError, ValueError, struct.error):
+                        continue
+        return False
+
+    def close(self) -> None:
+        with self._pin_lock:
+            while self._pinned:
+                _key, fd = self._pinned.popitem()
+                os.close(fd)
+        with self._lock:
+            self._files.clear()
+            self._addresses.clear()

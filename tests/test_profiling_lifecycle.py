@@ -1,0 +1,166 @@
+"""A process's life has one owner (receivers/profiling/processes/table.py): a pid that exits and is
+taken by another process is never confused with its successor.
+
+The successor gets the pid for real: as root, /proc/sys/kernel/ns_last_pid makes the next fork
+take the pid we want (as CRIU restores processes). The table-level tests watch what the owner tells
+its watchers; the receiver-level one (real BPF) reads the kernel's per-process entries.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pycollector.config.validate import build_plan
+from pycollector.service import Service
+from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
+
+from receivers.profiling.processes.proc import parse_stat
+from receivers.profiling.processes.table import ProcessTable
+
+from tests.conftest import bpf_unavailable_reason
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+SPIN = "while True: pass"
+
+
+def start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return parse_stat(stat.read())["starttime"]
+
+
+def spawn_with_pid(pid: int, argv: list[str]) -> subprocess.Popen:
+    """A process that has ``pid``: the next fork after ns_last_pid = pid - 1 takes it, unless
+    another process of the host forked in between; then try again."""
+    if os.geteuid() != 0:
+        pytest.skip("choosing a pid (ns_last_pid) needs root")
+    # Start times count clock ticks (10 ms): a successor started in the same tick would look like
+    # the same incarnation. On a real host the pid space wraps far slower than that.
+    time.sleep(0.05)
+    for _ in range(20):
+        with open(NS_LAST_PID, "w") as last:
+            last.write(str(pid - 1))
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        if child.pid == pid:
+            return child
+        child.kill()
+        child.wait()
+    pytest.skip(f"could not get pid {pid} again: the host forks too often")
+
+
+def exited_process() -> tuple[int, int]:
+    """(pid, start time) of a process that ran and was reaped."""
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    started = start_time(gone.pid)
+    gone.wait()
+    return gone.pid, started
+
+
+class Watcher:
+    def __init__(self, table: ProcessTable) -> None:
+        self.events: list[tuple[str, int, int | None]] = []
+        table.watch(changed=lambda info: self.events.append(("changed", info.pid, info.start_time_ticks)),
+                    exited=lambda pid: self.events.append(("exited", pid, None)))
+
+
+def test_a_reused_pid_is_told_exited_once_then_its_successor_registered():
+    table = ProcessTable()
+    watcher = Watcher(table)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        before = table.on_new_process(first.pid, first.pid, "python3")
+    finally:
+        first.kill()
+        first.wait()
+    assert table.forget_exited() == []  # marked: its last samples may still be reported
+    successor = spawn_with_pid(first.pid, ["sleep", "60"])
+    try:
+        assert table.forget_exited() == [first.pid]
+        info = table.lookup(first.pid)
+        assert info is not None and not info.exited
+        assert info.start_time_ticks == start_time(successor.pid) != before.start_time_ticks
+        assert info.exe_path == os.path.realpath("/usr/bin/sleep")
+        assert watcher.events == [("changed", first.pid, before.start_time_ticks),
+                                  ("exited", first.pid, None),
+                                  ("changed", first.pid, info.start_time_ticks)]
+        assert table.stats["successors"] == 1
+        assert table.forget_exited() == []  # the successor is alive: nothing more to forget
+    finally:
+        successor.kill()
+        successor.wait()
+
+
+def test_a_successor_announced_during_the_scan_is_not_forgotten():
+    """The scan lists the table, then removes what was marked; the successor's announcement
+    (the events thread) lands between the two: the exit must not be told for its pid."""
+    table = ProcessTable()
+    watcher = Watcher(table)
+    pid, _ = exited_process()
+    table.on_new_process(pid, pid, "python3")  # announced after its exit: marked exited already
+    successor = spawn_with_pid(pid, ["sleep", "60"])
+    bystander = subprocess.Popen(["sleep", "60"])  # the scan reads its stat after listing the table
+    table.on_new_process(bystander.pid, bystander.pid, "sleep")
+    original = table._same_incarnation
+
+    def announce_then_check(info):
+        if info.pid == bystander.pid:  # mid-scan: the successor of `pid` is announced
+            table.on_new_process(pid, pid, "sleep")
+        return original(info)
+
+    table._same_incarnation = announce_then_check
+    try:
+        assert table.forget_exited() == []
+        info = table.lookup(pid)
+        assert info is not None and not info.exited and info.start_time_ticks == start_time(pid)
+        assert ("exited", pid, None) not in watcher.events
+    finally:
+        for process in (successor, bystander):
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.bpf
+def test_the_kernel_keeps_the_entries_of_a_pid_reused_between_two_scans(tmp_path):
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    config = {
+        # A long interval: the test runs the scans the report thread would run.
+        "receivers": {"profiling": {"samples_per_second": 199, "reporter_interval": "600s", "unwind_cache_dir": str(tmp_path / "cache")}},
+        "exporters": {"capture": {}},
+        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
+    }
+    service = Service(build_plan(config, registry_with(exporters={"capture": CapturingExporterFactory()})))
+    service.start()
+    try:
+        receiver = receiver_of(service)
+        unwind_processes = receiver._sampler.unwind_maps.processes
+        busy = subprocess.Popen([sys.executable, "-c", SPIN])
+        pid = busy.pid
+        try:
+            deadline = time.monotonic() + 20
+            while unwind_processes.get(unwind_processes.Key(pid)) is None:  # sampled, announced, registered
+                assert time.monotonic() < deadline, "the busy process was never registered"
+                time.sleep(0.05)
+        finally:
+            busy.kill()
+            busy.wait()
+        assert receiver.processes.forget_exited() == []
+        # Its successor sleeps: it is never sampled, so the kernel would never announce it.
+        successor = spawn_with_pid(pid, ["sleep", "60"])
+        try:
+            assert receiver.processes.forget_exited() == [pid]
+            entry = unwind_processes.get(unwind_processes.Key(pid))
+            assert entry is not None, "the successor lost its kernel entry with its predecessor's exit"
+            mapped = {line.split()[0] for line in open(f"/proc/{pid}/maps") if " r-xp " in line}
+            starts = {f"{entry.mappings[i].start:x}-{entry.mappings[i].end:x}" for i in range(entry.count)}
+            assert mapped <= starts, (mapped, starts)  # the successor's mappings, not the python's
+            assert receiver.processes.lookup(pid).exe_path == os.path.realpath("/usr/bin/sleep")
+        finally:
+            successor.kill()
+            successor.wait()
+    finally:
+        service.shutdown()
