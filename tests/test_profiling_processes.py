@@ -196,6 +196,9 @@ def test_deleted_executable_is_marked(tmp_path):
     shutil.copy("/bin/sleep", exe)
     child = subprocess.Popen([str(exe), "30"])
     try:
+        deadline = time.monotonic() + 10  # Popen returns once exec began, maybe before the kernel mapped the file
+        while str(exe) not in Path(f"/proc/{child.pid}/maps").read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
         exe.unlink()
         info = ProcessTable().on_new_process(child.pid, child.pid, "sleeper")
         assert info.exe_path == str(exe) and info.exe_deleted, (info, os.readlink(f"/proc/{child.pid}/exe"))

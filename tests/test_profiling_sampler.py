@@ -532,7 +532,10 @@ def test_stack_map_collisions_lose_no_sample_and_bias_no_share(tmp_path):
     # (a) the stack map was far too small, (b) the collided samples came through the perf buffer
     assert d["user_stack_collision"] > 0 and d["kernel_stack_collision"] > 0, d
     assert d["stack_overflow_sent"] > 0, d
-    assert d["stack_overflow_received"] == d["stack_overflow_sent"], d
+    # Equal but for the events in flight when each snapshot was read: the program samples every
+    # process of the host meanwhile, and a snapshot reads the BPF counter (sent) before the
+    # reader's (received). CI once saw 473 received of 472 sent.
+    assert abs(d["stack_overflow_received"] - d["stack_overflow_sent"]) <= 2, d
     assert d["stack_overflow_errors"] == 0 and d["stack_overflow_lost"] == 0, d
     assert d["map_full"] == 0 and d["missing_stacks"] == 0, d
     # (c) no sample lost, no stack lost, no bias
