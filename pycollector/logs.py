@@ -14,6 +14,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from pycollector.text import printable
+
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -56,6 +58,7 @@ def configure(log_format: str = "console", level: str = "info", stream: TextIO |
         shared.append(structlog.processors.format_exc_info)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty(), sort_keys=False)
+        shared.append(_printable_values)
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level.lower()]),
@@ -64,6 +67,15 @@ def configure(log_format: str = "console", level: str = "info", stream: TextIO |
     )
     # Libraries that log through the standard library (stevedore, grpc) go to the same stream.
     logging.basicConfig(level=max(LEVELS[level.lower()], logging.WARNING), stream=stream, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _printable_values(_logger: Any, _method: str, event: dict) -> dict:
+    """On the console, a logged value (a path, a process name) cannot carry a terminal escape
+    sequence; JSON output escapes them already."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = printable(value, keep_lines=key == "exception")
+    return event
 
 
 def get_logger(**bound: Any) -> structlog.typing.FilteringBoundLogger:

@@ -151,3 +151,34 @@ def test_other_signals_print_their_resources():
     for signal in ("traces", "metrics", "logs"):
         assert "service.name=conformance" in render("normal", sample_data(signal))
         assert "service.name" in render("detailed", sample_data(signal))
+
+
+# What a sampled process may call itself or its functions: an OSC that retitles the terminal, a
+# clear-screen, a C1 control, a right-to-left override that reverses the rest of the line.
+HOSTILE = "evil\x1b]0;pwned\x07\x1b[2J\x9b31m\u202eexe"
+
+
+def hostile_profile():
+    builder = ProfilesBuilder()
+    mapping = builder.mapping(0x1000, 0x9000, 0, f"/tmp/{HOSTILE}", attributes={})
+    leaf = builder.location(mapping, 0x1100, [(builder.function(f"fn_{HOSTILE}", filename=HOSTILE), 7, 0)], {"profile.frame.type": "native"})
+    profile = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 66, "process.executable.name": HOSTILE})), period=10_000_000)
+    builder.sample(profile, builder.stack([leaf]), [3], attributes={"thread.id": 66, "thread.name": HOSTILE})
+    return builder.data
+
+
+def test_no_escape_sequence_from_a_name_reaches_the_console(log_output):
+    for verbosity in ("normal", "detailed"):
+        text = render(verbosity, hostile_profile())
+        assert "evil" in text
+        assert not any(character in text for character in "\x1b\x07\x9b\u202e"), repr(text)
+        assert "evil\\x1b]0;pwned\\x07\\x1b[2J\\x9b31m\\u202eexe" in text  # shown, as escapes
+    assert "\x1b]0;" not in log_output.getvalue()
+
+
+def test_console_logs_escape_the_values_they_print(log_output):
+    from pycollector import logs
+
+    logs.get_logger().warning("a file of a sampled process", path=f"/tmp/{HOSTILE}")
+    line = log_output.getvalue()
+    assert "\x1b]0;" not in line and "\u202e" not in line and "pwned" in line, repr(line)

@@ -211,3 +211,47 @@ def test_a_cpu_only_page_has_no_type_selector_and_counts_samples(fed):
     assert texts["types"] == [("samples", "CPU")] and "hidden" in texts["type_control"]
     assert texts["title"] == "CPU flame graph" and texts["summary"].endswith("· 7 samples")
     assert Frames(dom).details.strip() == "search: 4 of 7 total samples (57.1%)"
+
+
+# Names a sampled process controls (a perf map line, a thread or file name), meant to run script
+# in whoever opens the page: each would set the title if it ran.
+HOSTILE_NAMES = [
+    '<img src=x onerror="document.title=\'PWNED-img\'">',
+    "</script><script>document.title='PWNED-script'</script>",
+    '"><svg onload="document.title=\'PWNED-svg\'">',
+    "javascript:document.title='PWNED-js'//\u202e\x1b[2J",
+]
+
+
+class Markup(HTMLParser):
+    """The elements of a page and the event handler attributes any of them has."""
+
+    def __init__(self, dom: str):
+        super().__init__()
+        self.tags: set[str] = set()
+        self.handlers: list[tuple[str, str]] = []
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.handlers += [(tag, name) for name, _ in attrs if name.startswith("on")]
+
+
+def test_names_holding_html_are_shown_as_text_and_run_nothing(tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
+    exporter = factory.create(make_settings("exporters", "flamegraph"), factory.config_model(endpoint="localhost:0"), None)
+    exporter.start(TestHost())
+    try:
+        exporter.consume(profiles({(66, HOSTILE_NAMES[0]): [(["main", name], 5) for name in HOSTILE_NAMES]}))
+        dom, console = chromium(exporter.url, tmp_path, "--dump-dom")
+    finally:
+        exporter.shutdown()
+    title = re.search(r"<title>(.*?)</title>", dom, re.S).group(1)
+    assert "PWNED" not in title, title
+    frames = Frames(dom)
+    for name in HOSTILE_NAMES:
+        assert name in frames.widths, (name, sorted(frames.widths))  # there, as the very text
+    markup = Markup(dom)
+    assert "img" not in markup.tags and not markup.handlers, "a name became markup"
+    assert not [line for line in console if "PWNED" in line], console

@@ -24,6 +24,7 @@ from pycollector import logs
 from pycollector.component import Component
 from pycollector.pdata import CPU_SAMPLES, OFF_CPU_TIME, item_count, iter_samples, resource_entries, sample_count, sample_type, signal_of
 from pycollector.pdata.attributes import to_dict
+from pycollector.text import printable
 
 from exporters.debug.config import DebugConfig
 from exporters.debug.values import format_value
@@ -62,7 +63,8 @@ class DebugExporter(Component):
             return
         signal = signal_of(data)
         summary = _summary(signal, data)
-        body = "" if self.config.verbosity == "basic" else _render(signal, data, self.config)
+        # Names in the data are whatever a sampled process chose: no escape sequence reaches the console.
+        body = "" if self.config.verbosity == "basic" else printable(_render(signal, data, self.config))
         with self._lock:
             if logs.current_format() == "json" or not body:
                 self.log.info(signal.capitalize(), **summary, **({"text": body} if body else {}))
