@@ -90,6 +90,39 @@ def test_the_persistent_queue_replays_in_order_and_forgets_what_was_sent(tmp_pat
     assert list(client.items("queue/")) == []
 
 
+def test_a_stored_request_that_does_not_decode_is_kept_aside_not_retried(tmp_path):
+    """A damaged record (a disk error, a file of another version) used to stop the consumer at
+    take(), and every start after: now it is moved under quarantine/, told, and the rest flows."""
+    client = storage(tmp_path).get_client("exporter", "otlp_http")
+    queue = PersistentQueue(client, 10, Sizer("requests"))  # (sized without decoding at start)
+    for pid in range(3):
+        assert queue.offer(a_profile(SAMPLES, pid=pid))
+    keys = [key for key, _ in client.items("queue/")]
+    client.set(keys[0], b"opentelemetry.proto.profiles.v1development.ProfilesData\n\xff\xff\xff")  # not a message
+    client.set(keys[2], b"no type name at all")
+    told = []
+    replayed = PersistentQueue(client, 10, Sizer("requests"), on_quarantine=lambda key, error: told.append(key))
+    assert told == [keys[2]] and replayed.replayed == 2
+    request = replayed.take()  # keys[0] first: it fails to decode here, and keys[1] comes instead
+    assert next(iter_samples(request.data)).resource["process.pid"] == 1 and told == [keys[2], keys[0]]
+    replayed.done(request)
+    assert replayed.used() == 0 and replayed.quarantined == 2
+    assert [key for key, _ in client.items("quarantine/")] == ["quarantine/" + key[len("queue/"):] for key in (keys[0], keys[2])]
+    assert PersistentQueue(client, 10, Sizer("requests")).replayed == 0  # never tried again
+
+
+def test_a_store_that_fails_a_delete_gives_the_room_back(tmp_path):
+    """A failed delete (or compaction) used to leave its request's size counted for good."""
+    client = storage(tmp_path).get_client("exporter", "otlp_http")
+    queue = PersistentQueue(client, 2, Sizer("requests"))
+    assert queue.offer(a_profile(SAMPLES, pid=1)) and queue.offer(a_profile(SAMPLES, pid=2))
+    request = queue.take()
+    client.close()  # every later use of the store fails
+    with pytest.raises(StorageError):
+        queue.done(request)
+    assert queue.used() == 1
+
+
 def test_a_queue_sized_in_bytes_refuses_what_does_not_fit(tmp_path):
     client = storage(tmp_path).get_client("exporter", "otlp_http")
     request = a_profile(SAMPLES)

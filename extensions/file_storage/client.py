@@ -30,6 +30,7 @@ class FileStorageClient:
         self._rebound = rebound
         self._check_interval = check_interval
         self._checked_at = time.monotonic()
+        self.compaction_failures = 0
         try:
             self._db = sqlite3.connect(path, timeout=timeout, check_same_thread=False, isolation_level=None)
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -114,6 +115,9 @@ class FileStorageClient:
             return
         self._checked_at = time.monotonic()
         needed, trigger = self._rebound
-        total, used = self._size()
-        if total > needed * MIB and used < trigger * MIB:
-            self._db.execute("VACUUM")
+        try:
+            total, used = self._size()
+            if total > needed * MIB and used < trigger * MIB:
+                self._db.execute("VACUUM")
+        except sqlite3.Error:  # (a full disk): the data is committed; compaction waits for the next check
+            self.compaction_failures += 1

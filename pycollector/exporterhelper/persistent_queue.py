@@ -9,6 +9,10 @@ once: a request the backend took just before a crash, and that was not yet delet
 The same interface as BoundedQueue (offer, put, take, close, take_all, len), plus ``done``, and
 ``take`` gives QueuedRequest(data, ...) rather than the data. Sizes count in the queue's sizer:
 requests, bytes (serialized) or items (spans, data points, log records, samples).
+
+A stored request that does not decode (a disk error, a file from another version) is moved under
+``quarantine/`` in the store, counted (``quarantined``) and told to ``on_quarantine``, and never
+tried again: left in place it would stop the consumer, and do so again at every start.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.message import Message
@@ -24,6 +29,7 @@ from pycollector.exporterhelper.sizer import Sizer
 from pycollector.pdata.counting import message_types
 
 PREFIX = "queue/"
+QUARANTINE = "quarantine/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +40,13 @@ class QueuedRequest:
 
 
 class PersistentQueue:
-    def __init__(self, client: Any, capacity: int, sizer: Sizer):
-        """``client``: a storage client (get/set/delete/items, as file_storage gives)."""
+    def __init__(self, client: Any, capacity: int, sizer: Sizer,
+                 on_quarantine: Callable[[str, Exception], None] | None = None):
+        """``client``: a storage client (get/set/delete/items/batch, as file_storage gives);
+        ``on_quarantine(key, error)``: told of each request that did not decode."""
         self._client = client
+        self._on_quarantine = on_quarantine
+        self.quarantined = 0
         self.capacity = capacity
         self._sizer = sizer
         self._pending: collections.deque[tuple[str, int]] = collections.deque()  # (key, size), oldest first
@@ -45,10 +55,14 @@ class PersistentQueue:
         self._changed = threading.Condition()
         self._next = 0
         for key, value in client.items(PREFIX):  # what an earlier run left, oldest first
-            size = sizer.size(lambda value=value: _decode(value), len(value) - value.index(b"\n") - 1)
+            self._next = int(key[len(PREFIX):]) + 1
+            try:
+                size = sizer.size(lambda value=value: _decode(value), len(value) - value.index(b"\n") - 1)
+            except Exception as error:  # noqa: BLE001 - whatever the bytes made the decoder raise
+                self._quarantine(key, value, error)
+                continue
             self._pending.append((key, size))
             self._used += size
-            self._next = int(key[len(PREFIX):]) + 1
         self.replayed = len(self._pending)
 
     def __len__(self) -> int:
@@ -82,14 +96,31 @@ class PersistentQueue:
 
     def take(self) -> QueuedRequest | None:
         """The oldest request not being sent, waiting for one; None once closed."""
-        with self._changed:
-            while not self._pending and not self._closed:
-                self._changed.wait()
-            if self._closed or not self._pending:
-                return None
-            key, size = self._pending.popleft()
-        value = self._client.get(key)
-        return QueuedRequest(_decode(value), key, size) if value is not None else self.take()
+        while True:
+            with self._changed:
+                while not self._pending and not self._closed:
+                    self._changed.wait()
+                if self._closed or not self._pending:
+                    return None
+                key, size = self._pending.popleft()
+            value = self._client.get(key)
+            if value is None:
+                continue
+            try:
+                return QueuedRequest(_decode(value), key, size)
+            except Exception as error:  # noqa: BLE001 - see _quarantine
+                self._quarantine(key, value, error)
+                self._release(size)
+
+    def _quarantine(self, key: str, value: bytes, error: Exception) -> None:
+        """Keep a request that does not decode aside, out of the queue, for a person to look at."""
+        self.quarantined += 1
+        try:
+            self._client.batch(sets=[(QUARANTINE + key[len(PREFIX):], value)], deletes=[key])
+        except Exception as store_error:  # noqa: BLE001 - it stays where it was; told below all the same
+            error = Exception(f"{error}; and it could not be moved aside: {store_error}")
+        if self._on_quarantine is not None:
+            self._on_quarantine(key, error)
 
     def requeue(self, request: QueuedRequest) -> None:
         """Not sent, still stored: behind what is waiting now."""
@@ -98,10 +129,17 @@ class PersistentQueue:
             self._changed.notify_all()
 
     def done(self, request: QueuedRequest) -> None:
-        """Its send ended (delivered, or dropped and counted): it leaves the store."""
-        self._client.delete(request.key)
+        """Its send ended (delivered, or dropped and counted): it leaves the store. Its room is
+        given back even when the store fails (the request is then sent again at the next start):
+        a failure must not shrink the queue for good."""
+        try:
+            self._client.delete(request.key)
+        finally:
+            self._release(request.size)
+
+    def _release(self, size: int) -> None:
         with self._changed:
-            self._used -= request.size
+            self._used -= size
             self._changed.notify_all()
 
     def close(self) -> None:

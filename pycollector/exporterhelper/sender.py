@@ -83,6 +83,8 @@ class QueuedRetryExporter:
             settings.telemetry.gauge("otelcol_exporter_queue_size", f"Current size of the retry queue (in {queue.sizer}).").set_function(
                 lambda: self._queue.used() if self._queue is not None else 0)
             settings.telemetry.gauge("otelcol_exporter_queue_capacity", f"Fixed capacity of the retry queue (in {queue.sizer}).").set(queue.queue_size)
+        self._quarantine_counter = settings.telemetry.counter(
+            "pycollector_exporter_queue_quarantined_requests", "Requests of the persistent queue that did not decode, kept aside under quarantine/ and never sent.")
 
     def start(self, host: Any = None) -> None:
         """``host`` finds the storage extension of a persistent queue."""
@@ -141,12 +143,18 @@ class QueuedRetryExporter:
             raise StartError(f"{where}: no storage extension {storage_id!r} in service::extensions")
         try:
             client = extension.get_client("exporter", self._name, self._signal_name)
-            queue = PersistentQueue(client, self._queue_settings.queue_size, Sizer(self._queue_settings.sizer))
+            queue = PersistentQueue(client, self._queue_settings.queue_size, Sizer(self._queue_settings.sizer), on_quarantine=self._quarantined)
         except Exception as error:  # a corrupt or unwritable store: say which, before taking data
             raise StartError(f"{where}: {error}") from error
         if queue.replayed:
             self._log.info("sending what the persistent queue held when the collector stopped", requests=queue.replayed, storage=storage_id)
         return queue
+
+    def _quarantined(self, key: str, error: Exception) -> None:
+        """A stored request that does not decode: kept aside in the store, never sent."""
+        self._quarantine_counter.inc()
+        self._failures.record("error", "a request in the persistent queue does not decode; kept aside under quarantine/ and not sent", 1,
+                              key=key, error=repr(error))
 
     def _work(self) -> None:
         while (request := self._queue.take()) is not None:
