@@ -29,12 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SEEDS = Path(__file__).resolve().parent / "corpus"
 DICTS = Path(__file__).resolve().parent / "dicts"
 WORK = ROOT / "build" / "fuzz"
-NAMES = ("otlp_decode", "config", "profiles_append_split", "profiles_merge_split")
+NAMES = ("otlp_decode", "config", "profiles_append_split", "profiles_merge_split",
+         "elf_file", "eh_frame", "gopclntab", "perf_map", "cpython_linetable", "cpython_debug_offsets")
 # A target that keeps crashing at once is not run again more than this.
 MAX_PROCESSES = 25
 RSS_LIMIT_MB = 2048
 # Modules whose coverage guides the fuzzer: ours, and the pure-Python parsers they call.
-INSTRUMENTED = ["pycollector", "receivers.otlp", "processors.batch", "yaml", "google.protobuf.json_format"]
+INSTRUMENTED = ["pycollector", "receivers.otlp", "processors.batch", "yaml", "google.protobuf.json_format",
+                "receivers.profiling", "elftools"]
 
 
 def child(name: str, flags: list[str]) -> None:

@@ -10,6 +10,11 @@
 - ``profiles_append_split``: pairs of serialized ProfilesData, from the profiles above.
 - ``profiles_merge_split``: hypothesis buffers for valid examples of its strategy (their meaning
   depends on the hypothesis version and the strategy, so they are written again when these change).
+- the profiling receiver's parsers (``parser_targets``): small programs gcc builds here (with and
+  without symbols, frame pointers, PIE) for ``elf_file``; their ``.eh_frame`` and ``.debug_frame``
+  and libc's first records for ``eh_frame``; the start of a Go program's ``.gopclntab``; perf map
+  lines as Node.js and HotSpot write them; line tables of every pyenv CPython's code objects; the
+  ``_Py_DebugOffsets`` of CPython 3.13.
 
 Files named ``seed-*`` are written here and replaced on each run; any other file (``crash-*``,
 an input the fuzzer found that failed once, kept so that it stays fixed) is left alone.
@@ -171,11 +176,14 @@ def merge_split_seeds(count: int = 6) -> list[bytes]:
 
 
 def write_all(corpus: Path) -> None:
+    from tests.fuzz.parser_seeds import parser_seeds
+
     for target, seeds in {
         "otlp_decode": otlp_seeds(),
         "config": config_seeds(),
         "profiles_append_split": append_split_seeds(),
         "profiles_merge_split": merge_split_seeds(),
+        **parser_seeds(),
     }.items():
         directory = corpus / target
         directory.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,7 @@ from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Rejection, undecodable
 from receivers.otlp.http_body import BodyError, read_body
 from receivers.otlp.http_server import _code_for
+from tests.fuzz import parser_targets
 
 # -- otlp_decode ----------------------------------------------------------------------------------
 
@@ -452,5 +453,12 @@ TARGETS = {
         Target("config", config, max_len=8192, timeout=10),
         Target("profiles_append_split", profiles_append_split, max_len=8192, timeout=10),
         Target("profiles_merge_split", profiles_merge_split.hypothesis.fuzz_one_input, max_len=8192, timeout=10),
+        # The profiling receiver's parsers (parser_targets.py): bytes a sampled process chose.
+        Target("elf_file", parser_targets.elf_file, max_len=65536, timeout=10),
+        Target("eh_frame", parser_targets.eh_frame, max_len=16384, timeout=10),
+        Target("gopclntab", parser_targets.gopclntab, max_len=65536, timeout=10),
+        Target("perf_map", parser_targets.perf_map, max_len=8192, timeout=10),
+        Target("cpython_linetable", parser_targets.cpython_linetable, max_len=4096, timeout=10),
+        Target("cpython_debug_offsets", parser_targets.cpython_debug_offsets, max_len=4096, timeout=10),
     )
 }
