@@ -18,8 +18,8 @@ from receivers.profiling.jit.perfmap import (
     PerfMaps,
     jit_runtime,
     parse_line,
+    process_identity,
     process_jit_runtime,
-    status_ids,
 )
 from receivers.profiling.processes.table import ProcessTable
 from tests.conftest import WORKLOADS
@@ -255,12 +255,12 @@ def test_overlapping_lines_match_a_naive_replay(fake, monkeypatch, merge):
         assert maps.entries(os.getpid()) == len(expected)
 
 
-def test_status_ids():
-    nspid, uids = status_ids(os.getpid())
+def test_process_identity():
+    nspid, credentials = process_identity(os.getpid())
     status = Path("/proc/self/status").read_text()
     assert nspid == int(next(x for x in status.splitlines() if x.startswith("NSpid:")).split()[-1])
-    assert os.getuid() in uids
-    assert status_ids(2**22 + 12345) == (2**22 + 12345, frozenset())  # no such process
+    assert credentials.fsuid == os.geteuid() and credentials.fsgid == os.getegid()
+    assert process_identity(2**22 + 12345) == (2**22 + 12345, None)  # no such process
 
 
 def _children(pid: int) -> list[int]:
@@ -278,7 +278,7 @@ def test_container_file_is_read_through_its_root_with_its_own_pid():
     try:
         assert proc.stdout.readline().strip() == "ready"
         (pid,) = _children(proc.pid)
-        assert status_ids(pid)[0] == 1
+        assert process_identity(pid)[0] == 1
         maps = PerfMaps()
         assert maps.lookup(pid, 0x1005) == ("inside fn", 0x1000)
         assert maps.lookup(pid, 0x1010) is None

@@ -23,7 +23,7 @@ import pytest
 from pycollector.config.validate import build_plan
 from pycollector.pdata import iter_samples, sample_type
 from pycollector.service import Service
-from pycollector.testing import CapturingExporterFactory, registry_with
+from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
 
 from tests.conftest import bpf_unavailable_reason, build_go_program
 
@@ -202,3 +202,27 @@ def test_go_threads_park_in_the_scheduler_and_their_stacks_end_where_go_says(go_
     assert in_scheduler >= 0.9 * slept, "a thread parks in the scheduler while the goroutine sleeps"
     assert not any(GO_ROOTS & set(names[:-1]) for _, names, _ in profile.off_cpu), "nothing beyond where Go's stacks start"
     assert sum(value for name, value in by_root.items() if name in GO_ROOTS) >= 0.99 * off_cpu, by_root.most_common(6)
+
+
+def test_waits_of_threads_that_no_longer_exist_are_pruned(unwind_cache):
+    """A wait is dropped when its thread comes back to a CPU; one whose thread never does would
+    hold its entry in off_cpu_waits for good. The prune drops those, and only those."""
+    service = Service(build_plan(receiver_config(unwind_cache), registry_with(exporters={"capture": CapturingExporterFactory()})))
+    service.start()
+    try:
+        sampler = receiver_of(service)._sampler
+        waits = sampler._off_cpu_waits
+        sleeper = subprocess.Popen(["sleep", "30"])
+        time.sleep(0.3)  # it left the CPU: its wait is recorded
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        waits[waits.Key(gone.pid)] = waits.Leaf()  # as if its last switch had been recorded
+        pruned = sampler.prune_off_cpu_waits()
+        tids = {key.value for key in waits.keys()}
+        assert gone.pid not in tids and pruned >= 1
+        assert sleeper.pid in tids, "a live thread's wait must stay"
+        assert sampler.counters()["off_cpu_waits_pruned"] == pruned
+        sleeper.kill()
+        sleeper.wait()
+    finally:
+        service.shutdown()

@@ -34,10 +34,12 @@ from receivers.profiling.kernel.probabilistic import ALWAYS, ProbabilisticProfil
 from receivers.profiling.kernel.program import SamplerError
 from receivers.profiling.kernel.sampler import Sampler
 from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
+from receivers.profiling.processes import files as process_files
 from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.processes.targeting import Targeting
 from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.report import ReportBuilder
+from receivers.profiling.stall_watch import Progress, StallWatch
 from receivers.profiling.symbols.symbolizer import Symbolizer
 from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
 
@@ -51,11 +53,16 @@ EVENT_POLL_MS = 100
 # How long shutdown waits for the threads after the last report was handed downstream; a pipeline
 # still blocked after that (e.g. a full queue with block_on_overflow) is abandoned, not waited for.
 SHUTDOWN_JOIN_TIMEOUT = 30.0
+# How long a thread may stay in one stage (one report's step, one batch of kernel events) before
+# the health check hears the receiver is stuck.
+STALL_ALLOWANCE_S = 60.0
+PRUNE_EVERY_REPORTS = 12  # waits of threads gone without coming back: a minute at the default interval
 
 
 class ProfilingReceiver(Component):
     def __init__(self, settings, config: ProfilingConfig, next_consumer):
         self.log = settings.logger
+        self.source = f"{settings.kind}::{settings.id}"  # as the service names it in status events
         self.config = config
         self.next_consumer = next_consumer
         self._stop = threading.Event()
@@ -68,6 +75,7 @@ class ProfilingReceiver(Component):
         self._bpf_counters = telemetry.counter("pycollector_profiling_bpf_events", "Events counted by the profiling receiver's BPF program and its reader.", ("event",))
         self._dropped = telemetry.counter("pycollector_profiling_dropped_samples", "Samples the profiling receiver dropped after downstream kept refusing them.", ("reason",))
         self._dropped_off_cpu = telemetry.counter("pycollector_profiling_dropped_off_cpu_seconds", "Off-CPU time the profiling receiver dropped.", ("reason",))
+        self._report_errors = telemetry.counter("pycollector_profiling_report_errors", "Reports of the profiling receiver that failed as a whole (their samples are lost).")
         self._processes_gauge = telemetry.gauge("pycollector_profiling_known_processes", "Processes whose /proc snapshot the receiver holds.")
         # Cumulative counts kept by the symbolizer and the process table, read at scrape time:
         # an ELF file that will not parse or a snapshot that came back partial costs names.
@@ -79,6 +87,10 @@ class ProfilingReceiver(Component):
         self.jvm_perf_maps: JvmPerfMapRequester | None = None
         self.targeting: Targeting | None = None
         self.probabilistic: ProbabilisticProfiling | None = None
+        self._reports = 0
+        self._report_progress = Progress("report", STALL_ALLOWANCE_S)
+        self._events_progress = Progress("events", STALL_ALLOWANCE_S)
+        self._stall_watch: StallWatch | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -88,7 +100,7 @@ class ProfilingReceiver(Component):
         jit_runtimes = {runtime for runtime, tracer in TRACER_OF_RUNTIME.items() if self.config.tracer_enabled(tracer)}
         self.jit = JitNames(PerfMaps(), jit_runtimes)
         self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"))
-        self.reports = ReportBuilder(self.processes, self.symbolizer)
+        self.reports = ReportBuilder(self.processes, self.symbolizer, progress=self._report_progress)
         sampler = Sampler(
             self._sampler_settings(),
             on_new_process=self.processes.on_new_process,
@@ -129,6 +141,8 @@ class ProfilingReceiver(Component):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self._stall_watch = StallWatch([self._report_progress, self._events_progress], host.report_status, self.source, self.log)
+        self._stall_watch.start()
 
     def _sampler_settings(self) -> SamplerSettings:
         scale = 2 ** self.config.map_scale_factor
@@ -169,7 +183,9 @@ class ProfilingReceiver(Component):
         """Each component's cumulative counts on its gauge, read at scrape time."""
         _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable"))
         _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
-        _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused"))
+        _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",
+                                                              "files_over_budget", "long_lines", "names_truncated"))
+        _publish(self._stats, process_files, "process_files_")  # the files of sampled processes: opened, refused and why
         _publish(self._unwind_stats, self.unwind)
         _publish(self._unwind_stats, self.row_source.cache, "cache_")
         for component, prefix in ((self.targeting, "targeting_"), (self.jvm_perf_maps, "jvm_perf_map_"), (self.probabilistic, "probabilistic_")):
@@ -207,6 +223,8 @@ class ProfilingReceiver(Component):
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self._stall_watch is not None:
+            self._stall_watch.close()
         deadline = time.monotonic() + SHUTDOWN_JOIN_TIMEOUT
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -240,18 +258,35 @@ class ProfilingReceiver(Component):
 
     def _events_loop(self) -> None:
         while not self._stop.is_set():
-            self._sampler.poll(EVENT_POLL_MS)
+            self._events_progress.stage("handling the kernel's events")
+            try:
+                self._sampler.poll(EVENT_POLL_MS)
+            except Exception:  # keep reading: a lost event costs one process, a dead thread all
+                log_once(self.log, ("events-failed", id(self)), "exception", "could not handle the kernel's events; reading on")
 
     def _report_loop(self) -> None:
+        self._report_progress.idle()
         while not self._stop.wait(self._next_interval()):
+            self._report_guarded()
+        self._report_guarded()  # the partial interval since the last report
+
+    def _report_guarded(self) -> None:
+        """One report; whatever it raises is logged and counted, and the next interval reports
+        again (an escaped error used to end this thread for good while the kernel kept counting)."""
+        try:
             self._report()
-        self._report()  # the partial interval since the last report
+        except Exception as error:
+            self._report_errors.inc()
+            self.log.exception("this interval's report failed; the next one runs", error=repr(error))
+        finally:
+            self._report_progress.idle()
 
     def _next_interval(self) -> float:
         jitter = self.config.reporter_jitter
         return self.config.reporter_interval * (1 + random.uniform(-jitter, jitter))
 
     def _report(self) -> None:
+        self._report_progress.stage("reading the kernel's counts")
         try:
             interval = self._sampler.collect()
         except Exception as error:  # keep profiling; one bad read must not stop the agent
@@ -259,9 +294,13 @@ class ProfilingReceiver(Component):
             return
         data = self.reports.build(interval, on_error=self._process_failed)
         self._record_counters(interval.counters)
+        self._report_progress.stage("forgetting exited processes")
         if self.targeting is not None:
             self.targeting.tick()
         self.processes.forget_exited()  # its watchers forget what they held of each
+        self._reports += 1
+        if self._reports % PRUNE_EVERY_REPORTS == 0:
+            self._sampler.prune_off_cpu_waits()
         self._processes_gauge.set(len(self.processes))
         if self._held is not None:
             data = merge(self._held, data)
@@ -274,6 +313,7 @@ class ProfilingReceiver(Component):
         self._push(data)
 
     def _push(self, data) -> None:
+        self._report_progress.stage("handing the profile downstream")
         try:
             self.next_consumer.consume(data)
             self._held_intervals = 0

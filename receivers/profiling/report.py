@@ -27,6 +27,7 @@ from receivers.profiling.kernel.samples import Interval, StackCount
 from receivers.profiling.processes.proc import ProcessInfo
 from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND, PythonInterpreters
+from receivers.profiling.stall_watch import Progress
 from receivers.profiling.symbols.frame import Frame
 from receivers.profiling.symbols.symbolizer import Symbolizer
 
@@ -42,8 +43,9 @@ SCHEDULER_ENTRY = "__schedule"
 
 
 class ReportBuilder:
-    def __init__(self, processes: ProcessTable, symbolizer: Symbolizer, host_name: str | None = None):
+    def __init__(self, processes: ProcessTable, symbolizer: Symbolizer, host_name: str | None = None, progress: Progress | None = None):
         self.processes = processes
+        self.progress = progress or Progress("report", float("inf"))  # says which process it builds
         self.symbolizer = symbolizer
         self.host_name = host_name or socket.gethostname()
         self.python: PythonInterpreters | None = None  # names Python frames, when they are walked
@@ -62,15 +64,18 @@ class ReportBuilder:
         for stack in interval.stacks:
             by_process[stack.tgid].append(stack)
         for tgid, stacks in sorted(by_process.items()):
+            built = len(builder.data.resource_profiles)
+            self.progress.stage(f"building the profile of pid {tgid}")
             try:
                 symbolized = [(stack, self._frames(tgid, stack)) for stack in stacks]
+                self._add_process(builder, interval, tgid, symbolized, locations)
             except Exception as error:  # one bad file or process must not cost the whole interval
                 if on_error is None:
                     raise
+                # What it added is taken back (its dictionary entries stay, unreferenced).
+                del builder.data.resource_profiles[built:]
                 on_error(tgid, sum(stack.count for stack in stacks if not stack.off_cpu),
                          sum(stack.count for stack in stacks if stack.off_cpu), error)
-                continue
-            self._add_process(builder, interval, tgid, symbolized, locations)
         return builder.data
 
     def _frames(self, tgid: int, stack: StackCount) -> list[Frame]:

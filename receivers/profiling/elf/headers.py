@@ -85,7 +85,9 @@ def debug_file_candidates(build_id: str | None, debuglink: str | None, path: str
     if build_id and len(build_id) > 2:
         for d in debug_dirs:
             out.append(f"{d}/.build-id/{build_id[:2]}/{build_id[2:]}.debug")
-    if debuglink:
+    # A debug link names a file beside the one that carries it: a name with a '/' or a '..'
+    # would send the search anywhere the process names.
+    if debuglink and "/" not in debuglink and debuglink not in (".", ".."):
         directory = os.path.dirname(path)
         out.append(f"{directory}/{debuglink}")
         out.append(f"{directory}/.debug/{debuglink}")

@@ -52,11 +52,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from ..processes.proc import ProcessInfo
+from ..processes.files import open_checked, path_in_root
+from ..processes.proc import Credentials, ProcessInfo, parse_status
 
 DEFAULT_MAX_ENTRIES = 100_000
 DEFAULT_REFRESH_INTERVAL_S = 1.0
 DEFAULT_MAX_AGE_S = 10.0
+DEFAULT_MAX_FILE_BYTES = 64 << 20  # Node's map of a large service after hours: tens of MB
+DEFAULT_MAX_READ_BYTES = 8 << 20  # about 0.1 s of parsing
+DEFAULT_MAX_LINE_BYTES = 8192
+DEFAULT_MAX_NAME_CHARS = 1024  # a JVM signature with generics, a JS function with a long path
+DEFAULT_MAX_TOTAL_NAME_CHARS = 64 << 20
+TRUNCATED = "…[truncated]"
 
 _READ_CHUNK = 4 << 20
 _TAIL = 64  # bytes before the read offset kept to tell an append from a rewrite
@@ -81,21 +88,16 @@ def parse_line(line: bytes) -> tuple[int, int, str] | None:
     return start, start + size, parts[2].rstrip().decode("utf-8", "replace")
 
 
-def status_ids(pid: int, proc_root: str = "/proc") -> tuple[int, frozenset[int]]:
-    """(the pid the process has in its own pid namespace, which names its perf map; its uids)
-    from /proc/PID/status.  The pid itself when there is no NSpid line (kernels before 4.1) or
-    the process is gone (then no uids either)."""
-    nspid, uids = pid, frozenset()
+def process_identity(pid: int, proc_root: str = "/proc") -> tuple[int, Credentials | None]:
+    """(the pid the process has in its own pid namespace, which names its perf map; whom it
+    reads files as) from /proc/PID/status.  The pid itself when there is no NSpid line (kernels
+    before 4.1); no credentials when the process is gone (then no file of it is read)."""
     try:
         with open(f"{proc_root}/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"NSpid:"):
-                    nspid = int(line.split()[-1])
-                elif line.startswith(b"Uid:"):
-                    uids = frozenset(int(u) for u in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return nspid, uids
+            credentials, nspid = parse_status(f.read().decode("utf-8", "replace"))
+    except (OSError, KeyError, ValueError, IndexError):
+        return pid, None
+    return (pid if nspid is None else nspid), credentials
 
 
 def jit_runtime(exe_path: str | None, mapping_paths: Iterable[str]) -> str | None:
@@ -120,11 +122,12 @@ def process_jit_runtime(info: ProcessInfo) -> str | None:
 class _Map:
     """One process's perf map: the file as last seen, and the ranges read from it."""
 
-    __slots__ = ("path", "uids", "started_ns", "checked_at", "file", "read_to", "mtime_ns",
-                 "offset", "tail", "starts", "ends", "names")
+    __slots__ = ("root", "path", "credentials", "started_ns", "checked_at", "file", "read_to", "mtime_ns",
+                 "offset", "tail", "skipping", "name_bytes", "starts", "ends", "names")
 
-    def __init__(self, path: str, uids: frozenset[int], started_ns: int | None) -> None:
-        self.path, self.uids, self.started_ns = path, uids, started_ns
+    def __init__(self, root: str, path: str, credentials: Credentials | None, started_ns: int | None) -> None:
+        self.root, self.path = root, path  # the file is `path` inside the directory `root`
+        self.credentials, self.started_ns = credentials, started_ns
         self.checked_at = 0.0
         self.file: tuple[int, int] | None = None  # (dev, inode) read from
         self.read_to = 0  # bytes examined (a partial last line included)
@@ -135,6 +138,8 @@ class _Map:
         self.file = file
         self.offset = 0  # end of the last complete line read
         self.tail = b""  # the bytes just before offset
+        self.skipping = False  # in a line longer than max_line_bytes: dropped up to its newline
+        self.name_bytes = 0  # characters of the names held (the memory they cost)
         self.starts: list[int] = []  # sorted, non-overlapping [start, end) ranges
         self.ends: list[int] = []
         self.names: list[str] = []
@@ -152,6 +157,16 @@ class PerfMaps:
     max_entries:         ranges kept per process (see the module docstring).
     refresh_interval_s:  a lookup that misses re-checks the file at most this often.
     max_age_s:           any lookup re-checks a file last checked this long ago.
+
+    Budgets (a perf map is written by whoever runs the process; each overflow is counted):
+    max_file_bytes:      bytes of one file read, in all; the rest is left unread
+                         (stats["files_over_budget"]) until the file is replaced.
+    max_read_bytes:      bytes read in one check; the next check reads on.  This bounds the
+                         time a lookup (on the report thread) spends in one process's map.
+    max_line_bytes:      a longer line is dropped whole (stats["long_lines"]).
+    max_name_chars:      a longer name is cut and ends with TRUNCATED (stats["names_truncated"]).
+    max_total_name_chars: the names of all maps together; past it new ranges are dropped
+                         (stats["entries_dropped"]), so many processes cannot add up.
     """
 
     def __init__(
@@ -160,10 +175,21 @@ class PerfMaps:
         max_entries: int = DEFAULT_MAX_ENTRIES,
         refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S,
         max_age_s: float = DEFAULT_MAX_AGE_S,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_name_chars: int = DEFAULT_MAX_NAME_CHARS,
+        max_total_name_chars: int = DEFAULT_MAX_TOTAL_NAME_CHARS,
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_entries = max_entries
+        self.max_file_bytes = max_file_bytes
+        self.max_read_bytes = max_read_bytes
+        self.max_line_bytes = max_line_bytes
+        self.max_name_chars = max_name_chars
+        self.max_total_name_chars = max_total_name_chars
+        self._total_name_chars = 0
         self.refresh_interval_s = refresh_interval_s
         self.max_age_s = max_age_s
         self.proc = proc_root
@@ -171,7 +197,8 @@ class PerfMaps:
         self._lock = threading.Lock()
         self._maps: dict[int, _Map] = {}
         self.stats = {"files_read": 0, "appends_read": 0, "lines": 0, "malformed_lines": 0,
-                      "entries_replaced": 0, "entries_dropped": 0, "files_refused": 0}
+                      "entries_replaced": 0, "entries_dropped": 0, "files_refused": 0,
+                      "files_over_budget": 0, "long_lines": 0, "names_truncated": 0}
 
     def lookup(self, pid: int, addr: int, *, root: str | None = None, nspid: int | None = None,
                started_ns: int | None = None) -> tuple[str, int] | None:
@@ -197,10 +224,12 @@ class PerfMaps:
         return self.lookup(info.pid, addr, started_ns=info.start_time_ns)
 
     def forget(self, pid: int) -> None:
-        """Drop an exited process (its pid may come back as another process): call it with the
-        tgids ProcessTable.forget_exited() returns."""
+        """Drop an exited process (its pid may come back as another process): the process table
+        tells of each exit."""
         with self._lock:
-            self._maps.pop(pid, None)
+            m = self._maps.pop(pid, None)
+            if m is not None:
+                self._total_name_chars -= m.name_bytes
 
     def entries(self, pid: int) -> int:
         with self._lock:
@@ -211,32 +240,40 @@ class PerfMaps:
 
     def _new_map(self, pid: int, root: str | None, nspid: int | None,
                  started_ns: int | None) -> _Map:
-        own_nspid, uids = status_ids(pid, self.proc)
+        own_nspid, credentials = process_identity(pid, self.proc)
         root = f"{self.proc}/{pid}/root" if root is None else root
-        return _Map(f"{root}/tmp/perf-{own_nspid if nspid is None else nspid}.map", uids,
-                    started_ns)
+        return _Map(root, f"/tmp/perf-{own_nspid if nspid is None else nspid}.map", credentials, started_ns)
 
     def _check(self, m: _Map, now: float) -> None:
         m.checked_at = now
         try:
-            st = os.lstat(m.path)
-        except OSError:
+            # Resolved in the process's root, no symlink on the way: a link planted in /tmp is
+            # refused as any file but a regular one is; nothing is opened but the path yet.
+            path_fd = path_in_root(m.root, m.path, follow_symlinks=False)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                self._refuse(m)
             return  # none yet (a JVM before jcmd), or the process is gone: keep what we have
+        try:
+            st = os.fstat(path_fd)
+        except OSError:
+            os.close(path_fd)
+            return
         if ((st.st_dev, st.st_ino) == m.file and st.st_size == m.read_to
                 and st.st_mtime_ns == m.mtime_ns):
+            os.close(path_fd)
+            return
+        if not self._acceptable(m, st):
+            os.close(path_fd)
+            self._refuse(m)
+            return
+        # A regular file the process itself could read (never a FIFO: it would block; never a
+        # root-only file a user namespace's bind mount put there).
+        fd = open_checked(path_fd, m.credentials, max_bytes=1 << 62)
+        if fd is None:
+            self._refuse(m)
             return
         try:
-            # O_NONBLOCK: a FIFO planted in /tmp must not hang us (it is refused below).
-            fd = os.open(m.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno == errno.ELOOP:  # a symlink: refused, as any file but a regular one
-                self._refuse(m)
-            return
-        try:
-            st = os.fstat(fd)
-            if not self._acceptable(m, st):
-                self._refuse(m)
-                return
             file = (st.st_dev, st.st_ino)
             appended = (file == m.file and st.st_size >= m.read_to
                         and not (st.st_size == m.read_to and st.st_mtime_ns != m.mtime_ns)
@@ -245,7 +282,7 @@ class PerfMaps:
                 self.stats["appends_read"] += 1
             else:
                 self.stats["files_read"] += 1
-                m.reset(file)
+                self._clear(m, file)
             self._read(m, fd)
             m.mtime_ns = os.fstat(fd).st_mtime_ns
         except OSError:
@@ -253,50 +290,100 @@ class PerfMaps:
         finally:
             os.close(fd)
 
+    def _clear(self, m: _Map, file: tuple[int, int] | None) -> None:
+        self._total_name_chars -= m.name_bytes
+        m.reset(file)
+
     def _refuse(self, m: _Map) -> None:
         self.stats["files_refused"] += 1
-        m.reset(None)
+        self._clear(m, None)
         m.read_to = m.mtime_ns = 0
 
     def _acceptable(self, m: _Map, st: os.stat_result) -> bool:
-        if not stat.S_ISREG(st.st_mode) or (st.st_uid != 0 and st.st_uid not in m.uids):
+        """As perf: a regular file, owned by root or the process's user, not older than it."""
+        if not stat.S_ISREG(st.st_mode) or m.credentials is None or st.st_uid not in (0, m.credentials.fsuid):
             return False
         return m.started_ns is None or st.st_mtime_ns >= m.started_ns - _START_SLACK_NS
 
     def _read(self, m: _Map, fd: int) -> None:
-        """Read from m.offset to the end of the file; merge the complete lines."""
-        pos, rest, batch = m.offset, b"", []
-        while True:
-            data = os.pread(fd, _READ_CHUNK, pos)
-            if not data:
+        """Read on from the last complete line, within this check's and the file's budgets;
+        merge the complete lines read."""
+        before, pos, rest, batch = m.read_to, m.offset, b"", []
+        stop = min(m.offset + self.max_read_bytes, self.max_file_bytes)
+        at_end = False
+        while pos < stop:
+            chunk = os.pread(fd, min(_READ_CHUNK, stop - pos), pos)
+            if not chunk:
+                at_end = True
                 break
-            pos += len(data)
-            data = rest + data
-            cut = data.rfind(b"\n") + 1  # a line still being written waits for the next read
-            rest = data[cut:]
-            lines = data[:cut].splitlines()
-            self.stats["lines"] += len(lines)
-            for line in lines:
-                entry = parse_line(line)
-                if entry is not None:
-                    batch.append(entry)
-                elif line.strip():
-                    self.stats["malformed_lines"] += 1
+            pos += len(chunk)
+            data = rest + chunk
+            done = 0  # data[:done] is consumed: taken, or dropped as part of a line too long
+            if m.skipping:
+                newline = data.find(b"\n")
+                m.skipping = newline < 0
+                done = len(data) if m.skipping else newline + 1
+            if not m.skipping:
+                cut = data.rfind(b"\n", done) + 1  # a line still being written waits for the next read
+                if cut > done:
+                    self._take_lines(data[done:cut], batch)
+                    done = cut
+                if len(data) - done > self.max_line_bytes:  # bound what a line without end holds
+                    self.stats["long_lines"] += 1
+                    m.skipping, done = True, len(data)
+            rest = data[done:]
+            if done:
+                m.tail = (m.tail + data[max(0, done - _TAIL):done])[-_TAIL:]
+                m.offset = pos - len(rest)
             if len(batch) >= self.max_entries:  # bound what a huge file holds in memory
                 self._merge(m, batch)
                 batch = []
-            if cut:
-                m.offset = pos - len(rest)
-                m.tail = (m.tail + data[max(0, cut - _TAIL):cut])[-_TAIL:]
         self._merge(m, batch)
-        m.read_to = pos
+        m.read_to = pos if at_end else m.offset
+        if m.offset >= self.max_file_bytes:
+            if before < self.max_file_bytes:
+                self.stats["files_over_budget"] += 1
+            m.read_to = os.fstat(fd).st_size  # read no more of it until it is replaced or grows
+
+    def _take_lines(self, data: bytes, batch: list) -> None:
+        lines = data.splitlines()
+        self.stats["lines"] += len(lines)
+        for line in lines:
+            if len(line) > self.max_line_bytes:
+                self.stats["long_lines"] += 1
+                continue
+            entry = parse_line(line)
+            if entry is None:
+                if line.strip():
+                    self.stats["malformed_lines"] += 1
+                continue
+            if len(entry[2]) > self.max_name_chars:
+                self.stats["names_truncated"] += 1
+                entry = (entry[0], entry[1], entry[2][: self.max_name_chars] + TRUNCATED)
+            batch.append(entry)
 
     # ----------------------------------------------------------------------- the index
 
     def _merge(self, m: _Map, batch: list[tuple[int, int, str]]) -> None:
         """Add the ranges read, in file order, to m's index: replaying them one by one, each
         removing the older ranges it overlaps.  Up to _FEW are inserted in place (a bisect and
-        a list insert each); a longer batch (a file's first read) is merged by one sweep."""
+        a list insert each); a longer batch (a file's first read) is merged by one sweep.
+        What the names of all maps may hold together bounds the batch first."""
+        batch = self._within_name_budget(batch)
+        self._insert(m, batch)
+        self._total_name_chars += (held := sum(map(len, m.names))) - m.name_bytes
+        m.name_bytes = held
+
+    def _within_name_budget(self, batch: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+        room = self.max_total_name_chars - self._total_name_chars
+        for kept, (_start, _end, name) in enumerate(batch):
+            room -= len(name)
+            if room < 0:
+                self.stats["entries_dropped"] += len(batch) - kept
+                return batch[:kept]
+        return batch
+
+    def _insert(self, m: _Map, batch: list[tuple[int, int, str]]) -> None:
         if len(batch) <= _FEW:
             starts, ends, names = m.starts, m.ends, m.names
             for start, end, name in batch:

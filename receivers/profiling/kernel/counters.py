@@ -11,7 +11,8 @@ BPF_HEADER = Path(__file__).resolve().parent.parent / "bpf" / "profile.h"  # bpf
 
 # Counters kept in user space, next to the ones read from the BPF per-CPU array.
 USER_COUNTERS = ("lost_events", "late_announcements", "missing_stacks", "stacks_freed",
-                 "intervals", "callback_errors", "stack_overflow_received", "stack_overflow_lost")
+                 "intervals", "callback_errors", "stack_overflow_received", "stack_overflow_lost",
+                 "off_cpu_waits_pruned")
 
 
 def read_counter_names(header: Path = BPF_HEADER) -> list[str]:

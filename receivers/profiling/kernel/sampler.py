@@ -125,6 +125,7 @@ class Sampler:
         self.on_exec = on_exec
         self.target_tgids = None
         self._profiling_on = None
+        self._off_cpu_waits = None
         self.source = Path(source)
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
         self.counter_names = read_counter_names(self.source.parent / "profile.h")
@@ -257,6 +258,8 @@ class Sampler:
             self._profiling_on[ct.c_int(0)] = ct.c_uint32(1)  # until the first draw
         if self.settings.target_tgids_size:
             self.target_tgids = bpf[b"target_tgids"]
+        if self.settings.off_cpu_threshold:
+            self._off_cpu_waits = bpf[b"off_cpu_waits"]
 
     def _open_event_readers(self, bpf) -> None:
         """A reader on each perf buffer, each event decoded with the struct BCC generated from
@@ -389,6 +392,22 @@ class Sampler:
             raise SamplerError("set_profiling needs a Sampler made with probabilistic=True")
         self._profiling_on[ct.c_int(0)] = ct.c_uint32(1 if on else 0)
 
+    def prune_off_cpu_waits(self, proc: str = "/proc") -> int:
+        """Drop the recorded waits of threads that no longer exist: a wait ends when its thread
+        comes back to a CPU, and one that never does (it died in a way its last switch did not
+        show) would hold its entry for good, until off_cpu_threads were all taken. Returns how
+        many were dropped (counted in off_cpu_waits_pruned)."""
+        self._require_started()
+        if self._off_cpu_waits is None:
+            return 0
+        gone = [key for key in self._off_cpu_waits.keys() if not os.path.exists(f"{proc}/{key.value}")]
+        for key in gone:
+            with contextlib.suppress(KeyError):
+                del self._off_cpu_waits[key]
+        with self._user_lock:
+            self._user["off_cpu_waits_pruned"] += len(gone)
+        return len(gone)
+
     def forget_process(self, tgid: int) -> None:
         """Drop tgid from the kernel's known set, so its next sample announces it again
         (call when a process has exited, so a reused pid is announced)."""
@@ -454,7 +473,7 @@ class Sampler:
         self._stack_maps = []
         self._user_stack_maps = []
         self.unwind_maps = None
-        self._counters_map = self._known = self.target_tgids = self._profiling_on = None
+        self._counters_map = self._known = self.target_tgids = self._profiling_on = self._off_cpu_waits = None
 
     def _require_started(self) -> None:
         if self._bpf is None:

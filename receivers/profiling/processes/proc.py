@@ -6,10 +6,13 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 
 DELETED_SUFFIX = " (deleted)"
+MAX_CMDLINE_BYTES = 16 << 10  # a JVM's class path runs to kilobytes; targeting matches this much
+MAX_ENVIRON_BYTES = 1 << 20
 PF_KTHREAD = 0x00200000
 
 
@@ -75,6 +78,39 @@ class Mapping:
         return (self.dev, self.inode)
 
 
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """Whom the kernel checks a process's file accesses as: /proc/PID/status's fs uid and gid
+    (the last of the Uid: and Gid: lines) and supplementary groups."""
+
+    fsuid: int
+    fsgid: int
+    groups: frozenset[int] = frozenset()
+
+    def can_read(self, status: os.stat_result) -> bool:
+        """Whether the mode bits let this process read the file (root reads everything)."""
+        if self.fsuid == 0:
+            return True
+        if status.st_uid == self.fsuid:
+            return bool(status.st_mode & stat.S_IRUSR)
+        if status.st_gid == self.fsgid or status.st_gid in self.groups:
+            return bool(status.st_mode & stat.S_IRGRP)
+        return bool(status.st_mode & stat.S_IROTH)
+
+
+def parse_status(text: str) -> tuple[Credentials, int | None]:
+    """(credentials, the pid in the process's own pid namespace or None) from /proc/PID/status."""
+    fields = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("Uid", "Gid", "Groups", "NSpid"):
+            fields[name] = value.split()
+    credentials = Credentials(fsuid=int(fields["Uid"][-1]), fsgid=int(fields["Gid"][-1]),
+                              groups=frozenset(int(g) for g in fields.get("Groups", ())))
+    nspid = fields.get("NSpid")
+    return credentials, int(nspid[-1]) if nspid else None
+
+
 @dataclass(slots=True)
 class ProcessInfo:
     pid: int
@@ -90,6 +126,8 @@ class ProcessInfo:
     parent_pid: int | None = None
     start_time_ns: int | None = None  # wall clock, ns since the epoch
     kernel_thread: bool = False
+    credentials: Credentials | None = None  # None: unknown, and no file of it is read
+    nspid: int | None = None  # its pid in its own pid namespace (names its perf map)
     errors: list[str] = field(default_factory=list)  # what the snapshot could not read
     exited: bool = False
     maps_read_at: float = 0.0  # monotonic seconds
@@ -164,6 +202,7 @@ def _boot_time_s(proc: str) -> int:
     return 0
 
 
-def _read(path: str) -> str:
+def _read(path: str, limit: int = -1) -> str:
+    """A /proc file as text (undecodable bytes replaced), at most ``limit`` bytes of it."""
     with open(path, "rb") as f:
-        return f.read().decode("utf-8", "replace")
+        return f.read(limit).decode("utf-8", "replace")

@@ -27,7 +27,7 @@ import pydantic
 
 from pycollector.component import ComponentConfig
 
-from .proc import container_id_from_cgroup
+from .proc import MAX_CMDLINE_BYTES, container_id_from_cgroup
 
 
 class ProcessFilter(ComponentConfig):
@@ -127,13 +127,13 @@ class Targeting:
             with open(f"{base}/stat", "rb") as stat:
                 fields = stat.read().rsplit(b")", 1)[1].split()
             with open(f"{base}/cmdline", "rb") as cmdline:
-                command_line = cmdline.read().rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+                command_line = cmdline.read(MAX_CMDLINE_BYTES).rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
             with open(f"{base}/cgroup") as cgroup:
                 cgroups = cgroup.read()
         except OSError:
             return None  # exited, or a kernel thread's parts are missing
         try:
-            executable = os.path.basename(os.readlink(f"{base}/exe")).removesuffix(" (deleted)")
+            executable = os.path.basename(os.readlink(f"{base}/exe".encode()).decode("utf-8", "replace")).removesuffix(" (deleted)")
         except OSError:
             return None  # a kernel thread: never sampled with a user stack, never a target
         return {

@@ -18,14 +18,14 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from ..elf.headers import DEBUG_DIRS, ElfHeaders, debug_file_candidates
+from ..processes.files import open_host_file
 from .memory import ProcessMemory
 from .offsets import (DEBUG_OFFSETS_MAX_SIZE, FIRST_WITH_DEBUG_OFFSETS, Offsets, UnknownLayout, debug_offsets_version,
                       read_debug_offsets, table_offsets)
@@ -99,38 +99,35 @@ class CPython:
         return None
 
 
-def detect_cpython(path: str, *, fd: int | None = None, roots: Sequence[str] = ("",),
+def detect_cpython(path: str, *, fd: int | None = None, open_debug: Callable[[str], int | None] = open_host_file,
                    debug_dirs: Sequence[str] = DEBUG_DIRS) -> CPython | None:
     """The CPython in the file mapped at ``path``, or None when it is not one (or is unreadable).
 
     ``fd``: an open descriptor of that file to read instead of opening ``path`` (what
     processes.open_mapped_file gives: right for deleted files and other mount namespaces).
-    ``roots``: where to look for a separate debug file (the process's root, then the host's)."""
+    ``open_debug(candidate)``: a separate debug file opened as the process that maps this one would
+    (processes.files.open_debug_file); None when it is not there."""
     name = os.path.basename(path)
     version = version_from_name(name)
     if version is None and not _UNVERSIONED.fullmatch(name):
         return None
-    try:
-        if fd is not None:
-            stream = os.fdopen(os.dup(fd), "rb", buffering=1 << 16)
-        else:
-            stream = open(path, "rb", buffering=1 << 16)  # noqa: SIM115
-    except OSError:
+    own = open_host_file(path) if fd is None else os.dup(fd)  # without fd: a file of this host (tools, tests)
+    if own is None:
         return None
-    with stream:
+    with os.fdopen(own, "rb", buffering=1 << 16) as stream:
         try:
-            return _read(path, ELFFile(stream), version, roots, debug_dirs)
-        except (ELFError, OSError, ValueError, struct.error):
+            return _read(path, ELFFile(stream), version, open_debug, debug_dirs)
+        except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
             return None
 
 
-def _read(path, elf, version, roots, debug_dirs) -> CPython | None:
+def _read(path, elf, version, open_debug, debug_dirs) -> CPython | None:
     headers = ElfHeaders.read_headers(elf, path)
     segments = tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"])
                      for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
     symbols = _symbols(elf)
     if RUNTIME not in symbols and INTERP_HEAD not in symbols:
-        symbols.update(_debug_file_symbols(headers, path, roots, debug_dirs))
+        symbols.update(_debug_file_symbols(headers, path, open_debug, debug_dirs))
     if RUNTIME not in symbols and INTERP_HEAD not in symbols:
         return None
 
@@ -187,24 +184,22 @@ def _symbols(elf: ELFFile) -> dict[str, int]:
     return out
 
 
-def _debug_file_symbols(headers: ElfHeaders, path: str, roots, debug_dirs) -> dict[str, int]:
+def _debug_file_symbols(headers: ElfHeaders, path: str, open_debug, debug_dirs) -> dict[str, int]:
     """The symbols from the file's separate debug file, when it has one of the same build."""
     for candidate in debug_file_candidates(headers.build_id, headers.debuglink, path, debug_dirs):
-        for root in roots:
+        fd = open_debug(candidate)
+        if fd is None:
+            continue
+        with os.fdopen(fd, "rb") as f:
             try:
-                f = open(f"{root}{candidate}", "rb")  # noqa: SIM115
-            except OSError:
-                continue
-            with f:
-                try:
-                    debug = ELFFile(f)
-                    if headers.build_id and ElfHeaders.read_headers(debug, candidate).build_id != headers.build_id:
-                        continue
-                    found = _symbols(debug)
-                except (ELFError, OSError, ValueError, struct.error):
+                debug = ELFFile(f)
+                if headers.build_id and ElfHeaders.read_headers(debug, candidate).build_id != headers.build_id:
                     continue
-            if found:
-                return found
+                found = _symbols(debug)
+            except Exception:  # noqa: BLE001 - a damaged debug file, as above
+                continue
+        if found:
+            return found
     return {}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from pycollector.logs import log_once
 
-from receivers.profiling.processes.files import open_mapped_file
+from receivers.profiling.processes.files import open_debug_file, open_mapped_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.symbols.frame import Frame
 
@@ -134,7 +134,7 @@ class PythonInterpreters:
         cpython = None
         if fd is not None:
             try:
-                cpython = detect_cpython(mapping.path, fd=fd, roots=(info.root, ""))
+                cpython = detect_cpython(mapping.path, fd=fd, open_debug=lambda path: open_debug_file(info, path))
             finally:
                 os.close(fd)
         with self._lock:

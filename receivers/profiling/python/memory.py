@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import struct
 
+USER_SPACE_END = 1 << 63  # x86-64 user space ends at 2**47 (2**56 with 5-level paging)
+MAX_READ_BYTES = 1 << 20  # the largest structure read: a code object's line table, its name
+
 _U64 = struct.Struct("<Q")
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
@@ -35,8 +38,13 @@ class ProcessMemory:
             raise MemoryReadError(pid, 0, 0, f"cannot open its memory: {e.strerror}", e.errno) from e
 
     def read(self, address: int, size: int) -> bytes:
-        if address <= 0 or size < 0 or address + size > 1 << 64:
+        # Addresses and sizes are read from the process itself: garbage in an exiting process,
+        # anything at all in a hostile one. Past 2**63 pread's offset overflows (OverflowError
+        # cost short-lived processes whole reports); a size of gigabytes would be allocated.
+        if address <= 0 or size < 0 or address + size > USER_SPACE_END:
             raise MemoryReadError(self.pid, address, size, "not a user-space address")
+        if size > MAX_READ_BYTES:
+            raise MemoryReadError(self.pid, address, size, f"larger than one read may be ({MAX_READ_BYTES} bytes)")
         try:
             data = os.pread(self._fd, size, address)
         except OSError as e:

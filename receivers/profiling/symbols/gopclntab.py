@@ -49,7 +49,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from pycollector.varint import VarintError, read_uvarint as uleb128  # Go's varints are unsigned LEB128, as DWARF's are
@@ -103,7 +102,7 @@ class GoFunctions:
                     return cls(data, text_address)
                 except GoTableError:
                     continue
-        except (ELFError, OSError, ValueError, struct.error):
+        except Exception:  # noqa: BLE001 - a damaged file: pyelftools raises many kinds
             pass
         return None
 

@@ -7,9 +7,10 @@ User: the mapping that holds the address (from `ProcessTable`) gives the file of
 the ELF virtual address the symbol table uses.  That one rule covers PIE and non-PIE executables
 and shared libraries.  Symbols come from .symtab, else from a separate debug file (found by build
 id under <debug dir>/.build-id/xx/yyyy.debug, or by .gnu_debuglink), else .dynsym.  Files are
-read through the process's own root (/proc/PID/root), so containers resolve, and parsed files are
-cached per file identity (dev, inode) with a bounded LRU; files with the same build id share one
-parse.  Results are cached per (file, offset) too.  Both kinds of symbols are held in
+read through processes/files.py (map_files, or the process's own root), so containers resolve, and
+parsed files are cached per file identity (dev, inode) with a bounded LRU, never shared by build
+id: a build id is what a file claims (GNU ld leaves .symtab out of it; a program may copy
+another's), not what it is.  Results are cached per (file, offset) too.  Both kinds of symbols are held in
 `SymbolTable`s (table.py): arrays and a string table, a name decoded and demangled when a
 lookup needs it.
 
@@ -20,19 +21,16 @@ that is the last instruction of a function is not attributed to the next one.
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ..elf.headers import DEBUG_DIRS, debug_file_candidates, elf_build_id
 from ..jit.names import JitNames
-from ..processes.files import open_mapped_file
+from ..processes.files import open_debug_file, open_host_file, open_mapped_file
 from ..processes.table import Mapping, ProcessInfo, ProcessTable
 from .elf_symbols import ElfSymbols, demangle
 from .frame import Frame
@@ -106,8 +104,6 @@ class Symbolizer:
         self._demangler = demangle if demangle_names else None
         self._lock = threading.RLock()
         self._files: _LRU = _LRU(max_files)
-        self._by_build_id: weakref.WeakValueDictionary[str, ElfSymbols] = (
-            weakref.WeakValueDictionary())
         self._addresses: _LRU = _LRU(max_addresses)
         self._pin_lock = threading.Lock()
         self._pinned: _LRU = _LRU(max_pinned_files, on_evict=lambda _k, fd: os.close(fd))
@@ -261,47 +257,38 @@ class Symbolizer:
             with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as f:
                 elf_file = ELFFile(f)
                 elf = ElfSymbols.read_headers(elf_file, path, mapping_ids=True)
-                if elf.build_id:
-                    shared = self._by_build_id.get(elf.build_id)
-                    if shared is not None:
-                        return shared
                 if self.go_names:  # Go's own table names Go code, stripped or not, with file and line
                     elf.go = GoFunctions.from_elf(elf_file)
                 if not elf.read_symbols(elf_file, ".symtab", self._demangler):
                     if not self._read_debug_file(elf, path, info):
                         elf.read_symbols(elf_file, ".dynsym", self._demangler)
-        except (ELFError, OSError, ValueError, struct.error) as e:
+        except Exception as e:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
             self.stats["files_failed"] += 1
             bad = ElfSymbols(path)
             bad.symbol_source = f"error: {e}"
             return bad
         self.stats["files_parsed"] += 1
-        if elf.build_id:
-            self._by_build_id[elf.build_id] = elf
         return elf
 
     def debug_file_candidates(self, elf: ElfSymbols, path: str) -> list[str]:
         return debug_file_candidates(elf.build_id, elf.debuglink, path, self.debug_dirs)
 
     def _read_debug_file(self, elf: ElfSymbols, path: str, info: ProcessInfo | None) -> bool:
-        roots = [info.root, ""] if info is not None else [""]
         for candidate in self.debug_file_candidates(elf, path):
-            for root in roots:
+            fd = open_debug_file(info, candidate) if info is not None else open_host_file(candidate)
+            if fd is None:
+                continue
+            with os.fdopen(fd, "rb", buffering=1 << 16) as f:
                 try:
-                    f = open(f"{root}{candidate}", "rb", buffering=1 << 16)  # noqa: SIM115
-                except OSError:
+                    dbg = ELFFile(f)
+                    dbg_id = elf_build_id(dbg)
+                    if elf.build_id and dbg_id and dbg_id != elf.build_id:
+                        continue  # a debug file of another build
+                    if elf.read_symbols(dbg, ".symtab", self._demangler):
+                        elf.symbol_source = candidate
+                        return True
+                except Exception:  # noqa: BLE001 - a damaged debug file, as above
                     continue
-                with f:
-                    try:
-                        dbg = ELFFile(f)
-                        dbg_id = elf_build_id(dbg)
-                        if elf.build_id and dbg_id and dbg_id != elf.build_id:
-                            continue  # a debug file of another build
-                        if elf.read_symbols(dbg, ".symtab", self._demangler):
-                            elf.symbol_source = candidate
-                            return True
-                    except (ELFError, ValueError, struct.error):
-                        continue
         return False
 
     def close(self) -> None:

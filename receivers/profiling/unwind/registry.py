@@ -17,6 +17,7 @@ half second that takes. One lock guards the bookkeeping.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import multiprocessing
 import os
 import threading
@@ -27,7 +28,7 @@ from typing import Any
 from elftools.elf.elffile import ELFFile
 
 from receivers.profiling.elf.headers import ElfHeaders, debug_file_candidates
-from receivers.profiling.processes.files import open_mapped_file
+from receivers.profiling.processes.files import open_debug_file, open_host_file, open_mapped_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.unwind.builder_process import BuilderProcess
 from receivers.profiling.unwind.cache import RowCache
@@ -172,7 +173,7 @@ class UnwindRegistry:
             for worker in self._workers:
                 worker.start()
 
-    def _next(self, small_only: bool) -> tuple[FileKey, ProcessInfo, Mapping] | None:
+    def _next(self, small_only: bool) -> tuple[FileKey, _File, ProcessInfo, Mapping] | None:
         with self._lock:
             while True:
                 if self._closing.is_set():
@@ -183,7 +184,7 @@ class UnwindRegistry:
                     break
                 self._wake.wait()
             key = max(candidates, key=self._priority)
-            item = (key, *self._pending.pop(key))
+            item = (key, self._files[key], *self._pending.pop(key))
             self.stats["files_waiting"] = len(self._pending)
             return item
 
@@ -205,19 +206,18 @@ class UnwindRegistry:
             item = self._next(small_only)
             if item is None:
                 return
-            key, info, mapping = item
+            key, file, info, mapping = item
             try:
-                self._load(key, info, mapping)
+                self._load(key, file, info, mapping)
             except Exception:  # one bad file must not stop the others
-                self._failed(key)
+                self._failed(key, file)
                 self.log.exception("could not load unwind rows", path=mapping.path)
 
-    def _failed(self, key: FileKey) -> None:
+    def _failed(self, key: FileKey, taken: _File) -> None:
         with self._lock:
             self.stats["files_failed"] += 1
-            file = self._files.get(key)
-            if file is not None:
-                self._without_rows(file, "failed")
+            if self._files.get(key) is taken:
+                self._without_rows(taken, "failed")
 
     def _without_rows(self, file: _File, state: str) -> None:
         """The file will have no rows: its id goes back, its mappings step by frame pointer."""
@@ -227,16 +227,17 @@ class UnwindRegistry:
             file.file_id = 0
             self._write_users(file)
 
-    def _load(self, key: FileKey, info: ProcessInfo, mapping: Mapping) -> None:
+    def _load(self, key: FileKey, taken: _File, info: ProcessInfo, mapping: Mapping) -> None:
+        """Build and write the rows of the file ``taken`` from the queue (by ``info``'s mapping)."""
         fd = _vdso_file() if key == _VDSO_KEY else open_mapped_file(info, mapping)
         if fd is None:
-            self._failed(key)
+            self._failed(key, taken)
             return
         try:
             segments = _load_segments(fd)
             started = time.monotonic()
             try:
-                rows, reason = self._build(fd, mapping.path, info.root, small=_is_small(mapping)), None
+                rows, reason = self._build(fd, mapping.path, lambda path: open_debug_file(info, path), small=_is_small(mapping)), None
             except ValueError as error:
                 rows, reason = b"", str(error)
             self.log.debug("unwind rows", path=mapping.path, rows=len(rows) // ROW_SIZE, no_rows=reason,
@@ -245,7 +246,10 @@ class UnwindRegistry:
             os.close(fd)
         with self._lock:
             file = self._files.get(key)
-            if self._closing.is_set() or file is None:  # stopping, or every process mapping it exited
+            # Stopping, or every process mapping it exited meanwhile, and maybe a new one mapped
+            # it again: that registration is queued and loads it; rows written here for it too
+            # would be overwritten there, their range never given back.
+            if self._closing.is_set() or file is not taken:
                 return
             file.segments = segments
             count = len(rows) // ROW_SIZE
@@ -376,7 +380,8 @@ class RowSource:
 
     def start(self) -> None:
         """Start the helper process now (it takes a few tenths of a second), not at the first
-        file the cache does not have."""
+        file the cache does not have; keep the cache within its bounds."""
+        self.cache.prune()
         with self._lock:
             self._running_helper()
 
@@ -390,32 +395,43 @@ class RowSource:
             self._helper = BuilderProcess()
         return self._helper
 
-    def __call__(self, fd: int, path: str, root: str = "", *, small: bool = False) -> bytes:
-        """The rows of the file open as ``fd``, mapped as ``path`` by a process whose root
-        directory is ``root`` (where its separate debug file would be). A ``small`` one is built
-        here: its milliseconds would otherwise wait behind the helper's build of a large one."""
+    def __call__(self, fd: int, path: str, open_debug: Callable[[str], int | None] = open_host_file, *, small: bool = False) -> bytes:
+        """The rows of the file open as ``fd``, mapped as ``path``; ``open_debug(candidate)``
+        opens a separate debug file as the process that maps it would (None: not there). A
+        ``small`` one is built here: its milliseconds would otherwise wait behind the helper's
+        build of a large one.
+
+        Rows are cached by a hash of the file's content, what it is, never by the build id it
+        declares: a program carrying another's build id would otherwise hand that one's
+        processes its rows, here and in the cache on disk across restarts."""
         with os.fdopen(os.dup(fd), "rb") as stream:
             try:
                 headers = ElfHeaders.read_headers(ELFFile(stream), path)
             except Exception as error:
                 raise NoRows(f"not an ELF file: {error}") from None
-        if headers.build_id:
-            key = headers.build_id
-        else:  # no build id: this very file, as long as it is not rewritten
-            status = os.fstat(fd)
-            key = f"{status.st_dev:x}-{status.st_ino:x}-{status.st_size:x}-{status.st_mtime_ns:x}"
-        debug_files = [f"{prefix}{candidate}" for candidate in debug_file_candidates(headers.build_id, headers.debuglink, path)
-                       for prefix in dict.fromkeys((root, ""))]
-        if small:
-            return self.cache.get_or_build(key, lambda: build_rows_at(f"/proc/self/fd/{fd}", debug_files))
-        return self.cache.get_or_build(key, lambda: self._build_elsewhere(fd, debug_files))
+            stream.seek(0)
+            key = hashlib.file_digest(stream, "sha256").hexdigest()
+        candidates = debug_file_candidates(headers.build_id, headers.debuglink, path)
 
-    def _build_elsewhere(self, fd: int, debug_files: list[str]) -> bytes:
+        def build() -> bytes:
+            debug_fds = [found for found in map(open_debug, candidates) if found is not None]
+            try:
+                if small:
+                    return build_rows_at(f"/proc/self/fd/{fd}", [f"/proc/self/fd/{n}" for n in debug_fds])
+                return self._build_elsewhere(fd, debug_fds)
+            finally:
+                for debug_fd in debug_fds:
+                    os.close(debug_fd)
+
+        return self.cache.get_or_build(key, build)
+
+    def _build_elsewhere(self, fd: int, debug_fds: list[int]) -> bytes:
         with self._lock:
             helper = self._running_helper()
         # Not tried again when the helper dies: the file may be what killed it (memory). The
         # next file gets a new helper.
-        return helper.build(f"/proc/{os.getpid()}/fd/{fd}", debug_files, stopping=lambda: self._closed)
+        own = f"/proc/{os.getpid()}/fd"
+        return helper.build(f"{own}/{fd}", [f"{own}/{n}" for n in debug_fds], stopping=lambda: self._closed)
 
     def close(self) -> None:
         """Stop the helper, abandoning a build under way."""

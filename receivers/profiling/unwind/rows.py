@@ -68,10 +68,17 @@ def build_rows(stream: BinaryIO, debug_files: Sequence[str] = ()) -> bytes:
     """The packed, sorted rows of the ELF file on ``stream``, from its .eh_frame and, for code
     that has none there (a build without unwind tables), its .debug_frame, or the .debug_frame of
     the first of ``debug_files`` (its separate debug file's candidate paths) that exists and has
-    the same build id. Raises NoRows when there is no CFI (or it is not an x86-64 ELF file)."""
+    the same build id. Raises NoRows when there is no CFI (or it is not an x86-64 ELF file, or
+    one pyelftools cannot read: the file is the sampled process's to write, and pyelftools raises
+    several kinds of errors for a damaged one)."""
     elf = _elf(stream)
-    fdes = _fdes(elf, ".eh_frame")
-    extra = _fdes(elf, ".debug_frame") or _debug_file_fdes(elf_build_id(elf), debug_files)
+    try:
+        fdes = _fdes(elf, ".eh_frame")
+        extra = _fdes(elf, ".debug_frame") or _debug_file_fdes(elf_build_id(elf), debug_files)
+    except NoRows:
+        raise
+    except Exception as error:  # noqa: BLE001 - see above
+        raise NoRows(f"unreadable ELF file: {error!r}") from None
     fdes += _not_overlapping(extra, fdes)
     if not fdes:
         raise NoRows("no .eh_frame or .debug_frame")
@@ -140,6 +147,9 @@ def _not_overlapping(extra: list[Fde], fdes: list[Fde]) -> list[Fde]:
     return kept
 
 
+_UNREADABLE = (CfiError, IndexError, VarintError, struct.error)
+
+
 def rows_of(fdes: Iterable[Fde]) -> list[tuple[int, int, int, int, int]]:
     """(pc, cfa_type, rbp_type, rbp_offset, cfa_offset) for every address the FDEs cover,
     sorted, with consecutive equal rules merged."""
@@ -151,13 +161,18 @@ def rows_of(fdes: Iterable[Fde]) -> list[tuple[int, int, int, int, int]]:
         if begin >= end or end > _ADDRESS_LIMIT:
             continue
         cie = fde.cie
-        initial = initial_states.get(id(cie))
-        if initial is None:
-            initial = initial_states[id(cie)] = _run(cie, cie.instructions, _initial_state(), None)[0]
+        if id(cie) not in initial_states:
+            try:
+                initial_states[id(cie)] = _run(cie, cie.instructions, _initial_state(), None)[0]
+            except _UNREADABLE:
+                initial_states[id(cie)] = None
+        initial = initial_states[id(cie)]
         ends.setdefault(end, _UNDEFINED_ROW)
         try:
+            if initial is None:
+                raise CfiError("its CIE's instructions cannot be read")
             changes = _run(cie, fde.instructions, dict(initial), initial, begin)[1]
-        except (CfiError, IndexError, VarintError):  # an instruction we cannot read: no rule rather than a wrong one
+        except _UNREADABLE:  # an instruction we cannot read: no rule rather than a wrong one
             changes = [(begin, _UNSUPPORTED_ROW)]
         for pc, rule in changes:
             if pc < end:

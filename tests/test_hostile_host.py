@@ -1,0 +1,308 @@
+"""Attacks on a running agent (real BPF) by an ordinary user, one per class of issue 25.
+
+The agent runs in this process, root, reporting every second; a benign busy program (root's,
+built with frame pointers) runs beside every attack. The attacker is user nobody (setpriv), with
+a directory of its own, and plays each trick for a few seconds. Throughout every attack:
+
+- a report leaves the agent every interval, and the benign process is in each, its hot function
+  named (spin_heavy);
+- the agent's resident memory stays within 64 MiB of what it was before the attacks;
+- no byte of a root-only canary appears in anything the agent exported;
+
+and the trick itself did what it was meant to be kept from doing (checked per attack).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import secrets
+import shutil
+import stat
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pycollector.config.validate import build_plan
+from pycollector.pdata import iter_samples
+from pycollector.service import Service
+from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
+
+from tests.conftest import WORKLOADS, bpf_unavailable_reason
+
+pytestmark = pytest.mark.bpf
+
+NOBODY = 65534
+INTERVAL_S = 1.0
+ATTACK_S = 5.0
+RSS_ALLOWANCE = 64 << 20
+TOKEN = f"CANARY{secrets.token_hex(6)}"
+
+# The attacker's busy program: non-PIE, so its code is at 0x401000 whatever runs it (a perf map
+# or a debug file can then name it), and it runs for argv[1] seconds.
+SPIN_C = r"""
+#include <stdlib.h>
+#include <time.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void NAME(void) { for (int i = 0; i < 100000; i++) sink += i * 7; }
+int main(int argc, char **argv) {
+    double seconds = argc > 1 ? atof(argv[1]) : 5;
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    do { NAME(); clock_gettime(CLOCK_MONOTONIC, &now); }
+    while ((now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+    return 0;
+}
+"""
+
+
+def compile_c(source: str, out: Path, *flags: str) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run(["gcc", "-O2", *flags, "-o", str(out), str(src)], check=True, capture_output=True)
+    return out
+
+
+def debuglink_section(name: bytes, crc: int = 0) -> bytes:
+    """.gnu_debuglink's content: a name, NUL, padding to 4, the debug file's CRC-32."""
+    padded = name + b"\0" * (4 - len(name) % 4)
+    return padded + struct.pack("<I", crc)
+
+
+def rss() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
+class Arena:
+    """The agent, the benign process, and where the attacker works."""
+
+    def __init__(self, root: Path, service: Service, capture: CapturingExporterFactory, benign: subprocess.Popen):
+        self.root, self.service, self.capture, self.benign = root, service, capture, benign
+        self.attacker_dir = root / "attacker"
+        self.idle_rss = 0
+
+    @property
+    def receiver(self):
+        return receiver_of(self.service)
+
+    def as_nobody(self, argv: list, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
+                                cwd=self.attacker_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kwargs)
+
+    def attack(self, start) -> tuple[list, subprocess.Popen]:
+        """Run the attack ``start()`` (it returns the attacker's process) for ATTACK_S, checking
+        the agent's promises throughout; the messages exported meanwhile and the attacker."""
+        messages = self.capture.consumer.messages
+        first = len(messages)
+        peak = [rss()]
+        stop = threading.Event()
+
+        def watch_memory() -> None:
+            while not stop.wait(0.1):
+                peak[0] = max(peak[0], rss())
+
+        watcher = threading.Thread(target=watch_memory, daemon=True)
+        watcher.start()
+        began = time.monotonic()
+        attacker = start()
+        try:
+            time.sleep(ATTACK_S)
+        finally:
+            stop.set()
+            watcher.join()
+            attacker.kill()
+            attacker.wait()
+        window = time.monotonic() - began
+        exported = messages[first:]
+        # A report every interval (with its +/- jitter), none lost.
+        assert len(exported) >= int(window / INTERVAL_S) - 2, (len(exported), window)
+        for message in exported:
+            leaves = {view.frames[0].function for view in iter_samples(message)
+                      if view.resource.get("process.pid") == self.benign.pid and view.frames}
+            assert "spin_heavy" in leaves, leaves
+        assert peak[0] - self.idle_rss <= RSS_ALLOWANCE, (peak[0] - self.idle_rss) >> 20
+        for message in messages:
+            assert TOKEN.encode() not in message.SerializeToString(), "a root-only file's content was exported"
+        return exported, attacker
+
+
+def names_of(messages, pid: int) -> set[str]:
+    return {frame.function for message in messages for view in iter_samples(message)
+            if view.resource.get("process.pid") == pid for frame in view.frames if frame.function}
+
+
+def executable_names(messages, pid: int) -> set[str]:
+    return {view.resource.get("process.executable.name") for message in messages for view in iter_samples(message)
+            if view.resource.get("process.pid") == pid}
+
+
+@pytest.fixture(scope="module")
+def arena():
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run attacks as another user")
+    # Not under /tmp: one attack mounts its own /tmp in a namespace and must still see its program.
+    root = Path(tempfile.mkdtemp(prefix="pycollector-hostile-", dir="/var/tmp"))
+    root.chmod(0o755)
+    (root / "attacker").mkdir()
+    os.chown(root / "attacker", NOBODY, NOBODY)
+    benign = compile_c((WORKLOADS / "known_split.c").read_text(), root / "benign", "-fno-omit-frame-pointer")
+    spin = compile_c(SPIN_C.replace("NAME", "hostile_spin"), root / "spin", "-fno-omit-frame-pointer", "-no-pie")
+    shutil.copy(spin, root / "spin-stripped")
+    subprocess.run(["strip", "-s", str(root / "spin-stripped")], check=True)
+    canary = root / "canary"  # root's alone: a perf map line and a debug file naming the attacker's code
+    canary.write_text(f"401000 100000 {TOKEN}\n")
+    canary.chmod(0o600)
+    canary_elf = compile_c(SPIN_C.replace("NAME", TOKEN), root / "canary-elf", "-fno-omit-frame-pointer", "-no-pie")
+    canary_elf.chmod(0o700)
+    capture = CapturingExporterFactory()
+    config = {
+        "receivers": {"profiling": {"samples_per_second": 99, "reporter_interval": f"{INTERVAL_S}s", "unwind_cache_dir": str(root / "cache")}},
+        "exporters": {"capture": {}},
+        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
+    }
+    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
+    service.start()
+    running = subprocess.Popen([str(benign), "3600"], stdout=subprocess.DEVNULL)
+    arena = Arena(root, service, capture, running)
+    try:
+        capture.consumer.wait_for(lambda consumer: "spin_heavy" in names_of(consumer.messages, running.pid), timeout=60)
+        time.sleep(3 * INTERVAL_S)  # its files parsed, its rows built: the agent at rest
+        arena.idle_rss = rss()
+        yield arena
+    finally:
+        running.kill()
+        running.wait()
+        service.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_executable_path_that_is_not_utf8_blinds_nothing(arena):
+    name = b"spin-\xff\xfe-\x1b[2J"
+    path = os.path.join(bytes(arena.attacker_dir), name)
+    shutil.copy(arena.root / "spin", path)
+    os.chown(path, NOBODY, NOBODY)
+    exported, attacker = arena.attack(lambda: arena.as_nobody([path, "60"]))
+    assert any("\ufffd" in (name or "") for name in executable_names(exported, attacker.pid)), executable_names(exported, attacker.pid)
+    assert "hostile_spin" in names_of(exported, attacker.pid)  # its own profile is fine too
+
+
+def test_fifos_where_debug_files_and_perf_maps_are_looked_up_hang_nothing(arena):
+    work = arena.attacker_dir / "fifo"
+    work.mkdir()
+    program = work / "spin"
+    shutil.copy(arena.root / "spin-stripped", program)
+    subprocess.run(["objcopy", f"--add-section=.gnu_debuglink={_file(work / 'link', debuglink_section(b'spin.debug'))}", str(program)], check=True)
+    (work / ".debug").mkdir()
+    for fifo in (work / "spin.debug", work / ".debug" / "spin.debug"):
+        os.mkfifo(fifo)
+    for path in (work, work / ".debug", program, work / "spin.debug", work / ".debug" / "spin.debug"):
+        os.chown(path, NOBODY, NOBODY)
+    refused = dict(_files_stats())
+    exported, attacker = arena.attack(lambda: arena.as_nobody(["sh", "-c", f'mkfifo /tmp/perf-$$.map && exec {program} 60']))
+    Path(f"/tmp/perf-{attacker.pid}.map").unlink(missing_ok=True)
+    assert _files_stats()["not_regular"] > refused["not_regular"], "the FIFOs were not even looked at"
+
+
+def test_a_debug_link_out_of_the_directory_is_not_followed(arena):
+    work = arena.attacker_dir / "dotdot"
+    work.mkdir()
+    program = work / "spin"
+    shutil.copy(arena.root / "spin-stripped", program)
+    escape = b"../" * 12 + str(arena.root / "canary-elf").lstrip("/").encode()
+    subprocess.run(["objcopy", f"--add-section=.gnu_debuglink={_file(work / 'link', debuglink_section(escape))}", str(program)], check=True)
+    os.chown(program, NOBODY, NOBODY)
+    exported, attacker = arena.attack(lambda: arena.as_nobody([str(program), "60"]))
+    assert TOKEN not in names_of(exported, attacker.pid)
+
+
+def test_a_giant_perf_map_without_a_newline_costs_a_bounded_read(arena):
+    perf_maps = arena.receiver.jit.perf_maps
+    before = dict(perf_maps.stats)
+    program = arena.root / "spin-stripped"
+    exported, attacker = arena.attack(lambda: arena.as_nobody(["sh", "-c", f"truncate -s 1G /tmp/perf-$$.map && exec {program} 60"]))
+    Path(f"/tmp/perf-{attacker.pid}.map").unlink(missing_ok=True)
+    assert perf_maps.stats["long_lines"] > before["long_lines"]
+
+
+def test_perf_map_names_of_a_megabyte_are_dropped_and_long_ones_cut(arena):
+    perf_maps = arena.receiver.jit.perf_maps
+    before = dict(perf_maps.stats)
+    work = arena.attacker_dir / "names"
+    work.mkdir()
+    os.chown(work, NOBODY, NOBODY)
+    lines = b"".join(b"500000 10 " + b"m" * (1 << 20) + b"\n" for _ in range(3)) + b"401000 100000 " + b"L" * 5000 + b"\n"
+    source = _file(work / "map", lines)
+    os.chown(source, NOBODY, NOBODY)
+    program = arena.root / "spin-stripped"
+    exported, attacker = arena.attack(lambda: arena.as_nobody(["sh", "-c", f"cp {source} /tmp/perf-$$.map && exec {program} 60"]))
+    Path(f"/tmp/perf-{attacker.pid}.map").unlink(missing_ok=True)
+    names = names_of(exported, attacker.pid)
+    cut = [name for name in names if name.startswith("LLLL")]
+    assert cut and all(len(name) <= perf_maps.max_name_chars + len("…[truncated]") for name in cut), [len(n) for n in cut]
+    assert perf_maps.stats["long_lines"] >= before["long_lines"] + 3 and perf_maps.stats["names_truncated"] > before["names_truncated"]
+
+
+def test_a_perf_map_bind_mounted_over_a_root_only_file_is_not_read(arena):
+    program = arena.root / "spin-stripped"
+    script = (f"mount -t tmpfs none /tmp && touch /tmp/perf-$$.map && mount --bind {arena.root / 'canary'} /tmp/perf-$$.map "
+              f"&& exec {program} 60")
+    # As a file root keeps writing (a log): newer than the process, so not refused as a stale map.
+    future = time.time() + 3600
+    os.utime(arena.root / "canary", (future, future))
+    refused = _files_stats()["unreadable_by_process"]
+    exported, attacker = arena.attack(lambda: arena.as_nobody(["unshare", "-Urm", "sh", "-c", script]))
+    if attacker.returncode not in (0, -9) and b"unshare" in attacker.stderr.read():
+        pytest.skip("unprivileged user namespaces are off here")
+    assert TOKEN not in names_of(exported, attacker.pid)
+    assert _files_stats()["unreadable_by_process"] > refused
+
+
+def test_a_forged_build_id_lends_nobody_its_names_or_rows(arena):
+    """The attacker's program carries the build id of a program root starts after it: that
+    program's frames are still its own, and its stacks still reach main (its own unwind rows)."""
+    build_id = "0x" + secrets.token_hex(20)
+    forged = compile_c(SPIN_C.replace("NAME", "forged_spin"), arena.attacker_dir / "forged", "-fomit-frame-pointer", f"-Wl,--build-id={build_id}")
+    os.chown(forged, NOBODY, NOBODY)
+    victim = compile_c((WORKLOADS / "known_split.c").read_text(), arena.root / "victim", "-fomit-frame-pointer", f"-Wl,--build-id={build_id}")
+    started: dict = {}
+
+    def forger_then_victim() -> subprocess.Popen:
+        forger = arena.as_nobody([str(forged), "60"])
+        time.sleep(2.0)  # profiled: its file parsed and its rows built first
+        started["victim"] = subprocess.Popen([str(victim), "60"], stdout=subprocess.DEVNULL)
+        return forger
+
+    try:
+        exported, forger = arena.attack(forger_then_victim)
+    finally:
+        started["victim"].kill()
+        started["victim"].wait()
+    victim_pid = started["victim"].pid
+    assert "forged_spin" in names_of(exported, forger.pid)
+    names = names_of(exported, victim_pid)
+    assert "spin_heavy" in names and "forged_spin" not in names, names
+    roots = [view.frames[-1].function for message in exported for view in iter_samples(message)
+             if view.resource.get("process.pid") == victim_pid and view.frames]
+    reaching_main = sum(1 for root in roots if root in ("_start", "__libc_start_main", "__libc_start_call_main", "main"))
+    # (the first samples may come before its rows are loaded: walked by frame pointer, short)
+    assert roots and reaching_main / len(roots) > 0.8, collections.Counter(roots).most_common(5)
+
+
+def _file(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    path.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
+    return path
+
+
+def _files_stats() -> dict:
+    from receivers.profiling.processes import files
+
+    return dict(files.stats)
