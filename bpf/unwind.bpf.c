@@ -47,6 +47,9 @@ BPF_ARRAY(unwind_rows, struct unwind_row, UNWIND_ROW_BUDGET);
 BPF_ARRAY(unwind_files, struct unwind_file, UNWIND_MAX_FILES);
 /* Frames that needed a file whose rows were still loading: user space loads the most wanted first. */
 BPF_ARRAY(unwind_demand, u32, UNWIND_MAX_FILES);
+/* Files whose rows a walk used since user space last looked: it gives the rows of files no one
+ * runs back when the row budget is short (unwind/registry.py). */
+BPF_ARRAY(unwind_used, u8, UNWIND_MAX_FILES);
 BPF_F_TABLE("hash", u32, struct unwind_process, unwind_processes, UNWIND_MAX_PROCESSES, BPF_F_NO_PREALLOC);
 BPF_PROG_ARRAY(unwind_programs, 2);
 #ifdef OFF_CPU
@@ -250,6 +253,9 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
         unwind_demand.atomic_increment(file_id);
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     }
+    u8 *used = unwind_used.lookup(&file_id);
+    if (used && !*used)  /* (read first: a store to a shared line on every frame would cost more) */
+        *used = 1;
     u64 address = pc - mapping->bias;
     if (address >> 32)
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);

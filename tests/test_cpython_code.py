@@ -346,3 +346,50 @@ def test_an_empty_line_table_does_not_reject_a_frame(kind):
     code = CodeObject(0x1000, "made", None, "<made>", 7, (), table)
     code.check_sampled(12, 7 & FIRST_LINE_MASK, FIRST_LINE_MASK)
     assert code.locate(12).line is None
+
+
+HOSTILE_CODE = r'''
+import sys, time
+ns = {}
+# A function with a name of 5000 characters and a body of 3000 lines: what a hostile (or
+# generated) program may hand the reader. And ten ordinary ones.
+exec("def " + "n" * 5000 + "(x):\n" + "".join("    x += %d\n" % i for i in range(3000)) + "    return x\n", ns)
+exec("".join("def f%d(x):\n    return x + %d\n" % (i, i) for i in range(10)), ns)
+codes = [f.__code__ for f in ns.values() if callable(f)]
+print(" ".join(str(id(code)) for code in codes), flush=True)
+time.sleep(60)
+'''
+
+
+def test_names_tables_and_the_cache_are_held_to_their_budgets():
+    """A long name is cut with a marker; the cache evicts to stay within max_bytes; an epoch
+    reads no more than max_read_bytes_per_epoch, and the next epoch reads on."""
+    from receivers.profiling.python.code import MAX_NAME_CHARS, TRUNCATED, BudgetSpent
+
+    cpython = detect_cpython("/usr/bin/python3.11")
+    if cpython is None:
+        pytest.skip("no Debian python3.11 to read")
+    process = subprocess.Popen(["/usr/bin/python3.11", "-c", HOSTILE_CODE], stdout=subprocess.PIPE, text=True)
+    try:
+        long_one, *ordinary = (int(address) for address in process.stdout.readline().split())
+        offsets = _offsets(cpython, process.pid)
+        with ProcessMemory(process.pid) as memory:
+            cache = CodeCache()
+            code = cache.code(process.pid, memory, offsets, long_one)
+            assert code.name == "n" * MAX_NAME_CHARS + TRUNCATED
+            assert code.lines.line(0) is not None and code.read_bytes < 64 << 10
+            small = CodeCache(max_bytes=code.size + 3000)
+            small.code(process.pid, memory, offsets, long_one)
+            for address in ordinary:
+                small.code(process.pid, memory, offsets, address)
+            assert small.held_bytes <= small.max_bytes and small.stats["evicted"] >= 1
+            budget = CodeCache(max_read_bytes_per_epoch=1)
+            budget.code(process.pid, memory, offsets, ordinary[0])  # the first read may spend it all
+            with pytest.raises(BudgetSpent):
+                budget.code(process.pid, memory, offsets, ordinary[1])
+            assert budget.stats["read_budget_spent"] == 1
+            budget.new_epoch()
+            assert budget.code(process.pid, memory, offsets, ordinary[1]).name == "f1"
+    finally:
+        process.kill()
+        process.wait()

@@ -19,7 +19,7 @@ import structlog
 
 from receivers.profiling.unwind import cache as cache_module
 from receivers.profiling.unwind.cache import RowCache
-from receivers.profiling.unwind.builder_process import HelperDied
+from receivers.profiling.unwind.builder_process import BuilderProcess, BuildTimeout, HelperDied
 from receivers.profiling.unwind.registry import RowSource
 from receivers.profiling.unwind.rows import (
     CFA_END, CFA_PLT, CFA_RBP, CFA_RBP_DEREF, CFA_RSP, CFA_RSP_DEREF, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME,
@@ -312,3 +312,22 @@ def test_a_row_builder_that_dies_fails_its_file_and_the_next_file_gets_a_new_one
         assert len(rows) // ROW_SIZE > 1000, "libc's rows, from a new helper"
     finally:
         source.close()
+
+
+def test_a_file_past_its_time_budget_is_given_up_and_the_next_file_is_built():
+    """A file whose rows take longer than their budget (a crafted .eh_frame, or only a large
+    library, here with a budget of 0.3 s) is abandoned, its helper ended, and the next file
+    gets a new helper: the queue behind it does not wait."""
+    large = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libLLVM-*.so.1"))
+    if not large:
+        pytest.skip("no libLLVM here (BCC's dependency) to take the helper seconds")
+    helper = BuilderProcess()
+    started = time.monotonic()
+    with pytest.raises(BuildTimeout):
+        helper.build(large[0], [], stopping=lambda: False, timeout_s=0.3)
+    assert time.monotonic() - started < 5 and not helper.alive()
+    again = BuilderProcess()
+    try:
+        assert again.build("/usr/lib/x86_64-linux-gnu/libc.so.6", [], stopping=lambda: False)
+    finally:
+        again.stop()

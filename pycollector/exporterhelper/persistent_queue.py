@@ -54,8 +54,11 @@ class PersistentQueue:
         self._closed = False
         self._changed = threading.Condition()
         self._next = 0
+        # Keys go on from the highest ever used, quarantined ones included (a new request must not
+        # take the key of one kept aside).
+        self._next = max((_index(key) + 1 for key, _ in client.items(QUARANTINE)), default=0)
         for key, value in client.items(PREFIX):  # what an earlier run left, oldest first
-            self._next = int(key[len(PREFIX):]) + 1
+            self._next = max(self._next, _index(key) + 1)
             try:
                 size = sizer.size(lambda value=value: _decode(value), len(value) - value.index(b"\n") - 1)
             except Exception as error:  # noqa: BLE001 - whatever the bytes made the decoder raise
@@ -156,6 +159,12 @@ class PersistentQueue:
     def used(self) -> int:
         with self._changed:
             return self._used
+
+
+def _index(key: str) -> int:
+    """The number in a key (queue/00000000000000000042); -1 for a key not of this queue's form."""
+    digits = key.rpartition("/")[2]
+    return int(digits) if digits.isdigit() else -1
 
 
 def _encode(data: Message, serialized: bytes) -> bytes:

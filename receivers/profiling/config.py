@@ -25,6 +25,7 @@ MAX_MAP_SCALE_FACTOR = 8
 # default holds a busy host's distinct files (12 bytes a row: 24 MiB of kernel memory).
 DEFAULT_UNWIND_ROW_BUDGET = 2 << 20
 DEFAULT_UNWIND_MAX_FRAMES = 128
+DEFAULT_UNWIND_ROW_IDLE_TIMEOUT = 120.0
 # The unwinder steps 16 frames per BPF program and may chain 30 of them (the kernel allows 33
 # tail calls a sample).
 MAX_UNWIND_FRAMES = 16 * 30
@@ -64,6 +65,9 @@ class ProfilingConfig(ComponentConfig):
     unwind_row_budget: int = pydantic.Field(DEFAULT_UNWIND_ROW_BUDGET, ge=1024, le=1 << 28)
     unwind_max_frames: int = pydantic.Field(DEFAULT_UNWIND_MAX_FRAMES, ge=16, le=MAX_UNWIND_FRAMES)
     unwind_cache_dir: str = DEFAULT_UNWIND_CACHE_DIR
+    # When the budget is short, the rows of files no walk used for this long go to a file whose
+    # code is running (the processes mapping them are walked by frame pointer there meanwhile).
+    unwind_row_idle_timeout: Duration = pydantic.Field(DEFAULT_UNWIND_ROW_IDLE_TIMEOUT, gt=0)
 
     # Which runtimes' frames are read or named (Go's comma-separated list; "" or "all": every one
     # in TRACERS), and per runtime {enabled: false} to leave one out.

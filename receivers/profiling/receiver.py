@@ -96,7 +96,7 @@ class ProfilingReceiver(Component):
 
     def start(self, host) -> None:
         self._warn_about_settings()
-        self.processes = ProcessTable(self.config.env_var_names())
+        self.processes = ProcessTable(self.config.env_var_names(), logger=self.log)
         jit_runtimes = {runtime for runtime, tracer in TRACER_OF_RUNTIME.items() if self.config.tracer_enabled(tracer)}
         self.jit = JitNames(PerfMaps(), jit_runtimes)
         self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"))
@@ -169,8 +169,8 @@ class ProfilingReceiver(Component):
     def _start_unwinding(self, sampler: Sampler) -> None:
         self.row_source = RowSource(self.config.unwind_cache_dir, self.log)
         self.row_source.start()
-        self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log,
-                                     max_files=sampler.unwind.max_files, row_budget=sampler.unwind.row_budget)
+        self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log, max_files=sampler.unwind.max_files,
+                                     row_budget=sampler.unwind.row_budget, idle_s=self.config.unwind_row_idle_timeout)
         self.processes.watch(changed=self.unwind.register, exited=self.unwind.forget)
 
     def _start_probabilistic(self, sampler: Sampler) -> None:

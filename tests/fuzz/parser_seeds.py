@@ -89,7 +89,7 @@ def _debug_offsets() -> list[bytes]:
             seeds.append(cpython.debug_offsets_data)
     if seeds:  # and the same cut short, and claiming a version whose layout is not known
         whole = seeds[0]
-        seeds += [whole[:200], whole[:8] + (0x030F00F0).to_bytes(8, "little") + whole[16:]]
+        seeds += [whole[:100], whole[:200], whole[:8] + (0x030F00F0).to_bytes(8, "little") + whole[16:]]
     return seeds
 
 

@@ -63,6 +63,8 @@ DEFAULT_MAX_READ_BYTES = 8 << 20  # about 0.1 s of parsing
 DEFAULT_MAX_LINE_BYTES = 8192
 DEFAULT_MAX_NAME_CHARS = 1024  # a JVM signature with generics, a JS function with a long path
 DEFAULT_MAX_TOTAL_NAME_CHARS = 64 << 20
+DEFAULT_MAX_MAP_NAME_CHARS = 16 << 20  # one process's share of that
+DEFAULT_MAX_READ_BYTES_PER_SECOND = 32 << 20  # all maps together: a fraction of a second of parsing
 TRUNCATED = "…[truncated]"
 
 _READ_CHUNK = 4 << 20
@@ -146,7 +148,7 @@ class _Map:
 
     def find(self, addr: int) -> tuple[str, int] | None:
         i = bisect.bisect_right(self.starts, addr) - 1
-        if i >= 0 and addr < self.ends[i]:
+        if i >= 0 and addr < self.ends[i] and self.names[i]:  # (unnamed: dropped for the budget)
             return self.names[i], self.starts[i]
         return None
 
@@ -165,8 +167,10 @@ class PerfMaps:
                          time a lookup (on the report thread) spends in one process's map.
     max_line_bytes:      a longer line is dropped whole (stats["long_lines"]).
     max_name_chars:      a longer name is cut and ends with TRUNCATED (stats["names_truncated"]).
-    max_total_name_chars: the names of all maps together; past it new ranges are dropped
-                         (stats["entries_dropped"]), so many processes cannot add up.
+    max_total_name_chars: the names of all maps together, max_map_name_chars one map's; past
+                         them new ranges keep their place, unnamed (stats["entries_dropped"]):
+                         the older ranges they overlap still go, so no name is ever stale.
+    max_read_bytes_per_second: what all maps together may read (stats["reads_deferred"]).
     """
 
     def __init__(
@@ -180,6 +184,8 @@ class PerfMaps:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         max_name_chars: int = DEFAULT_MAX_NAME_CHARS,
         max_total_name_chars: int = DEFAULT_MAX_TOTAL_NAME_CHARS,
+        max_map_name_chars: int = DEFAULT_MAX_MAP_NAME_CHARS,
+        max_read_bytes_per_second: int = DEFAULT_MAX_READ_BYTES_PER_SECOND,
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -189,7 +195,10 @@ class PerfMaps:
         self.max_line_bytes = max_line_bytes
         self.max_name_chars = max_name_chars
         self.max_total_name_chars = max_total_name_chars
+        self.max_map_name_chars = max_map_name_chars
+        self.max_read_bytes_per_second = max_read_bytes_per_second
         self._total_name_chars = 0
+        self._bucket, self._bucket_at = float(max_read_bytes_per_second), clock()
         self.refresh_interval_s = refresh_interval_s
         self.max_age_s = max_age_s
         self.proc = proc_root
@@ -198,7 +207,7 @@ class PerfMaps:
         self._maps: dict[int, _Map] = {}
         self.stats = {"files_read": 0, "appends_read": 0, "lines": 0, "malformed_lines": 0,
                       "entries_replaced": 0, "entries_dropped": 0, "files_refused": 0,
-                      "files_over_budget": 0, "long_lines": 0, "names_truncated": 0}
+                      "files_over_budget": 0, "long_lines": 0, "names_truncated": 0, "reads_deferred": 0}
 
     def lookup(self, pid: int, addr: int, *, root: str | None = None, nspid: int | None = None,
                started_ns: int | None = None) -> tuple[str, int] | None:
@@ -221,6 +230,11 @@ class PerfMaps:
             return hit
 
     def lookup_process(self, info: ProcessInfo, addr: int) -> tuple[str, int] | None:
+        if info.credentials is not None:  # (an exec may have changed them: a setuid program)
+            with self._lock:
+                m = self._maps.get(info.pid)
+                if m is not None:
+                    m.credentials = info.credentials
         return self.lookup(info.pid, addr, started_ns=info.start_time_ns)
 
     def forget(self, pid: int) -> None:
@@ -249,7 +263,7 @@ class PerfMaps:
         try:
             # Resolved in the process's root, no symlink on the way: a link planted in /tmp is
             # refused as any file but a regular one is; nothing is opened but the path yet.
-            path_fd = path_in_root(m.root, m.path, follow_symlinks=False)
+            path_fd = path_in_root(m.root, m.path, follow_last=False)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 self._refuse(m)
@@ -300,16 +314,19 @@ class PerfMaps:
         m.read_to = m.mtime_ns = 0
 
     def _acceptable(self, m: _Map, st: os.stat_result) -> bool:
-        """As perf: a regular file, owned by root or the process's user, not older than it."""
-        if not stat.S_ISREG(st.st_mode) or m.credentials is None or st.st_uid not in (0, m.credentials.fsuid):
+        """As perf: a regular file (not a symlink), owned by root or the process's user, not older
+        than it."""
+        if not stat.S_ISREG(st.st_mode) or m.credentials is None or (st.st_uid != 0 and st.st_uid not in m.credentials.uids):
             return False
         return m.started_ns is None or st.st_mtime_ns >= m.started_ns - _START_SLACK_NS
 
     def _read(self, m: _Map, fd: int) -> None:
         """Read on from the last complete line, within this check's and the file's budgets;
         merge the complete lines read."""
-        before, pos, rest, batch = m.read_to, m.offset, b"", []
-        stop = min(m.offset + self.max_read_bytes, self.max_file_bytes)
+        before, first, pos, rest, batch = m.read_to, m.offset, m.offset, b"", []
+        stop = min(m.offset + self.max_read_bytes, self.max_file_bytes, m.offset + self._allowance())
+        if stop <= m.offset:
+            self.stats["reads_deferred"] += 1
         at_end = False
         while pos < stop:
             chunk = os.pread(fd, min(_READ_CHUNK, stop - pos), pos)
@@ -339,11 +356,21 @@ class PerfMaps:
                 self._merge(m, batch)
                 batch = []
         self._merge(m, batch)
+        self._bucket -= pos - first
         m.read_to = pos if at_end else m.offset
-        if m.offset >= self.max_file_bytes:
+        if pos >= self.max_file_bytes and not at_end:
             if before < self.max_file_bytes:
                 self.stats["files_over_budget"] += 1
             m.read_to = os.fstat(fd).st_size  # read no more of it until it is replaced or grows
+
+    def _allowance(self) -> int:
+        """Bytes all maps together may still read now: max_read_bytes_per_second, saved up for
+        at most a second (a token bucket). Many processes sharing one giant map (hard links) then
+        cost a bounded read a second, not a full check's each."""
+        now = self._clock()
+        self._bucket = min(self.max_read_bytes_per_second, self._bucket + (now - self._bucket_at) * self.max_read_bytes_per_second)
+        self._bucket_at = now
+        return max(0, int(self._bucket))
 
     def _take_lines(self, data: bytes, batch: list) -> None:
         lines = data.splitlines()
@@ -369,19 +396,22 @@ class PerfMaps:
         removing the older ranges it overlaps.  Up to _FEW are inserted in place (a bisect and
         a list insert each); a longer batch (a file's first read) is merged by one sweep.
         What the names of all maps may hold together bounds the batch first."""
-        batch = self._within_name_budget(batch)
+        batch = self._within_name_budget(m, batch)
         self._insert(m, batch)
         self._total_name_chars += (held := sum(map(len, m.names))) - m.name_bytes
         m.name_bytes = held
 
-    def _within_name_budget(self, batch: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
-        room = self.max_total_name_chars - self._total_name_chars
-        for kept, (_start, _end, name) in enumerate(batch):
+    def _within_name_budget(self, m: _Map, batch: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+        """The batch, the names past the budgets emptied (a range with no name: a lookup misses)."""
+        room = min(self.max_total_name_chars - self._total_name_chars, self.max_map_name_chars - m.name_bytes)
+        out = []
+        for start, end, name in batch:
             room -= len(name)
-            if room < 0:
-                self.stats["entries_dropped"] += len(batch) - kept
-                return batch[:kept]
-        return batch
+            if room < 0 and name:
+                self.stats["entries_dropped"] += 1
+                name = ""
+            out.append((start, end, name))
+        return out
 
     def _insert(self, m: _Map, batch: list[tuple[int, int, str]]) -> None:
         if len(batch) <= _FEW:

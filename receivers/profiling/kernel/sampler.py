@@ -88,6 +88,7 @@ class UnwindMaps:
     files: object  # unwind_files: file id -> (first row, row count)
     processes: object  # unwind_processes: tgid -> its executable mappings
     demand: object  # unwind_demand: file id -> frames that waited for its rows
+    used: object  # unwind_used: file id -> 1 when a walk used its rows since user space reset it
     python: object  # python_processes: tgid -> where its CPython keeps threads and frames
 
 
@@ -247,7 +248,7 @@ class Sampler:
         self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
         self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
         self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
-                                      bpf[b"unwind_demand"], bpf[b"python_processes"])
+                                      bpf[b"unwind_demand"], bpf[b"unwind_used"], bpf[b"python_processes"])
         self._counters_map = bpf[b"counters"]
         self._known = bpf[b"known_tgids"]
         self._active = bpf[b"active_slot"]

@@ -34,7 +34,6 @@ MAX_ELF_FILE_BYTES = 4 << 30
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (the unified syscall table)
 _RESOLVE_NO_MAGICLINKS = 0x02
-_RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_IN_ROOT = 0x10
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -60,12 +59,19 @@ def open_mapped_file(info: ProcessInfo, mapping: Mapping, max_bytes: int = MAX_E
     try:
         path_fd = os.open(f"/proc/{info.pid}/map_files/{mapping.start:x}-{mapping.end:x}", os.O_PATH | os.O_CLOEXEC)
     except OSError:
-        for root in (info.root, "/"):
-            fd = open_process_file(info, mapping.path, max_bytes, expected=(mapping.dev, mapping.inode), root=root)
-            if fd is not None:
-                return fd
-        return None
-    return open_checked(path_fd, info.credentials, max_bytes)
+        path_fd = None
+    if path_fd is not None:
+        # The inode checked too: the process may have mapped another file over the range since
+        # its maps were read, and what is parsed here is cached under the mapping's identity.
+        # (Not the device: overlayfs shows its own where the mapping shows the layer's.)
+        fd = open_checked(path_fd, info.credentials, max_bytes, expected_inode=mapping.inode)
+        if fd is not None:
+            return fd
+    for root in (info.root, "/"):
+        fd = open_process_file(info, mapping.path, max_bytes, expected=(mapping.dev, mapping.inode), root=root)
+        if fd is not None:
+            return fd
+    return None
 
 
 def open_process_file(info: ProcessInfo, path: str, max_bytes: int = MAX_ELF_FILE_BYTES, *,
@@ -100,28 +106,31 @@ def _open_in_root(root_path: str, path: str, credentials: Credentials | None, ma
     return open_checked(path_fd, credentials, max_bytes, expected)
 
 
-def path_in_root(root_path: str, path: str, *, follow_symlinks: bool = True) -> int:
+def path_in_root(root_path: str, path: str, *, follow_last: bool = True) -> int:
     """An O_PATH descriptor of ``path`` resolved inside the directory ``root_path`` as if it
-    were / (``..`` and absolute symlinks stop there); without ``follow_symlinks`` a symlink
-    anywhere on the way fails with ELOOP. Raises OSError (EINVAL for a path that is not
-    absolute or holds a NUL)."""
+    were / (``..`` and absolute symlinks stop there); without ``follow_last`` a symlink at the
+    end is not followed (the descriptor is the link's: not a regular file). Raises OSError
+    (EINVAL for a path that is not absolute or holds a NUL)."""
     if not path.startswith("/") or "\0" in path:
         raise OSError(errno.EINVAL, "not an absolute path", path)
     root = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        resolve = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | (0 if follow_symlinks else _RESOLVE_NO_SYMLINKS)
-        return _openat2(root, path, os.O_PATH | os.O_CLOEXEC, resolve)
+        flags = os.O_PATH | os.O_CLOEXEC | (0 if follow_last else os.O_NOFOLLOW)
+        return _openat2(root, path, flags, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
     finally:
         os.close(root)
 
 
-def open_checked(path_fd: int, credentials: Credentials | None, max_bytes: int, expected: tuple[str, int] | None = None) -> int | None:
+def open_checked(path_fd: int, credentials: Credentials | None, max_bytes: int, expected: tuple[str, int] | None = None,
+                 expected_inode: int | None = None) -> int | None:
     """The file ``path_fd`` (an O_PATH descriptor, closed here) opened for reading, if it is a
     regular file within ``max_bytes`` that ``credentials`` may read (and, with ``expected``, has
     that device and inode); else None, the reason counted."""
     try:
         status = os.fstat(path_fd)
         reason = _refusal(status, credentials, max_bytes, expected)
+        if reason is None and expected_inode is not None and status.st_ino != expected_inode:
+            reason = "other_file"
         if reason is not None:
             _count(reason)
             return None

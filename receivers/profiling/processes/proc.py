@@ -86,6 +86,7 @@ class Credentials:
     fsuid: int
     fsgid: int
     groups: frozenset[int] = frozenset()
+    uids: frozenset[int] = frozenset()  # real, effective, saved and fs: who the process may be
 
     def can_read(self, status: os.stat_result) -> bool:
         """Whether the mode bits let this process read the file (root reads everything)."""
@@ -98,15 +99,24 @@ class Credentials:
         return bool(status.st_mode & stat.S_IROTH)
 
 
+def status_tgid(text: str) -> int | None:
+    """The thread group (the process) of the task whose /proc/PID/status this is."""
+    for line in text.splitlines():
+        if line.startswith("Tgid:"):
+            return int(line.split()[1])
+    return None
+
+
 def parse_status(text: str) -> tuple[Credentials, int | None]:
     """(credentials, the pid in the process's own pid namespace or None) from /proc/PID/status."""
     fields = {}
     for line in text.splitlines():
         name, _, value = line.partition(":")
-        if name in ("Uid", "Gid", "Groups", "NSpid"):
+        if name in ("Uid", "Gid", "Groups", "NSpid", "Tgid"):
             fields[name] = value.split()
     credentials = Credentials(fsuid=int(fields["Uid"][-1]), fsgid=int(fields["Gid"][-1]),
-                              groups=frozenset(int(g) for g in fields.get("Groups", ())))
+                              groups=frozenset(int(g) for g in fields.get("Groups", ())),
+                              uids=frozenset(int(u) for u in fields["Uid"]))
     nspid = fields.get("NSpid")
     return credentials, int(nspid[-1]) if nspid else None
 
@@ -131,6 +141,9 @@ class ProcessInfo:
     errors: list[str] = field(default_factory=list)  # what the snapshot could not read
     exited: bool = False
     maps_read_at: float = 0.0  # monotonic seconds
+    # Which program it runs: a new number for each snapshot of a new process or an exec, kept by
+    # the snapshots of its mappings read again (watchers tell an exec from a dlopen() by it).
+    program: int = 0
     _starts: list[int] = field(default_factory=list, repr=False)
 
     @property

@@ -24,12 +24,17 @@ announcement would: the kernel, which knew the pid, did not announce it.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, _split_deleted, container_id_from_cgroup, parse_maps, parse_stat, parse_status
+import structlog
+
+from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, _split_deleted, container_id_from_cgroup, parse_maps, parse_stat, parse_status, status_tgid
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -44,13 +49,16 @@ class ProcessTable:
         proc_root: str = "/proc",
         maps_refresh_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        logger: Any = None,
     ) -> None:
+        self.log = logger or structlog.get_logger("pycollector.receivers.profiling.processes")
         self.include_env_vars = frozenset(include_env_vars)
         self.proc = proc_root
         self.maps_refresh_interval_s = maps_refresh_interval_s
         self._clock = clock
         self._lock = threading.RLock()
         self._procs: dict[int, ProcessInfo] = {}
+        self._programs = itertools.count(1)
         # Held while a process's life changes and its watchers are told (see the module's doc).
         self._life = threading.RLock()
         self._on_changed: list[Callable[[ProcessInfo], None]] = []
@@ -59,7 +67,7 @@ class ProcessTable:
         # receiver sets it to targeting's decision when only some processes are profiled).
         self.admits: Callable[[int], bool] = lambda _tgid: True
         self._boot_time_s = _boot_time_s(proc_root)
-        self.stats = {"snapshots": 0, "partial_snapshots": 0, "maps_refreshes": 0, "expired": 0, "successors": 0}
+        self.stats = {"snapshots": 0, "partial_snapshots": 0, "maps_refreshes": 0, "expired": 0, "successors": 0, "watcher_errors": 0}
 
     # ----------------------------------------------------------------------- snapshots
 
@@ -83,7 +91,19 @@ class ProcessTable:
 
     def _changed(self, info: ProcessInfo) -> None:
         for changed in self._on_changed:
-            changed(info)
+            self._tell(changed, info)
+
+    def _exited(self, tgid: int) -> None:
+        for exited in self._on_exited:
+            self._tell(exited, tgid)
+
+    def _tell(self, watcher: Callable, what) -> None:
+        """One watcher's failure (a full kernel map) must not keep the others uninformed."""
+        try:
+            watcher(what)
+        except Exception:
+            self.stats["watcher_errors"] += 1
+            self.log.exception("a process watcher failed", watcher=getattr(watcher, "__qualname__", repr(watcher)))
 
     def on_new_process(self, tgid: int, pid: int, comm: str) -> ProcessInfo:
         """Sampler callback: snapshot /proc/<tgid> now, before the process can exit.
@@ -95,14 +115,19 @@ class ProcessTable:
                 info.comm = comm  # gone before we could read it: the sample's name is all we have
         with self._life:
             with self._lock:
+                before = self._procs.get(tgid)
                 self._procs[tgid] = info
+            # Another process under this pid (an exec re-announces it before a scan saw its
+            # predecessor gone): the predecessor's exit first, as a scan would have told it.
+            if before is not None and info.start_time_ticks is not None and before.start_time_ticks != info.start_time_ticks:
+                self._exited(tgid)
             self._changed(info)
         return info
 
     def snapshot(self, tgid: int) -> ProcessInfo:
         """Read everything about tgid from /proc.  Never raises for a vanished process."""
         base = f"{self.proc}/{tgid}"
-        info = ProcessInfo(pid=tgid)
+        info = ProcessInfo(pid=tgid, program=next(self._programs))
         self.stats["snapshots"] += 1
         try:  # stat first: it tells kernel threads apart and dates the incarnation
             st = parse_stat(_read(f"{base}/stat"))
@@ -235,16 +260,20 @@ class ProcessTable:
         fresh = ProcessInfo(pid=tgid)
         # An exiting process has no memory left before its /proc entry goes: its maps read empty,
         # and its last samples still need the mappings it had.
+        info.maps_read_at = fresh.maps_read_at
         if self._read_maps(fresh, base) and fresh.mappings:
+            # A new snapshot object, not the old one changed in place: watchers compare what they
+            # held with what they are given (the unwind registry lets go of unmapped files).
+            refreshed = dataclasses.replace(info, mappings=[], _starts=[])
+            refreshed.set_mappings(fresh.mappings)
             with self._life:
                 with self._lock:
                     current = self._procs.get(tgid) is info
                     if current:
-                        info.set_mappings(fresh.mappings)
+                        self._procs[tgid] = info = refreshed
                 if current:  # (not removed, nor replaced by an exec, while the maps were read)
                     self.stats["maps_refreshes"] += 1
                     self._changed(info)
-        info.maps_read_at = fresh.maps_read_at
         return info.find_mapping(addr)
 
     def _same_incarnation(self, info: ProcessInfo) -> bool:
@@ -296,8 +325,7 @@ class ProcessTable:
                 if self._procs.get(info.pid) is not info:
                     return False
                 del self._procs[info.pid]
-            for exited in self._on_exited:
-                exited(info.pid)
+            self._exited(info.pid)
         return True
 
     def _register_successor(self, info: ProcessInfo) -> None:
@@ -305,8 +333,11 @@ class ProcessTable:
         knew the pid, did not announce it; register it now, as its announcement would."""
         try:
             started = parse_stat(_read(f"{self.proc}/{info.pid}/stat"))["starttime"]
+            tgid = status_tgid(_read(f"{self.proc}/{info.pid}/status"))
         except (OSError, ValueError, IndexError):
             return  # no successor
+        if tgid != info.pid:
+            return  # the pid is a thread's now (/proc/TID answers too): not a process to register
         if started != info.start_time_ticks and info.pid not in self and self.admits(info.pid):
             self.stats["successors"] += 1
             self.on_new_process(info.pid, info.pid, "")

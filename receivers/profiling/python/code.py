@@ -7,6 +7,12 @@ another code object (a function defined in a loop, a module reloaded), so a cach
 checked once per epoch (the caller starts one per report) by reading again the fields that tell
 code objects apart: its type, argument counts, flags, first line, and the name, file and line
 table pointers, in one read of a few words.
+
+Everything read is the sampled process's to choose, so each read has a bound: a line table of at
+most MAX_LINE_TABLE bytes, names cut at MAX_NAME_CHARS (with a marker), the cache held to
+``max_bytes`` of what its code objects keep, and the bytes read from processes' memory to
+``max_read_bytes_per_epoch`` a report; a code object past a budget is not read (counted in
+``stats``), and its frame stays unnamed this report.
 """
 
 from __future__ import annotations
@@ -23,11 +29,25 @@ from .memory import MemoryReadError, ProcessMemory
 from .offsets import Offsets, StringKind
 
 MAX_STRING = 1 << 16  # characters in a name or file name: more is not a string we read
-MAX_LINE_TABLE = 1 << 22
+MAX_NAME_CHARS = 1024  # characters of a name or file name kept; a longer one is cut and marked
+TRUNCATED = "…[truncated]"
+# A line table's bytes: CPython 3.11 writes about 2 a line, so this is a function of ~30,000 lines.
+MAX_LINE_TABLE = 1 << 16
+DEFAULT_MAX_BYTES = 32 << 20  # what the cached code objects hold, all processes together
+DEFAULT_MAX_READ_BYTES_PER_EPOCH = 8 << 20  # memory read for code objects in one report
+_ENTRY_OVERHEAD = 400  # bytes a cached code object costs beyond its strings and table
 
 
 class CodeReadError(Exception):
     """A code object could not be read (the memory is gone) or does not look like one."""
+
+
+class TableTooLarge(CodeReadError):
+    """A bytes object over its limit (a line table): the code object is named without lines."""
+
+
+class BudgetSpent(CodeReadError):
+    """This epoch's budget of memory reads is spent: the code object is read in a later one."""
 
 
 class NotTheSampledCode(CodeReadError):
@@ -53,6 +73,12 @@ class CodeObject:
     first_line: int
     identity: tuple[int, ...]  # see CodeReader.identity
     lines: LineTable
+    read_bytes: int = 0  # what reading it took from the process's memory
+
+    @property
+    def size(self) -> int:
+        """Bytes it holds, about (what the cache counts)."""
+        return _ENTRY_OVERHEAD + len(self.name) + len(self.qualname or "") + len(self.file) + self.lines.size
 
     @property
     def function(self) -> str:
@@ -103,15 +129,21 @@ class CodeReader:
         name = self.read_string(memory, value["code_name"])
         qualname = self.read_string(memory, value["code_qualname"]) if o.code_qualname is not None else None
         file = self.read_string(memory, value["code_filename"])
-        table = self.read_bytes(memory, value["code_linetable"], MAX_LINE_TABLE)
+        try:
+            table = self.read_bytes(memory, value["code_linetable"], MAX_LINE_TABLE)
+        except TableTooLarge:
+            table = b""  # named all the same, with no line (an empty table tells none)
         first_line = value["code_firstlineno"]
-        return CodeObject(address, name, qualname, file, first_line, identity, LineTable(o.linetable_kind, table, first_line))
+        read = self._size + len(table) + 4 * (len(name) + len(qualname or "") + len(file))  # (at most 4 bytes a character)
+        return CodeObject(address, name, qualname, file, first_line, identity, LineTable(o.linetable_kind, table, first_line), read)
 
     def read_bytes(self, memory: ProcessMemory, address: int, limit: int) -> bytes:
         """A bytes object's contents (2.7: a str)."""
         o = self.offsets
         size = struct.unpack("<q", _read(memory, address + o.bytes_size, 8))[0]
-        if not 0 <= size <= limit:
+        if size > limit:
+            raise TableTooLarge(f"a bytes object of {size} bytes at 0x{address:x}, over {limit}")
+        if size < 0:
             raise CodeReadError(f"a bytes object of {size} bytes at 0x{address:x}")
         return _read(memory, address + o.bytes_data, size) if size else b""
 
@@ -126,13 +158,14 @@ class CodeReader:
         kind = state >> o.unicode_kind_shift & 7
         if not 0 <= length <= MAX_STRING or kind not in (1, 2, 4):
             raise CodeReadError(f"no string at 0x{address:x} (length {length}, kind {kind})")
+        kept = min(length, MAX_NAME_CHARS)
         if state >> o.unicode_compact_bit & 1:
             is_ascii = state >> o.unicode_ascii_bit & 1
             data_at = address + (o.unicode_ascii_data if is_ascii else o.unicode_compact_data)
         else:  # a legacy string: its characters are elsewhere
             data_at = struct.unpack("<Q", _read(memory, address + o.unicode_legacy_data, 8))[0]
-        data = _read(memory, data_at, length * kind) if length else b""
-        return data.decode(_ENCODINGS[kind], "replace")
+        data = _read(memory, data_at, kept * kind) if kept else b""
+        return data.decode(_ENCODINGS[kind], "replace") + (TRUNCATED if kept < length else "")
 
 
 _ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
@@ -158,17 +191,24 @@ class CodeCache:
     now holds another code object, which is read instead. Errors are raised (CodeReadError), and
     counted in ``stats``, for the caller to count and go on."""
 
-    def __init__(self, max_entries: int = 65536):
+    def __init__(self, max_entries: int = 65536, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_read_bytes_per_epoch: int = DEFAULT_MAX_READ_BYTES_PER_EPOCH):
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.max_read_bytes_per_epoch = max_read_bytes_per_epoch
         self._entries: OrderedDict[tuple[int, int], list] = OrderedDict()  # -> [CodeObject, epoch checked]
+        self._held = 0  # the cached code objects' sizes, summed
+        self._read_left = max_read_bytes_per_epoch
         self._epoch = 0
         self._lock = threading.Lock()
-        self.stats = {"hits": 0, "reads": 0, "replaced": 0, "errors": 0}
+        self.stats = {"hits": 0, "reads": 0, "replaced": 0, "errors": 0, "evicted": 0, "read_budget_spent": 0}
 
     def new_epoch(self) -> None:
-        """From now on, each cached code object is checked again on its next use."""
+        """From now on, each cached code object is checked again on its next use; the epoch's
+        budget of memory reads starts again."""
         with self._lock:
             self._epoch += 1
+            self._read_left = self.max_read_bytes_per_epoch
 
     def locate(self, pid: int, memory: ProcessMemory, offsets: Offsets, address: int, instruction: int,
                first_line_bits: int | None = None, first_line_mask: int = FIRST_LINE_MASK) -> PythonLocation:
@@ -206,22 +246,39 @@ class CodeCache:
                     self.stats["hits"] += 1
                     return entry[0]
                 self.stats["replaced"] += 1
+            if self._read_left <= 0:
+                self.stats["read_budget_spent"] += 1
+                raise BudgetSpent(f"this report's {self.max_read_bytes_per_epoch} bytes of code object reads are spent")
             code = reader.read(memory, address)
+        except BudgetSpent:
+            raise
         except CodeReadError:
             self.stats["errors"] += 1
+            with self._lock:  # a failed read costs the budget too (the identity read, at least)
+                self._read_left -= reader._size
             raise
         self.stats["reads"] += 1
         with self._lock:
+            self._read_left -= code.read_bytes
+            replaced = self._entries.pop(key, None)
+            if replaced is not None:
+                self._held -= replaced[0].size
             self._entries[key] = [code, epoch]
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._held += code.size
+            while len(self._entries) > self.max_entries or (self._held > self.max_bytes and len(self._entries) > 1):
+                _, (evicted, _) = self._entries.popitem(last=False)
+                self._held -= evicted.size
+                self.stats["evicted"] += 1
         return code
 
     def forget_process(self, pid: int) -> None:
         with self._lock:
             for key in [k for k in self._entries if k[0] == pid]:
-                del self._entries[key]
+                self._held -= self._entries.pop(key)[0].size
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -42,7 +42,7 @@ FileKey = tuple[str, int]
 
 @dataclasses.dataclass
 class PythonProcess:
-    info: ProcessInfo  # the snapshot it was found in: a new one means the process exec()ed
+    info: ProcessInfo  # its latest snapshot: another `program` means the process exec()ed
     cpython: CPython
     bias: int  # the process's address of the file's ELF address 0
     offsets: Offsets
@@ -79,8 +79,9 @@ class PythonInterpreters:
     def _register(self, info: ProcessInfo) -> None:
         with self._lock:
             before = self._processes.get(info.pid)
-        if before is not None and before.info is info and any(mapping.path == before.cpython.path for mapping in info.mappings):
-            return  # the same program mapped more (an extension module): nothing changed here
+        if before is not None and before.info.program == info.program and any(mapping.path == before.cpython.path for mapping in info.mappings):
+            before.info = info  # the same program mapped more (an extension module): nothing changed here
+            return
         found = self._find(info)
         with self._lock:
             before = self._processes.pop(info.pid, None)

@@ -3,7 +3,9 @@ CPython has used since 2.7.
 
 The instruction is what the kernel walker records: f_lasti (a byte offset) up to 3.9, f_lasti in
 2-byte code units in 3.10, the code unit's index from 3.11. A table is decoded once into sorted
-(start, line) pairs and looked up by bisection, since one code object serves many samples.
+(start, line) pairs, held in two arrays (8 bytes a number: the table comes from the sampled
+process, and lists of ints cost five times that), and looked up by bisection, since one code
+object serves many samples.
 
 - co_lnotab (2.7, 3.6-3.9): pairs (byte increment, line increment); the line of an offset is the
   first line plus every line increment whose address is at or below it (PyCode_Addr2Line). 2.7's
@@ -19,8 +21,11 @@ The instruction is what the kernel walker records: f_lasti (a byte offset) up to
 from __future__ import annotations
 
 import bisect
+from array import array
 
 from .offsets import LineTableKind
+
+_NONE = -(1 << 62)  # "no line" in the lines array
 
 _NO_LINE_310 = -128
 _LOCATION_NONE = 15
@@ -39,8 +44,8 @@ class LineTable:
             pairs = _linetable_310(table, first_line)
         else:
             pairs = _lnotab(table, first_line, signed=kind is LineTableKind.LNOTAB)
-        self._starts = [start for start, _ in pairs]
-        self._lines = [line for _, line in pairs]
+        self._starts = array("q", (start for start, _ in pairs))
+        self._lines = array("q", (_NONE if line is None else max(_NONE + 1, min(line, 1 << 62)) for _, line in pairs))
         # The first instruction past the code, where the table tells (3.10+'s cover every
         # instruction); None for co_lnotab, and for an empty table (code made by hand).
         self.end = None if kind in (LineTableKind.LNOTAB, LineTableKind.LNOTAB_UNSIGNED) or not self._starts[-1] else self._starts[-1]
@@ -49,7 +54,12 @@ class LineTable:
         """The source line of ``instruction`` (as the walker records it), None when the table
         gives it none."""
         i = bisect.bisect_right(self._starts, instruction) - 1
-        return self._lines[i] if i >= 0 else None
+        return self._lines[i] if i >= 0 and self._lines[i] != _NONE else None
+
+    @property
+    def size(self) -> int:
+        """Bytes it holds (what a cache of code objects counts)."""
+        return 8 * (len(self._starts) + len(self._lines))
 
 
 def _lnotab(table: bytes, first_line: int, signed: bool) -> list[tuple[int, int | None]]:
@@ -110,8 +120,10 @@ def _locations(table: bytes, first_line: int) -> list[tuple[int, int | None]]:
 
 def _signed_varint(table: bytes, i: int) -> tuple[int, int]:
     # 6 bits a byte, least significant first, bit 6 set while more follow; the sign in bit 0.
+    # At most 11 bytes (66 bits): the table is the sampled process's, and a run of continuation
+    # bytes would otherwise build an ever longer integer.
     value, shift = 0, 0
-    while i < len(table):
+    while i < len(table) and shift < 66:
         byte = table[i]
         i += 1
         value |= (byte & 63) << shift

@@ -16,15 +16,23 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import signal
+import time
 from collections.abc import Callable
 
 from receivers.profiling.unwind.rows import NoRows, build_rows_at
 
 POLL_S = 0.2  # how often a waiting build checks whether the collector is stopping
+# The longest one file's rows may take: libLLVM's (120 MB) take about 8 s. A file the sampled
+# process crafted to take longer is given up (and not tried again: the registry marks it failed).
+MAX_BUILD_S = 60.0
 
 
 class HelperDied(RuntimeError):
     """The row builder's process ended while it was building a file's rows."""
+
+
+class BuildTimeout(NoRows):
+    """A file's rows took longer than their time budget: the build was abandoned."""
 
 
 class BuilderProcess:
@@ -40,9 +48,11 @@ class BuilderProcess:
     def alive(self) -> bool:
         return self.process.is_alive()
 
-    def build(self, path: str, debug_files: list[str], stopping: Callable[[], bool]) -> bytes:
+    def build(self, path: str, debug_files: list[str], stopping: Callable[[], bool], timeout_s: float = MAX_BUILD_S) -> bytes:
         """The rows of the file at ``path`` (ValueError when it has none); HelperDied if the
-        helper ends first; NoRows("stopping") when ``stopping()`` turns true meanwhile."""
+        helper ends first; NoRows("stopping") when ``stopping()`` turns true meanwhile;
+        BuildTimeout past ``timeout_s``, the helper ended (the next build starts another)."""
+        deadline = time.monotonic() + timeout_s
         try:
             self._requests.send((path, debug_files))
         except OSError:
@@ -60,6 +70,9 @@ class BuilderProcess:
                     raise value
             if stopping():  # (stop() ends the helper: that death is no news)
                 raise NoRows("stopping")
+            if not ready and time.monotonic() > deadline:
+                self.stop()
+                raise BuildTimeout(f"its rows took more than {timeout_s:g} s to build; given up")
             if ready:  # the sentinel alone: it died without a word
                 raise HelperDied("the helper process building unwind rows died while building this file's")
 

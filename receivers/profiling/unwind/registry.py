@@ -12,6 +12,17 @@ Threading: ``register`` and ``forget`` are called from the sampler's and the rep
 return at once. Two workers build: one takes any file, the most wanted first; the other only small
 ones, so a library dlopen()ed while libpython's rows are being built waits milliseconds, not the
 half second that takes. One lock guards the bookkeeping.
+
+The row budget is shared (a process maps what it likes, hundreds of MB of libraries if it wants):
+- while a quarter of the budget is free, every mapped file is loaded, the most wanted first; below
+  that, only files whose code a walk needed (the kernel counts those frames in unwind_demand);
+- a file mapped only by processes that hold more than their share of the budget (the budget
+  divided among the registered processes) waits behind the files of the others;
+- a file that finds no room takes the rows of files no walk used for ``idle_s`` (the kernel marks
+  each file it uses in unwind_used; `sweep` reads and resets the marks every SWEEP_INTERVAL_S),
+  least recently used first; one that still finds none waits (``no_room``), and so does an evicted
+  one, each loaded again once its code is sampled and there is room.
+``stats`` tells it all: row_budget_exhausted, files_waiting_for_room, files_evicted, row_budget_free.
 """
 
 from __future__ import annotations
@@ -27,10 +38,12 @@ from typing import Any
 
 from elftools.elf.elffile import ELFFile
 
+from pycollector.periodic import Periodic
+
 from receivers.profiling.elf.headers import ElfHeaders, debug_file_candidates
 from receivers.profiling.processes.files import open_debug_file, open_host_file, open_mapped_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
-from receivers.profiling.unwind.builder_process import BuilderProcess
+from receivers.profiling.unwind.builder_process import BuilderProcess, BuildTimeout
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.rows import ROW_SIZE, NoRows, build_rows_at
 from receivers.profiling.unwind.space import RowSpace
@@ -38,6 +51,12 @@ from receivers.profiling.unwind.space import RowSpace
 # Files whose code mapping is at most this large are small: their rows take milliseconds, built in
 # this process (RowSource), and the small files' worker takes nothing else.
 SMALL_FILE_CODE = 512 * 1024
+
+# Below this share of the budget free, only files whose code was sampled are loaded.
+LAZY_BELOW = 0.25
+# A loaded file no walk used for this long gives its rows to a file that needs room.
+DEFAULT_IDLE_S = 120.0
+SWEEP_INTERVAL_S = 5.0
 
 # unwind_process holds this many mappings (profile.h UNWIND_MAX_MAPPINGS); past it, the lowest
 # addresses are kept and the rest counted.
@@ -56,15 +75,21 @@ class _File:
     first_row: int = 0
     row_count: int = 0
     segments: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # PT_LOADs: (offset, vaddr, size)
-    state: str = "queued"  # queued, loaded, no_rows, failed
+    state: str = "queued"  # queued, loaded, no_rows, failed, no_room (waits for room), evicted
     users: set[int] = dataclasses.field(default_factory=set)  # tgids mapping it
+    last_used: float = 0.0  # when a walk last used its rows (as the sweeps saw), or it was loaded
+    needed: int = 0  # rows it needs, once known (no_room, evicted)
+    demand_seen: int = 0  # its unwind_demand at the last look (going without rows, a sweep): more means sampled since
 
 
 class UnwindRegistry:
-    def __init__(self, maps: Any, build: Callable[..., bytes], logger: Any, *, max_files: int, row_budget: int):
-        """``maps``: the sampler's UnwindMaps. ``build(fd, path, root, small=...)``: the packed
-        rows of the file open on ``fd`` (ValueError when it has none to give)."""
+    def __init__(self, maps: Any, build: Callable[..., bytes], logger: Any, *, max_files: int, row_budget: int,
+                 idle_s: float = DEFAULT_IDLE_S, clock: Callable[[], float] = time.monotonic):
+        """``maps``: the sampler's UnwindMaps. ``build(fd, path, open_debug, small=...)``: the
+        packed rows of the file open on ``fd`` (ValueError when it has none to give)."""
         self._maps = maps
+        self.idle_s = idle_s
+        self._clock = clock
         self._build = build
         self.log = logger
         self._space = RowSpace(row_budget)
@@ -80,7 +105,10 @@ class UnwindRegistry:
         self._closing = threading.Event()
         self.stats = dict.fromkeys(
             ("files_loaded", "files_without_rows", "files_failed", "rows_loaded", "rows_freed",
-             "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes", "files_waiting"), 0)
+             "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes", "files_waiting",
+             "files_waiting_for_room", "files_evicted", "rows_evicted", "row_budget_free", "files_over_time"), 0)
+        self.stats["row_budget_free"] = row_budget
+        self._sweeper = Periodic("unwind-usage", SWEEP_INTERVAL_S, self.sweep, logger)
 
     # -- the process side -------------------------------------------------------------------------
 
@@ -172,21 +200,44 @@ class UnwindRegistry:
                              for small_only in (False, True)]
             for worker in self._workers:
                 worker.start()
+            self._sweeper.start()
 
     def _next(self, small_only: bool) -> tuple[FileKey, _File, ProcessInfo, Mapping] | None:
         with self._lock:
             while True:
                 if self._closing.is_set():
                     return None
-                candidates = [key for key, (_, mapping) in self._pending.items() if _is_small(mapping)] \
-                    if small_only else list(self._pending)
+                candidates = self._eligible([key for key, (_, mapping) in self._pending.items() if _is_small(mapping)]
+                                            if small_only else list(self._pending))
                 if candidates:
                     break
-                self._wake.wait()
+                self._wake.wait(SWEEP_INTERVAL_S)  # (a sweep may find a waiting file sampled)
             key = max(candidates, key=self._priority)
             item = (key, self._files[key], *self._pending.pop(key))
             self.stats["files_waiting"] = len(self._pending)
             return item
+
+    def _eligible(self, keys: list[FileKey]) -> list[FileKey]:
+        """The waiting files to build now: all while the budget has room; when it is short, those
+        whose code was sampled; and of those, the files of a process within its share first."""
+        if not keys:
+            return keys
+        if self._space.free < self._space.size * LAZY_BELOW:
+            keys = [key for key in keys if self._demand(self._files[key].file_id) > 0]
+        share = self._space.size / max(1, len(self._processes))
+        held: dict[int, int] = {}
+        for file in self._files.values():
+            for pid in file.users if file.row_count else ():
+                held[pid] = held.get(pid, 0) + file.row_count
+        within = [key for key in keys if any(held.get(pid, 0) < share for pid in self._files[key].users)]
+        return within or keys
+
+    def _demand(self, file_id: int) -> int:
+        demand = self._maps.demand
+        try:
+            return demand[demand.Key(file_id)].value
+        except KeyError:
+            return 0
 
     def _priority(self, key: FileKey) -> float:
         """Samples that waited for the file's rows (the kernel counts them) and processes that
@@ -194,12 +245,7 @@ class UnwindRegistry:
         and libc before a large library no one runs."""
         _, mapping = self._pending[key]
         file = self._files[key]
-        demand = self._maps.demand
-        try:
-            waited = demand[demand.Key(file.file_id)].value
-        except KeyError:
-            waited = 0
-        return (waited + len(file.users)) / (mapping.end - mapping.start)
+        return (self._demand(file.file_id) + len(file.users)) / (mapping.end - mapping.start)
 
     def _work(self, small_only: bool) -> None:
         while True:
@@ -240,6 +286,8 @@ class UnwindRegistry:
                 rows, reason = self._build(fd, mapping.path, lambda path: open_debug_file(info, path), small=_is_small(mapping)), None
             except ValueError as error:
                 rows, reason = b"", str(error)
+                if isinstance(error, BuildTimeout):
+                    self.stats["files_over_time"] += 1
             self.log.debug("unwind rows", path=mapping.path, rows=len(rows) // ROW_SIZE, no_rows=reason,
                            seconds=round(time.monotonic() - started, 3), waiting=len(self._pending))
         finally:
@@ -253,13 +301,19 @@ class UnwindRegistry:
                 return
             file.segments = segments
             count = len(rows) // ROW_SIZE
-            first = self._space.allocate(count) if count else None
-            if first is None:
-                self.stats["row_budget_exhausted" if count else "files_without_rows"] += 1
-                self._without_rows(file, "failed" if count else "no_rows")
+            if not count:
+                self.stats["files_without_rows"] += 1
+                self._without_rows(file, "no_rows")
+                return
+            first = self._allocate(count)
+            if first is None:  # it waits for room, counting its frames meanwhile
+                self.stats["row_budget_exhausted"] += 1
+                file.state, file.needed, file.demand_seen = "no_room", count, self._demand(file.file_id)
+                self._write_users(file)
+                self._count_waiting()
                 return
             file.first_row, file.row_count = first, count
-            file.state = "loaded"
+            file.state, file.last_used = "loaded", self._clock()
             # Rows, then the mappings' biases, then the count that makes the kernel use them.
             self._write_rows(first, rows)
             self._write_users(file)
@@ -267,6 +321,90 @@ class UnwindRegistry:
             files[files.Key(file.file_id)] = files.Leaf(first, count)
             self.stats["files_loaded"] += 1
             self.stats["rows_loaded"] += count
+            self._count_waiting()
+
+    # -- sharing the budget -----------------------------------------------------------------------
+
+    def _allocate(self, count: int) -> int | None:
+        first = self._space.allocate(count)
+        if first is None and self._evict_idle(count):
+            first = self._space.allocate(count)
+        return first
+
+    def _evict_idle(self, count: int) -> bool:
+        """Give back the rows of loaded files no walk used for idle_s, least recently used
+        first, until ``count`` rows fit in one range; whether they do."""
+        now = self._clock()
+        idle = sorted((file.last_used, key) for key, file in self._files.items()
+                      if file.state == "loaded" and now - file.last_used >= self.idle_s)
+        # Evict only as many as make room, and none when even all would not (a file larger than
+        # what idle files hold, or one range the free space cannot join into).
+        trial, needed = self._space.copy(), 0
+        for _, key in idle:
+            if trial.largest >= count:
+                break
+            trial.release(self._files[key].first_row, self._files[key].row_count)
+            needed += 1
+        if trial.largest < count:
+            return False
+        for _, key in idle[:needed]:
+            self._evict(self._files[key])
+        return True
+
+    def _evict(self, file: _File) -> None:
+        """Its rows go back; its mappings keep its id, so the kernel counts the frames that would
+        have used them, and a sweep queues it again once there are some."""
+        files = self._maps.files
+        files[files.Key(file.file_id)] = files.Leaf(0, 0)  # first: no walk reads rows given away
+        self._space.release(file.first_row, file.row_count)
+        self.stats["files_evicted"] += 1
+        self.stats["rows_evicted"] += file.row_count
+        file.state, file.needed, file.demand_seen = "evicted", file.row_count, self._demand(file.file_id)
+        file.first_row = file.row_count = 0
+
+    def sweep(self) -> None:
+        """Every SWEEP_INTERVAL_S: note which files' rows walks used (and reset the marks), and
+        queue again the files that wait for room or were evicted once their code was sampled and
+        there is room for them."""
+        used = self._maps.used
+        marked = [key.value for key, value in used.items() if value.value]
+        for file_id in marked:
+            used[used.Key(file_id)] = used.Leaf(0)
+        now = self._clock()
+        with self._lock:
+            by_id = {file.file_id: file for file in self._files.values() if file.file_id}
+            for file_id in marked:
+                if file_id in by_id:
+                    by_id[file_id].last_used = now
+            idle_rows = sum(file.row_count for file in self._files.values() if file.state == "loaded" and now - file.last_used >= self.idle_s)
+            for key, file in self._files.items():
+                if file.state not in ("no_room", "evicted") or key in self._pending:
+                    continue
+                # Sampled since the last sweep: its code runs now (not only before it went idle).
+                demand, seen = self._demand(file.file_id), file.demand_seen
+                file.demand_seen = demand
+                if demand <= seen or file.needed > self._space.largest + idle_rows:
+                    continue
+                source = self._source(key, file)
+                if source is not None:
+                    file.state = "queued"
+                    self._pending[key] = source
+            self._count_waiting()
+            self._wake.notify_all()
+
+    def _source(self, key: FileKey, file: _File) -> tuple[ProcessInfo, Mapping] | None:
+        """A process that maps the file, and its mapping: what a build opens it by."""
+        for pid in file.users:
+            info = self._processes.get(pid)
+            mapping = next((mapping for mapping in info.mappings if _key(mapping) == key), None) if info else None
+            if mapping is not None:
+                return info, mapping
+        return None
+
+    def _count_waiting(self) -> None:
+        self.stats["files_waiting_for_room"] = sum(1 for file in self._files.values() if file.state in ("no_room", "evicted"))
+        self.stats["files_waiting"] = len(self._pending)
+        self.stats["row_budget_free"] = self._space.free
 
     def _write_users(self, file: _File) -> None:
         for tgid in list(file.users):
@@ -297,6 +435,7 @@ class UnwindRegistry:
         with self._lock:
             self._closing.set()
             self._wake.notify_all()
+        self._sweeper.close(SWEEP_INTERVAL_S + 1)
         for worker in self._workers:
             worker.join(timeout=5)
 

@@ -32,6 +32,17 @@ class RowSpace:
         else:
             self._free.insert(position, (start, count))
 
+    def copy(self) -> RowSpace:
+        """Another space with the same free ranges (to try releases on)."""
+        other = RowSpace(0)
+        other.size, other._free = self.size, list(self._free)
+        return other
+
     @property
     def free(self) -> int:
         return sum(length for _, length in self._free)
+
+    @property
+    def largest(self) -> int:
+        """The longest free range: the most rows one file can be given now."""
+        return max((length for _, length in self._free), default=0)
