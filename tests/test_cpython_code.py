@@ -393,3 +393,15 @@ def test_names_tables_and_the_cache_are_held_to_their_budgets():
     finally:
         process.kill()
         process.wait()
+
+
+def test_an_address_or_size_from_a_hostile_process_is_refused_not_overflowed():
+    """Addresses past 2**63 made pread raise OverflowError (short-lived processes lost whole
+    reports to it); a size of gigabytes would be allocated. Both are a MemoryReadError now."""
+    from receivers.profiling.python.memory import MAX_READ_BYTES
+
+    with ProcessMemory(os.getpid()) as memory:
+        with pytest.raises(MemoryReadError, match="not a user-space address"):
+            memory.read((1 << 63) + 0x1000, 8)
+        with pytest.raises(MemoryReadError, match="larger than one read"):
+            memory.read(0x1000, MAX_READ_BYTES + 1)
