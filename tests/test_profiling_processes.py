@@ -249,12 +249,12 @@ def test_a_snapshot_keeps_a_bounded_command_line():
     snapshots kept it whole. A snapshot keeps the first MAX_CMDLINE_BYTES."""
     from receivers.profiling.processes.proc import MAX_CMDLINE_BYTES
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "x" * (1 << 20), "y" * (1 << 20)])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", *["x" * (100 << 10)] * 15])  # 1.5 MB
     try:
         time.sleep(0.2)
         info = ProcessTable().on_new_process(child.pid, child.pid, "python3")
         assert info.cmdline[:2] == [sys.executable, "-c"]
-        assert sum(len(argument) + 1 for argument in info.cmdline) <= MAX_CMDLINE_BYTES
+        assert len("\0".join(info.cmdline)) <= MAX_CMDLINE_BYTES
     finally:
         child.kill()
         child.wait()
