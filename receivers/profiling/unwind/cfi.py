@@ -102,6 +102,8 @@ def records(data: bytes, section_address: int, eh_frame: bool) -> Iterator[Fde]:
             cie_offset = id_position - cie_id if eh_frame else cie_id
             cie = cies.get(cie_offset)
             if cie is None:  # a CIE after its FDE: legal, rare
+                if not 0 <= cie_offset <= size - 4:
+                    raise CfiError(f"the FDE at {start:#x} names a CIE at {cie_offset:#x}, outside the section")
                 cie = cies[cie_offset] = _cie_at(data, cie_offset, eh_frame)
             fde = _parse_fde(data, position, end, cie, section_address)
             if fde is not None:
@@ -117,6 +119,8 @@ def _cie_at(data: bytes, start: int, eh_frame: bool) -> Cie:
         length = _U64.unpack_from(data, position)[0]
         position += 8
         offset_size = 8
+    if position + length > len(data):
+        raise CfiError(f"the CIE at {start:#x} runs past the section")
     return _parse_cie(data, start, position + offset_size, position + length, eh_frame)
 
 
