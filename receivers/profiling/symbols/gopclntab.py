@@ -115,7 +115,7 @@ class GoFunctions:
             try:
                 nameoff = _FUNC_FIELDS.unpack_from(self._data, self._record(i))[0]
                 yield self._base + self._entries[i], self._name(nameoff)
-            except (struct.error, ValueError):
+            except (struct.error, ValueError, OverflowError):
                 continue
 
     def lookup(self, vaddr: int) -> GoFunction | None:
@@ -133,7 +133,7 @@ class GoFunctions:
             return GoFunction(self._name(nameoff), entry,
                               self._file(record, pcfile, entry, vaddr),
                               max(self._pcvalue(pcln, entry, vaddr), 0))
-        except (IndexError, struct.error, ValueError):
+        except (IndexError, struct.error, ValueError, OverflowError):  # (a varint's value past any offset)
             return None
 
     # -- parsing
