@@ -42,6 +42,8 @@ INTERVAL_S = 1.0
 ATTACK_S = 5.0
 RSS_ALLOWANCE = 64 << 20
 TOKEN = f"CANARY{secrets.token_hex(6)}"
+ROW_BUDGET = 150_000
+ENTRY = {"_start", "__libc_start_main", "__libc_start_call_main", "main"}  # where a C program's stacks end
 
 # The attacker's busy program: non-PIE, so its code is at 0x401000 whatever runs it (a perf map
 # or a debug file can then name it), and it runs for argv[1] seconds.
@@ -132,9 +134,39 @@ class Arena:
         return exported, attacker
 
 
+    def attack_then_start(self, attacker_argv: list, newcomer_argv: list, delay_s: float = 2.0) -> tuple[list, subprocess.Popen, int]:
+        """The attack by ``attacker_argv`` (as nobody), and ``delay_s`` into it a program of
+        root's started (``newcomer_argv``): what was exported, the attacker, the newcomer's pid."""
+        started: dict = {}
+
+        def attacker_then_newcomer() -> subprocess.Popen:
+            attacker = self.as_nobody(attacker_argv)
+            time.sleep(delay_s)
+            started["newcomer"] = subprocess.Popen(newcomer_argv, stdout=subprocess.DEVNULL)
+            return attacker
+
+        try:
+            exported, attacker = self.attack(attacker_then_newcomer)
+        finally:
+            if "newcomer" in started:
+                started["newcomer"].kill()
+                started["newcomer"].wait()
+        return exported, attacker, started["newcomer"].pid
+
+
 def names_of(messages, pid: int) -> set[str]:
     return {frame.function for message in messages for view in iter_samples(message)
             if view.resource.get("process.pid") == pid for frame in view.frames if frame.function}
+
+
+def roots_reaching_entry(messages, pid: int) -> collections.Counter:
+    """Samples of ``pid`` whose stack reaches the C program's entry (True) and not (False)."""
+    roots: collections.Counter = collections.Counter()
+    for message in messages:
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") == pid and view.frames:
+                roots[view.frames[-1].function in ENTRY] += sum(view.values)
+    return roots
 
 
 def executable_names(messages, pid: int) -> set[str]:
@@ -164,7 +196,9 @@ def arena():
     canary_elf.chmod(0o700)
     capture = CapturingExporterFactory()
     config = {
-        "receivers": {"profiling": {"samples_per_second": 99, "reporter_interval": f"{INTERVAL_S}s", "unwind_cache_dir": str(root / "cache")}},
+        # A row budget small enough for one attacker to want more than all of it.
+        "receivers": {"profiling": {"samples_per_second": 99, "reporter_interval": f"{INTERVAL_S}s", "unwind_cache_dir": str(root / "cache"),
+                                    "unwind_row_budget": ROW_BUDGET}},
         "exporters": {"capture": {}},
         "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
     }
@@ -195,12 +229,7 @@ def test_an_executable_path_that_is_not_utf8_blinds_nothing(arena):
 
 
 def test_fifos_where_debug_files_and_perf_maps_are_looked_up_hang_nothing(arena):
-    work = arena.attacker_dir / "fifo"
-    work.mkdir()
-    program = work / "spin"
-    shutil.copy(arena.root / "spin-stripped", program)
-    subprocess.run(["objcopy", f"--add-section=.gnu_debuglink={_file(work / 'link', debuglink_section(b'spin.debug'))}", str(program)], check=True)
-    (work / ".debug").mkdir()
+    work, program = _stripped_program_with_a_debug_link(arena, "fifo")
     for fifo in (work / "spin.debug", work / ".debug" / "spin.debug"):
         os.mkfifo(fifo)
     for path in (work, work / ".debug", program, work / "spin.debug", work / ".debug" / "spin.debug"):
@@ -272,28 +301,178 @@ def test_a_forged_build_id_lends_nobody_its_names_or_rows(arena):
     forged = compile_c(SPIN_C.replace("NAME", "forged_spin"), arena.attacker_dir / "forged", "-fomit-frame-pointer", f"-Wl,--build-id={build_id}")
     os.chown(forged, NOBODY, NOBODY)
     victim = compile_c((WORKLOADS / "known_split.c").read_text(), arena.root / "victim", "-fomit-frame-pointer", f"-Wl,--build-id={build_id}")
-    started: dict = {}
-
-    def forger_then_victim() -> subprocess.Popen:
-        forger = arena.as_nobody([str(forged), "60"])
-        time.sleep(2.0)  # profiled: its file parsed and its rows built first
-        started["victim"] = subprocess.Popen([str(victim), "60"], stdout=subprocess.DEVNULL)
-        return forger
-
-    try:
-        exported, forger = arena.attack(forger_then_victim)
-    finally:
-        started["victim"].kill()
-        started["victim"].wait()
-    victim_pid = started["victim"].pid
+    # (the forger profiled first: its file parsed and its rows built before the victim's)
+    exported, forger, victim_pid = arena.attack_then_start([str(forged), "60"], [str(victim), "60"])
     assert "forged_spin" in names_of(exported, forger.pid)
     names = names_of(exported, victim_pid)
     assert "spin_heavy" in names and "forged_spin" not in names, names
-    roots = [view.frames[-1].function for message in exported for view in iter_samples(message)
-             if view.resource.get("process.pid") == victim_pid and view.frames]
-    reaching_main = sum(1 for root in roots if root in ("_start", "__libc_start_main", "__libc_start_call_main", "main"))
-    # (the first samples may come before its rows are loaded: walked by frame pointer, short)
-    assert roots and reaching_main / len(roots) > 0.8, collections.Counter(roots).most_common(5)
+    # (its first samples may come before its rows are loaded: walked by frame pointer, short)
+    roots = roots_reaching_entry(exported, victim_pid)
+    unwind = arena.receiver.unwind
+    assert sum(roots.values()) > 50 and roots[True] / sum(roots.values()) > 0.8, (roots, unwind.stats)
+
+
+def test_a_debug_file_behind_a_directory_the_attacker_cannot_search_is_not_read(arena):
+    """The attacker's stripped program names, through its debug link and a symlink, a debug file
+    with its build id that lies in a directory only root may search. The file itself is open to
+    all (mode 0644): only the walk as the attacker shows it cannot be reached."""
+    build_id = "0x" + secrets.token_hex(20)
+    closed = arena.root / "closed"
+    closed.mkdir(mode=0o700)
+    canary = compile_c(SPIN_C.replace("NAME", TOKEN), closed / "canary.debug", "-fno-omit-frame-pointer", "-no-pie", f"-Wl,--build-id={build_id}")
+    canary.chmod(0o644)
+    work = arena.attacker_dir / "closed-link"
+    work.mkdir()
+    program = compile_c(SPIN_C.replace("NAME", "hostile_spin"), work / "spin", "-fno-omit-frame-pointer", "-no-pie", f"-Wl,--build-id={build_id}")
+    subprocess.run(["strip", "-s", str(program)], check=True)
+    subprocess.run(["objcopy", f"--add-section=.gnu_debuglink={_file(work / 'link', debuglink_section(b'spin.debug'))}", str(program)], check=True)
+    (work / "spin.debug").symlink_to(canary)
+    for path in (work, program):
+        os.chown(path, NOBODY, NOBODY)
+    os.lchown(work / "spin.debug", NOBODY, NOBODY)
+    refused = _files_stats()["unreadable_by_process"]
+    exported, attacker = arena.attack(lambda: arena.as_nobody([str(program), "60"]))
+    assert TOKEN not in names_of(exported, attacker.pid)
+    assert _files_stats()["unreadable_by_process"] > refused
+
+
+# Mounts a FUSE file system whose daemon never answers (not even its INIT) over the attacker's
+# /tmp and over the .debug directory beside its program, keeping the device open, then becomes
+# the program: every perf map and debug file lookup of the agent walks into that mount.
+SILENT_FUSE = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+device = os.open("/dev/fuse", os.O_RDWR)
+for target in sys.argv[2:]:
+    options = f"fd={device},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
+    if libc.mount(b"silent", target.encode(), b"fuse", 0, options) != 0:
+        sys.exit("mount: " + os.strerror(ctypes.get_errno()))
+os.set_inheritable(device, True)
+os.execv(sys.argv[1], [sys.argv[1], "60"])
+"""
+
+
+def test_a_fuse_mount_that_never_answers_hangs_nothing(arena):
+    work, program = _stripped_program_with_a_debug_link(arena, "fuse")
+    for path in (work, work / ".debug", program):
+        os.chown(path, NOBODY, NOBODY)
+    refused = _files_stats()["unreadable_by_process"]
+    exported, attacker = arena.attack(lambda: arena.as_nobody(
+        ["unshare", "-Urm", "/usr/bin/python3", "-c", SILENT_FUSE, str(program), "/tmp", str(work / ".debug")]))
+    if attacker.returncode not in (0, -9):
+        error = attacker.stderr.read()
+        if b"unshare" in error or b"mount:" in error:
+            pytest.skip(f"no FUSE mount in a user namespace here: {error.decode(errors='replace')}")
+    assert attacker.pid in {view.resource.get("process.pid") for message in exported for view in iter_samples(message)}
+    # The kernel refuses the agent at the mount (it is not of the mount's user namespace)
+    # before any request reaches the daemon.
+    assert _files_stats()["unreadable_by_process"] > refused
+
+
+def test_a_process_that_runs_in_more_libraries_than_the_row_budget_holds_leaves_room(arena):
+    """The attacker runs, busy and for good, in 16 libraries of 12k rows each: more than the
+    whole budget. A program root starts meanwhile in its own copy of that library still has its
+    rows: its stacks reach main."""
+    from tests.test_profiling_row_budget import LIBRARY_C, RUNNER_C
+
+    work = arena.attacker_dir / "rows"
+    work.mkdir()
+    (work / "library.c").write_text(LIBRARY_C)
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-fomit-frame-pointer", "-o", str(work / "library-0.so"), str(work / "library.c")], check=True)
+    runner = compile_c(RUNNER_C, work / "runner", "-fno-omit-frame-pointer", "-ldl")
+    libraries = [work / f"library-{copy}.so" for copy in range(16)]
+    for library in libraries[1:]:
+        shutil.copy(libraries[0], library)
+    shutil.copy(libraries[0], arena.root / "library-victim.so")
+    for path in (work, *libraries):
+        os.chown(path, NOBODY, NOBODY)
+    unwind = arena.receiver.unwind
+    exported, hog, victim_pid = arena.attack_then_start([str(runner), "60", "0", *map(str, libraries)],
+                                                        [str(runner), "60", "0", str(arena.root / "library-victim.so")])
+    assert unwind.stats["row_budget_exhausted"] + unwind.stats["files_waiting_for_room"] > 0, unwind.stats  # short indeed
+    roots = roots_reaching_entry(exported[-3:], victim_pid)  # once its rows had time to load
+    assert roots[True] + roots[False] > 50, roots
+    assert roots[True] / (roots[True] + roots[False]) > 0.9, (roots, unwind.stats)
+
+
+# A Python program whose code objects are as large as it can make the reader keep them: names of
+# 100k characters and line tables just under the 64 KiB a table may have (a larger one is not
+# read), 600 of them (more than the cache holds), called 50 deep so that every sample holds 50.
+FAT_CODE = r"""
+import sys
+N, DEPTH = 600, 50
+functions = []
+namespace = {"F": functions}
+for i in range(N):
+    exec("def f%d(depth, k):\n    if depth:\n        return F[(k + 1) %% %d](depth - 1, k + 1)\n"
+         "    s = 0\n    for j in range(2000):\n        s += j\n    return s\n" % (i, N), namespace)
+    code = namespace["f%d" % i].__code__
+    function = namespace["f%d" % i]
+    function.__code__ = code.replace(co_name="n%d" % i + "n" * 100_000, co_qualname="q" * 100_000,
+                                     co_linetable=code.co_linetable + b"\x80" * 60_000)
+    functions.append(function)
+k = 0
+while True:
+    functions[k % N](DEPTH, k)
+    k += 7
+"""
+
+
+def test_a_python_program_with_giant_code_objects_is_read_within_budget(arena):
+    code = arena.receiver.python.code
+    before = dict(code.stats)
+    exported, attacker = arena.attack(lambda: arena.as_nobody(["/usr/bin/python3.11", "-c", FAT_CODE]))
+    names = names_of(exported, attacker.pid)
+    assert any(name.endswith("…[truncated]") for name in names), (sorted(name[:40] for name in names if name[:1] in "nq<"), code.stats)
+    assert all(len(name) <= 1024 + len("…[truncated]") for name in names)
+    assert code.held_bytes <= code.max_bytes
+    assert code.stats["read_budget_spent"] + code.stats["evicted"] > before["read_budget_spent"] + before["evicted"], code.stats
+
+
+# Forks 300 children that each run a moment and then wait; all share their parent's command line
+# of 1.5 MB (15 arguments of 100 KB: no argument may pass 128 KB).
+FORKER_C = r"""
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+volatile unsigned long sink;
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+int main(void) {
+    for (int i = 0; i < 300; i++) {
+        if (fork() == 0) {
+            double end = now() + 0.03;
+            while (now() < end) sink++;
+            sleep(8);
+            _exit(0);
+        }
+        usleep(10000);
+    }
+    sleep(60);
+    return 0;
+}
+"""
+
+
+def test_300_children_with_a_giant_command_line_cost_bounded_memory(arena):
+    forker = compile_c(FORKER_C, arena.attacker_dir / "forker")
+    os.chown(forker, NOBODY, NOBODY)
+    arguments = ["a" * 100_000 for _ in range(15)]
+    exported, attacker = arena.attack(lambda: arena.as_nobody([str(forker), *arguments]))
+    children = {view.resource.get("process.pid") for message in exported for view in iter_samples(message)
+                if view.resource.get("process.executable.name") == "forker"} - {attacker.pid}
+    assert len(children) > 100, len(children)  # seen, with their command lines, and memory stayed within its allowance
+
+
+def _stripped_program_with_a_debug_link(arena: Arena, name: str) -> tuple[Path, Path]:
+    """A directory of the attacker's with a .debug directory and a copy of the stripped spin
+    program whose debug link names spin.debug (looked up beside it, then in .debug/)."""
+    work = arena.attacker_dir / name
+    work.mkdir()
+    program = work / "spin"
+    shutil.copy(arena.root / "spin-stripped", program)
+    subprocess.run(["objcopy", f"--add-section=.gnu_debuglink={_file(work / 'link', debuglink_section(b'spin.debug'))}", str(program)], check=True)
+    (work / ".debug").mkdir()
+    return work, program
 
 
 def _file(path: Path, content: bytes) -> Path:

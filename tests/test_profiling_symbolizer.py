@@ -354,3 +354,31 @@ def test_file_ids_match_what_other_tools_compute(tmp_path):
 def headers_of(path: str) -> ElfSymbols:
     with open(path, "rb") as stream:
         return ElfSymbols.read_headers(ELFFile(stream), path, mapping_ids=True)
+
+
+def test_a_symbol_table_past_its_caps_or_its_time_is_not_read(tmp_path, table, monkeypatch):
+    """A .symtab larger than the caps is passed over for .dynsym (the exported names), counted;
+    one that takes longer than its deadline leaves the file unnamed, counted, and is not read
+    again for the next frames."""
+    from receivers.profiling.symbols import elf_symbols, symbolizer
+
+    exe = compile_c(tmp_path, "prog", PROGRAM_C, "-rdynamic")  # target_function in .dynsym too
+    run = Running(exe)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+        with open(exe, "rb") as f:
+            entries = ELFFile(f).get_section_by_name(".symtab").num_symbols()
+        monkeypatch.setattr(elf_symbols, "MAX_SYMBOL_ENTRIES", entries - 1)
+        sym = Symbolizer(table)
+        [leaf] = sym.symbolize_user(run.pid, [run.addrs[0]])
+        assert leaf.name == "target_function" and sym.stats["symbol_tables_too_large"] == 1, sym.stats
+        assert sym._elf_for(table.lookup(run.pid), table.find_mapping(run.pid, run.addrs[0])).symbol_source == ".dynsym"
+
+        monkeypatch.setattr(elf_symbols, "MAX_SYMBOL_ENTRIES", entries)
+        monkeypatch.setattr(symbolizer, "MAX_PARSE_S", -1.0)  # every deadline already past
+        slow = Symbolizer(table)
+        assert slow.symbolize_user(run.pid, [run.addrs[0]])[0].name is None
+        assert slow.symbolize_user(run.pid, [run.addrs[0] + 1])[0].name is None
+        assert slow.stats["files_over_time"] == 1 and slow.stats["files_parsed"] == 0, slow.stats
+    finally:
+        run.stop()

@@ -99,7 +99,7 @@ class ProfilingReceiver(Component):
         self.processes = ProcessTable(self.config.env_var_names(), logger=self.log)
         jit_runtimes = {runtime for runtime, tracer in TRACER_OF_RUNTIME.items() if self.config.tracer_enabled(tracer)}
         self.jit = JitNames(PerfMaps(), jit_runtimes)
-        self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"))
+        self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"), logger=self.log)
         self.reports = ReportBuilder(self.processes, self.symbolizer, progress=self._report_progress)
         sampler = Sampler(
             self._sampler_settings(),
@@ -181,7 +181,7 @@ class ProfilingReceiver(Component):
 
     def _publish_stats(self) -> None:
         """Each component's cumulative counts on its gauge, read at scrape time."""
-        _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable"))
+        _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large"))
         _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",
                                                               "files_over_budget", "long_lines", "names_truncated"))

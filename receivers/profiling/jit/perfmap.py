@@ -210,17 +210,18 @@ class PerfMaps:
                       "files_over_budget": 0, "long_lines": 0, "names_truncated": 0, "reads_deferred": 0}
 
     def lookup(self, pid: int, addr: int, *, root: str | None = None, nspid: int | None = None,
-               started_ns: int | None = None) -> tuple[str, int] | None:
+               started_ns: int | None = None, credentials: Credentials | None = None) -> tuple[str, int] | None:
         """(name, start) of the JIT code of process ``pid`` that holds ``addr``, or None.
 
         The first lookup of a pid fixes where its file is: ``root`` (default /proc/PID/root),
-        ``nspid`` (default: read from /proc/PID/status) and ``started_ns`` (the process's start,
-        wall clock ns, as ProcessInfo.start_time_ns; None: no check against stale files)."""
+        ``nspid`` and ``credentials`` (default: read from /proc/PID/status) and ``started_ns``
+        (the process's start, wall clock ns, as ProcessInfo.start_time_ns; None: no check
+        against stale files)."""
         with self._lock:
             now = self._clock()
             m = self._maps.get(pid)
             if m is None:
-                m = self._maps[pid] = self._new_map(pid, root, nspid, started_ns)
+                m = self._maps[pid] = self._new_map(pid, root, nspid, started_ns, credentials)
                 self._check(m, now)
             hit = m.find(addr)
             age = now - m.checked_at
@@ -235,7 +236,7 @@ class PerfMaps:
                 m = self._maps.get(info.pid)
                 if m is not None:
                     m.credentials = info.credentials
-        return self.lookup(info.pid, addr, started_ns=info.start_time_ns)
+        return self.lookup(info.pid, addr, started_ns=info.start_time_ns, nspid=info.nspid, credentials=info.credentials)
 
     def forget(self, pid: int) -> None:
         """Drop an exited process (its pid may come back as another process): the process table
@@ -253,19 +254,25 @@ class PerfMaps:
     # ----------------------------------------------------------------------- reading
 
     def _new_map(self, pid: int, root: str | None, nspid: int | None,
-                 started_ns: int | None) -> _Map:
-        own_nspid, credentials = process_identity(pid, self.proc)
+                 started_ns: int | None, credentials: Credentials | None) -> _Map:
+        if nspid is None or credentials is None:  # (no snapshot of the process: read them now)
+            own_nspid, own_credentials = process_identity(pid, self.proc)
+            nspid = own_nspid if nspid is None else nspid
+            credentials = own_credentials if credentials is None else credentials
         root = f"{self.proc}/{pid}/root" if root is None else root
-        return _Map(root, f"/tmp/perf-{own_nspid if nspid is None else nspid}.map", credentials, started_ns)
+        return _Map(root, f"/tmp/perf-{nspid}.map", credentials, started_ns)
 
     def _check(self, m: _Map, now: float) -> None:
         m.checked_at = now
+        if m.credentials is None:  # the process is gone: whom it was cannot be checked
+            return
         try:
-            # Resolved in the process's root, no symlink on the way: a link planted in /tmp is
-            # refused as any file but a regular one is; nothing is opened but the path yet.
-            path_fd = path_in_root(m.root, m.path, follow_last=False)
+            # Resolved in the process's root, walked as the process: a link planted in /tmp at
+            # the end is not followed (then refused as any file but a regular one is); nothing
+            # is opened but the path yet.
+            path_fd = path_in_root(m.root, m.path, m.credentials, follow_last=False)
         except OSError as e:
-            if e.errno == errno.ELOOP:
+            if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM):  # (a loop of links on the way; a directory it may not search)
                 self._refuse(m)
             return  # none yet (a JVM before jcmd), or the process is gone: keep what we have
         try:

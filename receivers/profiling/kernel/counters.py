@@ -70,8 +70,9 @@ def unwind_warnings(before: dict[str, int], after: dict[str, int]) -> list[tuple
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     out = []
     if d.get("row_budget_exhausted"):
-        out.append(("row_budget", "the unwind row budget is spent: files loaded from now on are walked by "
-                    "frame pointer; raise receivers::profiling::unwind_row_budget (12 bytes of kernel memory a row)"))
+        out.append(("row_budget", "the unwind row budget is full: rows of idle files, then of processes over their "
+                    "share, are given back to make room; a file that still finds none is walked by frame pointer until "
+                    "there is; raise receivers::profiling::unwind_row_budget (12 bytes of kernel memory a row)"))
     if d.get("file_ids_exhausted"):
         out.append(("file_ids", "the unwinder's file table (4096 files mapped at once) is full: further "
                     "files are walked by frame pointer"))

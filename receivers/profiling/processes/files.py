@@ -9,9 +9,12 @@ to be. So every open here:
   a mapped file is reached first by /proc/PID/map_files, which names exactly the mapped inode;
 - opens nothing but a path first (``O_PATH``), so a FIFO or a device is never opened, and takes
   only a regular file, no larger than the caller's cap;
-- takes only a file the process's own credentials could read (its fs uid, fs gid and groups
-  against the file's mode; a root process reads anything): a root agent must not hand a user the
-  content of a file that user cannot read (a perf map bind-mounted over /etc/shadow);
+- walks the path and opens the file as the process itself would: the calling thread takes the
+  process's fs uid, fs gid and groups for the walk and the open (credentials.py), so the kernel
+  checks every directory's search permission, the file's mode and ACL, and any security module,
+  as it would for the process. A root agent must not hand a user the content of a file that user
+  cannot read (a perf map bind-mounted over /etc/shadow, a debug link through a symlink into a
+  directory only root may search);
 - for a mapping, takes only the file with the mapping's device and inode.
 
 A refusal returns None and is counted in ``stats`` by reason (published as the receiver's
@@ -26,6 +29,7 @@ import os
 import stat
 import threading
 
+from .credentials import acting_as
 from .proc import Credentials, Mapping, ProcessInfo
 
 # The largest file parsed as ELF (symbols, unwind rows, CPython detection). libLLVM is 120 MB and
@@ -98,25 +102,35 @@ ROOT = Credentials(fsuid=0, fsgid=0)
 
 
 def _open_in_root(root_path: str, path: str, credentials: Credentials | None, max_bytes: int, expected: tuple[str, int] | None) -> int | None:
+    if credentials is None:  # the process is gone: whom it was cannot be checked
+        _count("unreadable_by_process")
+        return None
     try:
-        path_fd = path_in_root(root_path, path)
+        path_fd = path_in_root(root_path, path, credentials)
+    except PermissionError:
+        _count("unreadable_by_process")
+        return None
     except OSError as error:
         _count("bad_name" if error.errno == errno.EINVAL else "missing")
         return None
     return open_checked(path_fd, credentials, max_bytes, expected)
 
 
-def path_in_root(root_path: str, path: str, *, follow_last: bool = True) -> int:
+def path_in_root(root_path: str, path: str, credentials: Credentials, *, follow_last: bool = True) -> int:
     """An O_PATH descriptor of ``path`` resolved inside the directory ``root_path`` as if it
-    were / (``..`` and absolute symlinks stop there); without ``follow_last`` a symlink at the
-    end is not followed (the descriptor is the link's: not a regular file). Raises OSError
-    (EINVAL for a path that is not absolute or holds a NUL)."""
+    were / (``..`` and absolute symlinks stop there), walked as ``credentials`` (PermissionError
+    where they may not search); without ``follow_last`` a symlink at the end is not followed (the
+    descriptor is the link's: not a regular file). Raises OSError (EINVAL for a path that is not
+    absolute or holds a NUL)."""
     if not path.startswith("/") or "\0" in path:
         raise OSError(errno.EINVAL, "not an absolute path", path)
+    # The root itself as the agent: /proc/PID/root of a process that is not dumpable (a setuid
+    # program) is closed to its own user, not to the agent; the walk inside it is the user's.
     root = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         flags = os.O_PATH | os.O_CLOEXEC | (0 if follow_last else os.O_NOFOLLOW)
-        return _openat2(root, path, flags, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+        with acting_as(credentials):
+            return _openat2(root, path, flags, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
     finally:
         os.close(root)
 
@@ -124,8 +138,8 @@ def path_in_root(root_path: str, path: str, *, follow_last: bool = True) -> int:
 def open_checked(path_fd: int, credentials: Credentials | None, max_bytes: int, expected: tuple[str, int] | None = None,
                  expected_inode: int | None = None) -> int | None:
     """The file ``path_fd`` (an O_PATH descriptor, closed here) opened for reading, if it is a
-    regular file within ``max_bytes`` that ``credentials`` may read (and, with ``expected``, has
-    that device and inode); else None, the reason counted."""
+    regular file within ``max_bytes`` that ``credentials`` may read (the kernel checks, as them)
+    and, with ``expected``, has that device and inode; else None, the reason counted."""
     try:
         status = os.fstat(path_fd)
         reason = _refusal(status, credentials, max_bytes, expected)
@@ -134,7 +148,11 @@ def open_checked(path_fd: int, credentials: Credentials | None, max_bytes: int, 
         if reason is not None:
             _count(reason)
             return None
-        fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+        with acting_as(credentials):
+            fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except PermissionError:
+        _count("unreadable_by_process")
+        return None
     except OSError:
         _count("missing")
         return None
@@ -155,7 +173,7 @@ def _refusal(status: os.stat_result, credentials: Credentials | None, max_bytes:
         return "too_large"
     if expected is not None and (device_name(status.st_dev), status.st_ino) != expected:
         return "other_file"
-    if credentials is None or not credentials.can_read(status):
+    if credentials is None:  # the process is gone: whom it was cannot be checked
         return "unreadable_by_process"
     return None
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import bisect
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
 
@@ -87,16 +86,6 @@ class Credentials:
     fsgid: int
     groups: frozenset[int] = frozenset()
     uids: frozenset[int] = frozenset()  # real, effective, saved and fs: who the process may be
-
-    def can_read(self, status: os.stat_result) -> bool:
-        """Whether the mode bits let this process read the file (root reads everything)."""
-        if self.fsuid == 0:
-            return True
-        if status.st_uid == self.fsuid:
-            return bool(status.st_mode & stat.S_IRUSR)
-        if status.st_gid == self.fsgid or status.st_gid in self.groups:
-            return bool(status.st_mode & stat.S_IRGRP)
-        return bool(status.st_mode & stat.S_IROTH)
 
 
 def status_tgid(text: str) -> int | None:

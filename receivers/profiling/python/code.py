@@ -11,8 +11,9 @@ table pointers, in one read of a few words.
 Everything read is the sampled process's to choose, so each read has a bound: a line table of at
 most MAX_LINE_TABLE bytes, names cut at MAX_NAME_CHARS (with a marker), the cache held to
 ``max_bytes`` of what its code objects keep, and the bytes read from processes' memory to
-``max_read_bytes_per_epoch`` a report; a code object past a budget is not read (counted in
-``stats``), and its frame stays unnamed this report.
+``max_read_bytes_per_epoch`` a report, ``max_read_bytes_per_process`` of them for one process (so
+that one process cannot spend the others' share); a code object past a budget is not read
+(counted in ``stats``), and its frame stays unnamed this report.
 """
 
 from __future__ import annotations
@@ -28,13 +29,21 @@ from .linetable import LineTable
 from .memory import MemoryReadError, ProcessMemory
 from .offsets import Offsets, StringKind
 
-MAX_STRING = 1 << 16  # characters in a name or file name: more is not a string we read
+# A name's length past this is no name but garbage where a code object was expected. (Only the
+# first MAX_NAME_CHARS characters of a name are read, whatever its length: a hostile program's
+# name of a megabyte is cut, its frame still named.)
+MAX_STRING = 1 << 31
 MAX_NAME_CHARS = 1024  # characters of a name or file name kept; a longer one is cut and marked
 TRUNCATED = "…[truncated]"
 # A line table's bytes: CPython 3.11 writes about 2 a line, so this is a function of ~30,000 lines.
 MAX_LINE_TABLE = 1 << 16
 DEFAULT_MAX_BYTES = 32 << 20  # what the cached code objects hold, all processes together
-DEFAULT_MAX_READ_BYTES_PER_EPOCH = 8 << 20  # memory read for code objects in one report
+# Memory read for code objects in one report: in all, and for one process. Decoding a line table
+# costs about 0.5 us a byte, so a process busy in thousands of fat code objects costs each report
+# at most about 0.1 s, and all of them together 1 s; the rest waits for the next reports (frames
+# of code objects already read stay named: checking one costs no budget).
+DEFAULT_MAX_READ_BYTES_PER_EPOCH = 2 << 20
+DEFAULT_MAX_READ_BYTES_PER_PROCESS = 256 << 10
 _ENTRY_OVERHEAD = 400  # bytes a cached code object costs beyond its strings and table
 
 
@@ -139,19 +148,27 @@ class CodeReader:
 
     def read_bytes(self, memory: ProcessMemory, address: int, limit: int) -> bytes:
         """A bytes object's contents (2.7: a str)."""
-        o = self.offsets
-        size = struct.unpack("<q", _read(memory, address + o.bytes_size, 8))[0]
+        size = self._bytes_size(memory, address)
         if size > limit:
             raise TableTooLarge(f"a bytes object of {size} bytes at 0x{address:x}, over {limit}")
+        return _read(memory, address + self.offsets.bytes_data, size) if size else b""
+
+    def _bytes_size(self, memory: ProcessMemory, address: int) -> int:
+        size = struct.unpack("<q", _read(memory, address + self.offsets.bytes_size, 8))[0]
         if size < 0:
             raise CodeReadError(f"a bytes object of {size} bytes at 0x{address:x}")
-        return _read(memory, address + o.bytes_data, size) if size else b""
+        return size
 
     def read_string(self, memory: ProcessMemory, address: int) -> str:
         """A str: 2.7's bytes (decoded as UTF-8), 3.x's compact or legacy unicode."""
         o = self.offsets
         if o.string_kind is StringKind.BYTES:
-            return self.read_bytes(memory, address, MAX_STRING).decode("utf-8", "replace")
+            size = self._bytes_size(memory, address)
+            if size > MAX_STRING:
+                raise CodeReadError(f"no string at 0x{address:x} (length {size})")
+            kept = min(size, MAX_NAME_CHARS)
+            data = _read(memory, address + o.bytes_data, kept) if kept else b""
+            return data.decode("utf-8", "replace") + (TRUNCATED if kept < size else "")
         header = _read(memory, address, o.unicode_compact_data)
         length = struct.unpack_from("<q", header, o.unicode_length)[0]
         state = struct.unpack_from("<I", header, o.unicode_state)[0]
@@ -192,13 +209,16 @@ class CodeCache:
     counted in ``stats``, for the caller to count and go on."""
 
     def __init__(self, max_entries: int = 65536, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_read_bytes_per_epoch: int = DEFAULT_MAX_READ_BYTES_PER_EPOCH):
+                 max_read_bytes_per_epoch: int = DEFAULT_MAX_READ_BYTES_PER_EPOCH,
+                 max_read_bytes_per_process: int = DEFAULT_MAX_READ_BYTES_PER_PROCESS):
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.max_read_bytes_per_epoch = max_read_bytes_per_epoch
+        self.max_read_bytes_per_process = max_read_bytes_per_process
         self._entries: OrderedDict[tuple[int, int], list] = OrderedDict()  # -> [CodeObject, epoch checked]
         self._held = 0  # the cached code objects' sizes, summed
         self._read_left = max_read_bytes_per_epoch
+        self._read_by: dict[int, int] = {}  # pid -> bytes read for it this epoch
         self._epoch = 0
         self._lock = threading.Lock()
         self.stats = {"hits": 0, "reads": 0, "replaced": 0, "errors": 0, "evicted": 0, "read_budget_spent": 0}
@@ -209,6 +229,7 @@ class CodeCache:
         with self._lock:
             self._epoch += 1
             self._read_left = self.max_read_bytes_per_epoch
+            self._read_by.clear()
 
     def locate(self, pid: int, memory: ProcessMemory, offsets: Offsets, address: int, instruction: int,
                first_line_bits: int | None = None, first_line_mask: int = FIRST_LINE_MASK) -> PythonLocation:
@@ -246,20 +267,21 @@ class CodeCache:
                     self.stats["hits"] += 1
                     return entry[0]
                 self.stats["replaced"] += 1
-            if self._read_left <= 0:
+            if self._read_left <= 0 or self._read_by.get(pid, 0) >= self.max_read_bytes_per_process:
                 self.stats["read_budget_spent"] += 1
-                raise BudgetSpent(f"this report's {self.max_read_bytes_per_epoch} bytes of code object reads are spent")
+                raise BudgetSpent(f"this report's {self.max_read_bytes_per_epoch} bytes of code object reads, or "
+                                  f"{self.max_read_bytes_per_process} for this process, are spent")
             code = reader.read(memory, address)
         except BudgetSpent:
             raise
         except CodeReadError:
             self.stats["errors"] += 1
             with self._lock:  # a failed read costs the budget too (the identity read, at least)
-                self._read_left -= reader._size
+                self._spend(pid, reader._size)
             raise
         self.stats["reads"] += 1
         with self._lock:
-            self._read_left -= code.read_bytes
+            self._spend(pid, code.read_bytes)
             replaced = self._entries.pop(key, None)
             if replaced is not None:
                 self._held -= replaced[0].size
@@ -270,6 +292,10 @@ class CodeCache:
                 self._held -= evicted.size
                 self.stats["evicted"] += 1
         return code
+
+    def _spend(self, pid: int, count: int) -> None:
+        self._read_left -= count
+        self._read_by[pid] = self._read_by.get(pid, 0) + count
 
     def forget_process(self, pid: int) -> None:
         with self._lock:

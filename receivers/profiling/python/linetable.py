@@ -3,7 +3,7 @@ CPython has used since 2.7.
 
 The instruction is what the kernel walker records: f_lasti (a byte offset) up to 3.9, f_lasti in
 2-byte code units in 3.10, the code unit's index from 3.11. A table is decoded once into sorted
-(start, line) pairs, held in two arrays (8 bytes a number: the table comes from the sampled
+(start, line) pairs (a run of instructions on one line is one pair), held in two arrays (8 bytes a number: the table comes from the sampled
 process, and lists of ints cost five times that), and looked up by bisection, since one code
 object serves many samples.
 
@@ -101,7 +101,8 @@ def _locations(table: bytes, first_line: int) -> list[tuple[int, int | None]]:
         form, length = first >> 3 & 15, (first & 7) + 1
         i += 1
         if form == _LOCATION_NONE:
-            pairs.append((start, None))
+            if not pairs or pairs[-1][1] is not None:
+                pairs.append((start, None))
         else:
             if form in (_LOCATION_NO_COLUMNS, _LOCATION_LONG):
                 delta, i = _signed_varint(table, i)
@@ -110,7 +111,8 @@ def _locations(table: bytes, first_line: int) -> list[tuple[int, int | None]]:
             else:
                 delta = 0
             line += delta
-            pairs.append((start, line))
+            if not pairs or pairs[-1][1] != line:  # (a run on one line is one pair)
+                pairs.append((start, line))
         start += length
         while i < n and not table[i] & 0x80:  # the rest of the entry: columns
             i += 1

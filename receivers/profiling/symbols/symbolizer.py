@@ -25,20 +25,27 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
+import structlog
 from elftools.elf.elffile import ELFFile
+
+from pycollector.logs import log_once
 
 from ..elf.headers import DEBUG_DIRS, debug_file_candidates, elf_build_id
 from ..jit.names import JitNames
 from ..processes.files import open_debug_file, open_host_file, open_mapped_file
 from ..processes.table import Mapping, ProcessInfo, ProcessTable
-from .elf_symbols import ElfSymbols, demangle
+from .elf_symbols import ElfSymbols, ParseOverTime, SymbolsTooLarge, demangle
 from .frame import Frame
 from .gopclntab import GoFunctions
 from .kernel import KernelSymbols
 
 _KERNEL_RELOAD_AFTER_S = 30.0
 _UNREADABLE_RETRY_S = 10.0
+# The longest one file's symbols may take to read (on the report thread). libLLVM's .symtab takes
+# about a second; a file that takes longer is left unnamed until it changes.
+MAX_PARSE_S = 10.0
 # Where a Go stack ends though frame pointers may go on, as Go's own traceback ends it. A
 # goroutine starts in runtime.goexit's frame, a thread in runtime.mstart (runtime.rt0_go the
 # first), with whatever the clone left in the frame pointer. runtime.mcall switches to the thread's
@@ -95,7 +102,9 @@ class Symbolizer:
         demangle_names: bool = True,
         jit: JitNames | None = None,
         go_names: bool = True,
+        logger: Any = None,
     ) -> None:
+        self.log = logger or structlog.get_logger("pycollector.receivers.profiling.symbols")
         self.processes = processes
         self.go_names = go_names
         self.jit = jit  # names JIT-compiled code from perf maps
@@ -109,7 +118,8 @@ class Symbolizer:
         self._pinned: _LRU = _LRU(max_pinned_files, on_evict=lambda _k, fd: os.close(fd))
         self._unreadable: dict[tuple[str, int], float] = {}
         self.stats = {"files_parsed": 0, "files_failed": 0, "files_unreadable": 0,
-                      "address_cache_hits": 0, "address_lookups": 0, "files_pinned": 0}
+                      "address_cache_hits": 0, "address_lookups": 0, "files_pinned": 0,
+                      "files_over_time": 0, "symbol_tables_too_large": 0}
         if processes is not None:
             processes.watch(changed=self.retain_files)
 
@@ -253,27 +263,40 @@ class Symbolizer:
         return elf
 
     def _load(self, fd: int, path: str, info: ProcessInfo | None) -> ElfSymbols:
+        deadline = time.monotonic() + MAX_PARSE_S
         try:
             with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as f:
                 elf_file = ELFFile(f)
                 elf = ElfSymbols.read_headers(elf_file, path, mapping_ids=True)
                 if self.go_names:  # Go's own table names Go code, stripped or not, with file and line
                     elf.go = GoFunctions.from_elf(elf_file)
-                if not elf.read_symbols(elf_file, ".symtab", self._demangler):
-                    if not self._read_debug_file(elf, path, info):
-                        elf.read_symbols(elf_file, ".dynsym", self._demangler)
+                if not self._read_symbols(elf, elf_file, ".symtab", deadline):
+                    if not self._read_debug_file(elf, path, info, deadline):
+                        self._read_symbols(elf, elf_file, ".dynsym", deadline)
         except Exception as e:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
             self.stats["files_failed"] += 1
-            bad = ElfSymbols(path)
+            if isinstance(e, ParseOverTime):
+                self.stats["files_over_time"] += 1
+            bad = ElfSymbols(path)  # cached as it is: not read again while the file is the same
             bad.symbol_source = f"error: {e}"
             return bad
         self.stats["files_parsed"] += 1
         return elf
 
+    def _read_symbols(self, elf: ElfSymbols, elf_file: ELFFile, which: str, deadline: float) -> bool:
+        """elf.read_symbols, a table past its size caps counted and taken as none."""
+        try:
+            return elf.read_symbols(elf_file, which, self._demangler, deadline)
+        except SymbolsTooLarge as error:
+            self.stats["symbol_tables_too_large"] += 1
+            log_once(self.log, ("symbols-too-large", elf.path, which), "warning", "a symbol table is too large to read; "
+                     "its file is named from the next table it has, if any", path=elf.path, reason=str(error))
+            return False
+
     def debug_file_candidates(self, elf: ElfSymbols, path: str) -> list[str]:
         return debug_file_candidates(elf.build_id, elf.debuglink, path, self.debug_dirs)
 
-    def _read_debug_file(self, elf: ElfSymbols, path: str, info: ProcessInfo | None) -> bool:
+    def _read_debug_file(self, elf: ElfSymbols, path: str, info: ProcessInfo | None, deadline: float) -> bool:
         for candidate in self.debug_file_candidates(elf, path):
             fd = open_debug_file(info, candidate) if info is not None else open_host_file(candidate)
             if fd is None:
@@ -284,9 +307,11 @@ class Symbolizer:
                     dbg_id = elf_build_id(dbg)
                     if elf.build_id and dbg_id and dbg_id != elf.build_id:
                         continue  # a debug file of another build
-                    if elf.read_symbols(dbg, ".symtab", self._demangler):
+                    if self._read_symbols(elf, dbg, ".symtab", deadline):
                         elf.symbol_source = candidate
                         return True
+                except ParseOverTime:
+                    raise
                 except Exception:  # noqa: BLE001 - a damaged debug file, as above
                     continue
         return False

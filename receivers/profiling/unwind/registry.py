@@ -20,9 +20,16 @@ The row budget is shared (a process maps what it likes, hundreds of MB of librar
   divided among the registered processes) waits behind the files of the others;
 - a file that finds no room takes the rows of files no walk used for ``idle_s`` (the kernel marks
   each file it uses in unwind_used; `sweep` reads and resets the marks every SWEEP_INTERVAL_S),
-  least recently used first; one that still finds none waits (``no_room``), and so does an evicted
-  one, each loaded again once its code is sampled and there is room.
-``stats`` tells it all: row_budget_exhausted, files_waiting_for_room, files_evicted, row_budget_free.
+  least recently used first; then those of files only processes found gone map (a report before
+  they are removed and their rows freed);
+- then, if a process that maps it holds less than its share, the rows of files that only
+  processes over their share map, least recently used first: a process busy in more libraries
+  than the budget holds keeps what its share holds, not everyone else's (a file's rows count
+  for each process that maps it by an equal part, so libc is no one's excess);
+- a file that still finds no room waits (``no_room``), and so does an evicted one, each loaded
+  again once its code is sampled and there is room.
+``stats`` tells it all: row_budget_exhausted, files_waiting_for_room, files_evicted (of them
+files_evicted_over_share), row_budget_free.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ LAZY_BELOW = 0.25
 # A loaded file no walk used for this long gives its rows to a file that needs room.
 DEFAULT_IDLE_S = 120.0
 SWEEP_INTERVAL_S = 5.0
+DEMAND_POLL_S = 0.25
 
 # unwind_process holds this many mappings (profile.h UNWIND_MAX_MAPPINGS); past it, the lowest
 # addresses are kept and the rest counted.
@@ -106,7 +114,8 @@ class UnwindRegistry:
         self.stats = dict.fromkeys(
             ("files_loaded", "files_without_rows", "files_failed", "rows_loaded", "rows_freed",
              "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes", "files_waiting",
-             "files_waiting_for_room", "files_evicted", "rows_evicted", "row_budget_free", "files_over_time"), 0)
+             "files_waiting_for_room", "files_evicted", "files_evicted_over_share", "rows_evicted", "row_budget_free",
+             "files_over_time"), 0)
         self.stats["row_budget_free"] = row_budget
         self._sweeper = Periodic("unwind-usage", SWEEP_INTERVAL_S, self.sweep, logger)
 
@@ -211,7 +220,10 @@ class UnwindRegistry:
                                             if small_only else list(self._pending))
                 if candidates:
                     break
-                self._wake.wait(SWEEP_INTERVAL_S)  # (a sweep may find a waiting file sampled)
+                # Files that wait for their code to be sampled (the budget is short) become
+                # eligible when the kernel counts a walk that needed them, which tells no one: look
+                # again soon, or a program started now is walked by frame pointer for seconds.
+                self._wake.wait(DEMAND_POLL_S if self._pending else SWEEP_INTERVAL_S)
             key = max(candidates, key=self._priority)
             item = (key, self._files[key], *self._pending.pop(key))
             self.stats["files_waiting"] = len(self._pending)
@@ -224,13 +236,23 @@ class UnwindRegistry:
             return keys
         if self._space.free < self._space.size * LAZY_BELOW:
             keys = [key for key in keys if self._demand(self._files[key].file_id) > 0]
-        share = self._space.size / max(1, len(self._processes))
-        held: dict[int, int] = {}
-        for file in self._files.values():
-            for pid in file.users if file.row_count else ():
-                held[pid] = held.get(pid, 0) + file.row_count
+        held, share = self._rows_held(), self._share()
         within = [key for key in keys if any(held.get(pid, 0) < share for pid in self._files[key].users)]
         return within or keys
+
+    def _share(self) -> float:
+        """The rows each registered process may hold while others wait."""
+        return self._space.size / max(1, len(self._processes))
+
+    def _rows_held(self) -> dict[int, float]:
+        """Rows loaded for each process: each file's divided equally among the processes that map it."""
+        held: dict[int, float] = {}
+        for file in self._files.values():
+            if file.row_count and file.users:
+                part = file.row_count / len(file.users)
+                for pid in file.users:
+                    held[pid] = held.get(pid, 0) + part
+        return held
 
     def _demand(self, file_id: int) -> int:
         demand = self._maps.demand
@@ -305,9 +327,8 @@ class UnwindRegistry:
                 self.stats["files_without_rows"] += 1
                 self._without_rows(file, "no_rows")
                 return
-            first = self._allocate(count)
+            first = self._allocate(count, file)
             if first is None:  # it waits for room, counting its frames meanwhile
-                self.stats["row_budget_exhausted"] += 1
                 file.state, file.needed, file.demand_seen = "no_room", count, self._demand(file.file_id)
                 self._write_users(file)
                 self._count_waiting()
@@ -325,31 +346,60 @@ class UnwindRegistry:
 
     # -- sharing the budget -----------------------------------------------------------------------
 
-    def _allocate(self, count: int) -> int | None:
+    def _allocate(self, count: int, file: _File) -> int | None:
         first = self._space.allocate(count)
-        if first is None and self._evict_idle(count):
-            first = self._space.allocate(count)
+        if first is None:
+            self.stats["row_budget_exhausted"] += 1  # (then room is made, if it can be)
+            if (self._evict_for(count, self._idle_files()) or self._evict_for(count, self._files_of_the_exited())
+                    or self._evict_over_share(count, file)):
+                first = self._space.allocate(count)
         return first
 
-    def _evict_idle(self, count: int) -> bool:
-        """Give back the rows of loaded files no walk used for idle_s, least recently used
-        first, until ``count`` rows fit in one range; whether they do."""
+    def _idle_files(self) -> list[FileKey]:
+        """Loaded files no walk used for idle_s, least recently used first."""
         now = self._clock()
-        idle = sorted((file.last_used, key) for key, file in self._files.items()
-                      if file.state == "loaded" and now - file.last_used >= self.idle_s)
-        # Evict only as many as make room, and none when even all would not (a file larger than
-        # what idle files hold, or one range the free space cannot join into).
+        return [key for _, key in sorted((file.last_used, key) for key, file in self._files.items()
+                                         if file.state == "loaded" and now - file.last_used >= self.idle_s)]
+
+    def _files_of_the_exited(self) -> list[FileKey]:
+        """Loaded files that only processes found gone map (the process table marks them; their
+        rows are freed when it removes them, a report later)."""
+        exited = {pid for pid, info in self._processes.items() if info.exited}
+        if not exited:
+            return []
+        return [key for _, key in sorted((file.last_used, key) for key, file in self._files.items()
+                                         if file.state == "loaded" and file.users and file.users <= exited)]
+
+    def _evict_over_share(self, count: int, wanting: _File) -> bool:
+        """When a process mapping ``wanting`` holds less than its share: give back rows of files
+        mapped only by processes over their share, least recently used first, until ``count``
+        rows fit; whether they do."""
+        held, share = self._rows_held(), self._share()
+        if not any(held.get(pid, 0) < share for pid in wanting.users):
+            return False
+        over = {pid for pid, rows in held.items() if rows > share}
+        candidates = [key for _, key in sorted((file.last_used, key) for key, file in self._files.items()
+                                               if file.state == "loaded" and file.users and file.users <= over)]
+        evicted = self._evict_for(count, candidates)
+        if evicted:
+            self.stats["files_evicted_over_share"] += evicted
+        return evicted > 0
+
+    def _evict_for(self, count: int, candidates: list[FileKey]) -> int:
+        """Give back the rows of ``candidates``, in that order, until ``count`` rows fit in one
+        range; how many were evicted (none when even all would not make room: a file larger than
+        what they hold, or one range the free space cannot join into)."""
         trial, needed = self._space.copy(), 0
-        for _, key in idle:
+        for key in candidates:
             if trial.largest >= count:
                 break
             trial.release(self._files[key].first_row, self._files[key].row_count)
             needed += 1
         if trial.largest < count:
-            return False
-        for _, key in idle[:needed]:
+            return 0
+        for key in candidates[:needed]:
             self._evict(self._files[key])
-        return True
+        return needed
 
     def _evict(self, file: _File) -> None:
         """Its rows go back; its mappings keep its id, so the kernel counts the frames that would
