@@ -104,6 +104,7 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
     wait->key.origin = ORIGIN_OFF_CPU;
     bpf_get_current_comm(&wait->key.comm, sizeof(wait->key.comm));
     announce(ctx, &wait->key);
+    read_thread_context(&wait->key);  /* (current is still the thread leaving the CPU) */
 
     long n = bpf_get_stack(ctx, wait->kernel.ips, OFF_CPU_KERNEL_FRAMES * sizeof(u64), 0);
     wait->kernel.len = n > 0 ? n / sizeof(u64) : 0;

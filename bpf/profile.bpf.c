@@ -251,6 +251,7 @@ static __always_inline void announce(void *ctx, struct sample_key *key)
 
 #include "unwind.bpf.c"
 #include "python.bpf.c"
+#include "otel_context.bpf.c"
 
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
@@ -274,6 +275,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     key.origin = ORIGIN_CPU;
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
     announce(ctx, &key);
+    read_thread_context(&key);
 
     /* Read the slot once, before storing the stacks: the key must land in the count map whose
      * stack map holds its stack ids, even if user space flips the slot meanwhile. */

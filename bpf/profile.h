@@ -47,6 +47,21 @@ struct sample_key {
     u32 origin;            /* enum sample_origin */
     u32 reserved;
     u64 kernel_stack_hash; /* kernel_stack_id STACK_HASHED (off-CPU): its key in user_stacks_N */
+    /* The span the thread ran in, from its OpenTelemetry thread context (otel_context.bpf.c);
+     * zeros when it had none.  Samples of one stack in two spans are two rows. */
+    u8 trace_id[16];
+    u8 span_id[8];
+};
+
+/* Where a process keeps its OpenTelemetry thread context variable (OTEP 4947), as
+ * receivers/profiling/otel_context/thread_context.py finds it: at the thread pointer plus
+ * tp_offset (static TLS), or, when is_static is 0, at dtv[module] + offset (a dlopen()ed library). */
+struct thread_ctx_location {
+    s64 tp_offset;
+    u64 module;
+    u64 offset;
+    u32 is_static;
+    u32 reserved;
 };
 
 /* Sent through the new_processes perf buffer on the first sample of a tgid that is not in
@@ -251,7 +266,9 @@ enum profile_counter {
     COUNTER_OFF_CPU_SAMPLES = 34,        /* of those, threads seen back on a CPU: off-CPU samples */
     COUNTER_OFF_CPU_WAITS_FULL = 35,     /* switches not recorded: off_cpu_waits was full */
     COUNTER_OFF_CPU_LOST = 36,           /* waits lost: their stacks could be neither stored nor sent */
-    PROFILE_NR_COUNTERS = 37,
+    COUNTER_THREAD_CTX_SAMPLES = 37,     /* samples that ran in a span (an OpenTelemetry thread context) */
+    COUNTER_THREAD_CTX_READ_ERRORS = 38, /* thread context records that could not be read */
+    PROFILE_NR_COUNTERS = 39,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

@@ -25,7 +25,7 @@ from receivers.profiling.python.detect import detect_cpython
 from receivers.profiling.python.frames import FIRST_LINE_MASK
 from receivers.profiling.python.linetable import LineTable
 from receivers.profiling.python.offsets import LineTableKind
-from receivers.profiling.python.memory import MemoryReadError, ProcessMemory
+from receivers.profiling.processes.memory import MemoryReadError, ProcessMemory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_cpython_offsets import installed_versions, load_bias  # noqa: E402
@@ -398,7 +398,7 @@ def test_names_tables_and_the_cache_are_held_to_their_budgets():
 def test_an_address_or_size_from_a_hostile_process_is_refused_not_overflowed():
     """Addresses past 2**63 made pread raise OverflowError (short-lived processes lost whole
     reports to it); a size of gigabytes would be allocated. Both are a MemoryReadError now."""
-    from receivers.profiling.python.memory import MAX_READ_BYTES
+    from receivers.profiling.processes.memory import MAX_READ_BYTES
 
     with ProcessMemory(os.getpid()) as memory:
         with pytest.raises(MemoryReadError, match="not a user-space address"):

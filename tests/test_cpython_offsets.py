@@ -23,7 +23,7 @@ from elftools.elf.elffile import ELFFile
 
 from receivers.profiling.python import offsets as offsets_module
 from receivers.profiling.python.detect import detect_cpython
-from receivers.profiling.python.memory import ProcessMemory
+from receivers.profiling.processes.memory import ProcessMemory
 from receivers.profiling.python.offsets import OFFSETS, read_debug_offsets
 
 PYENV = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions"

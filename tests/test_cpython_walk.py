@@ -23,7 +23,7 @@ import pytest
 
 from receivers.profiling.python.code import CodeCache
 from receivers.profiling.python.detect import detect_cpython
-from receivers.profiling.python.memory import ProcessMemory
+from receivers.profiling.processes.memory import ProcessMemory
 from receivers.profiling.python.walk import python_frames, thread_states
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -27,6 +27,7 @@ PROFILING_ROOMS = {
     "symbols": {"elf", "jit", "processes"},
     "unwind": {"elf", "processes"},
     "python": {"elf", "processes", "symbols"},
+    "otel_context": {"processes"},
 }
 
 

@@ -38,6 +38,7 @@ from receivers.profiling.processes import files as process_files
 from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.processes.targeting import Targeting
 from receivers.profiling.python.interpreters import PythonInterpreters
+from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.report import ReportBuilder
 from receivers.profiling.stall_watch import Progress, StallWatch
 from receivers.profiling.symbols.symbolizer import Symbolizer
@@ -82,6 +83,7 @@ class ProfilingReceiver(Component):
         self._stats = telemetry.gauge("pycollector_profiling_symbolization", "Symbolizer and /proc snapshot counts since start.", ("stat",))
         self._unwind_stats = telemetry.gauge("pycollector_profiling_unwind_tables", "Native unwinding: files and rows loaded into the kernel, the row cache's hits, counts since start.", ("stat",))
         self._last_unwind_stats: dict[str, int] = {}
+        self._context_stats = telemetry.gauge("pycollector_profiling_otel_context", "Process contexts OpenTelemetry SDKs publish (OTEP 4719): processes with one, reads, updates, errors, attributes dropped, counts since start.", ("stat",))
         self._python_stats = telemetry.gauge("pycollector_profiling_python", "Python frames: processes running a CPython the walker knows, frames named and not, code objects read, counts since start.", ("stat",))
         self.python: PythonInterpreters | None = None
         self.jvm_perf_maps: JvmPerfMapRequester | None = None
@@ -101,6 +103,7 @@ class ProfilingReceiver(Component):
         self.jit = JitNames(PerfMaps(), jit_runtimes)
         self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"), logger=self.log)
         self.reports = ReportBuilder(self.processes, self.symbolizer, progress=self._report_progress)
+        self.contexts = self.reports.contexts = ProcessContexts(self.processes, self.log)
         sampler = Sampler(
             self._sampler_settings(),
             on_new_process=self.processes.on_new_process,
@@ -118,6 +121,8 @@ class ProfilingReceiver(Component):
                 return
             raise StartError(str(error)) from error
         self._sampler = sampler
+        if sampler.task_fsbase_offset is not None:  # (the thread pointer's place in task_struct, from BTF)
+            self.contexts.thread_contexts = sampler  # the kernel reads each sample's span where an SDK publishes it
         # The rooms that keep state per process, in the order the process table tells them of
         # a process's life (each _start_* watches it): unwind tables, Python, then the JIT names,
         # targeting and, last, the kernel's set of announced tgids, so a reused pid is announced
@@ -183,6 +188,7 @@ class ProfilingReceiver(Component):
         """Each component's cumulative counts on its gauge, read at scrape time."""
         _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large"))
         _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
+        _publish(self._context_stats, self.contexts)
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",
                                                               "files_over_budget", "long_lines", "names_truncated"))
         _publish(self._stats, process_files, "process_files_")  # the files of sampled processes: opened, refused and why

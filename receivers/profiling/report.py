@@ -2,7 +2,8 @@
 
 The shape follows what opentelemetry-ebpf-profiler sends, so backends treat our data the same:
 one ResourceProfiles per process (``process.pid``, ``process.executable.name``,
-``process.executable.path``, ``container.id``, ``host.name``), one Profile with sample type
+``process.executable.path``, ``container.id``, ``host.name``, and the resource an OpenTelemetry
+SDK in the process publishes: ``service.name``...), one Profile with sample type
 ``samples/count`` and period ``cpu/nanoseconds`` and, with off-CPU profiling, a second with sample
 type ``off_cpu/nanoseconds`` (no period: each value is the time a thread spent away from the CPU
 there), samples carrying ``thread.id`` and
@@ -24,6 +25,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2
 from pycollector.pdata import CPU_SAMPLES, CPU_TIME, OFF_CPU_TIME, ProfilesBuilder
 
 from receivers.profiling.kernel.samples import Interval, StackCount
+from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.processes.proc import ProcessInfo
 from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND, PythonInterpreters
@@ -49,6 +51,7 @@ class ReportBuilder:
         self.symbolizer = symbolizer
         self.host_name = host_name or socket.gethostname()
         self.python: PythonInterpreters | None = None  # names Python frames, when they are walked
+        self.contexts: ProcessContexts | None = None  # the resources OpenTelemetry SDKs publish
         self._native_frames: dict[int, dict] = {}
 
     def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None) -> profiles_pb2.ProfilesData:
@@ -63,6 +66,9 @@ class ReportBuilder:
         by_process: dict[int, list[StackCount]] = collections.defaultdict(list)
         for stack in interval.stacks:
             by_process[stack.tgid].append(stack)
+        if self.contexts is not None:
+            self.progress.stage("reading the processes' OpenTelemetry contexts")
+            self.contexts.refresh(by_process)
         for tgid, stacks in sorted(by_process.items()):
             built = len(builder.data.resource_profiles)
             self.progress.stage(f"building the profile of pid {tgid}")
@@ -113,6 +119,8 @@ class ReportBuilder:
                     [stack.count],
                     # The comm in the sample is the thread's name when it was sampled.
                     attributes={"thread.id": stack.tid, "thread.name": stack.comm},
+                    # The span it ran in, as the SDK's thread context said: a trace's slow span links to its samples.
+                    link_index=builder.link(stack.span[:16], stack.span[16:]) if stack.span else 0,
                 )
 
     def _resource_attributes(self, tgid: int, info: ProcessInfo | None, stacks: list[StackCount]) -> dict:
@@ -128,6 +136,11 @@ class ReportBuilder:
             attributes["container.id"] = info.container_id
         for name, value in sorted(info.env.items()):
             attributes[f"process.environment_variable.{name}"] = value
+        context = self.contexts.context(tgid) if self.contexts is not None else None
+        if context is not None:
+            # The SDK's resource (service.name above all), except what the kernel told the agent:
+            # a process may name its service as it likes, not pass for another process or container.
+            attributes = {**context.attributes, **attributes}
         return attributes
 
     @staticmethod

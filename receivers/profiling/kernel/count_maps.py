@@ -27,11 +27,13 @@ class CountRow(NamedTuple):
     user_stack_hash: int
     origin: int
     kernel_stack_hash: int
+    span: bytes  # trace id and span id (24 bytes), or b"" outside any span
 
     @classmethod
     def of(cls, key, value) -> CountRow:
+        span = bytes(key.trace_id) + bytes(key.span_id)
         return cls(key.tgid, key.pid, key.comm, key.kernel_stack_id, key.user_stack_id, key.user_leaf_return,
-                   map_int(value), key.user_stack_hash, key.origin, key.kernel_stack_hash)
+                   map_int(value), key.user_stack_hash, key.origin, key.kernel_stack_hash, span if any(span) else b"")
 
 
 @dataclass
@@ -87,7 +89,7 @@ class SlotReader:
                     uerr = -errno.ENOENT
                     missing += 1
             out.append(stack_count(row.tgid, row.pid, row.comm, kaddrs, uaddrs, row.user_leaf_return, row.count,
-                                   kerr, uerr, row.origin))
+                                   kerr, uerr, row.origin, row.span))
         return SlotContents(out, missing, freed)
 
     def _drain_counts(self, table) -> list[CountRow]:

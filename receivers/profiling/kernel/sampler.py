@@ -250,6 +250,7 @@ class Sampler:
         self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
                                       bpf[b"unwind_demand"], bpf[b"unwind_used"], bpf[b"python_processes"])
         self._counters_map = bpf[b"counters"]
+        self._thread_ctx_locations = bpf[b"thread_ctx_locations"]
         self._known = bpf[b"known_tgids"]
         self._active = bpf[b"active_slot"]
         self._active[ct.c_int(0)] = ct.c_uint32(0)
@@ -408,6 +409,18 @@ class Sampler:
         with self._user_lock:
             self._user["off_cpu_waits_pruned"] += len(gone)
         return len(gone)
+
+    def set_thread_context(self, tgid: int, tp_offset: int | None, module: int = 0, offset: int = 0) -> None:
+        """Where process tgid keeps its OpenTelemetry thread context variable: at the thread
+        pointer plus tp_offset, or (tp_offset None) at dtv[module] + offset."""
+        self._require_started()
+        table = self._thread_ctx_locations
+        table[table.Key(tgid)] = table.Leaf(tp_offset or 0, module, offset, 1 if tp_offset is not None else 0, 0)
+
+    def clear_thread_context(self, tgid: int) -> None:
+        self._require_started()
+        with contextlib.suppress(KeyError):
+            del self._thread_ctx_locations[self._thread_ctx_locations.Key(tgid)]
 
     def forget_process(self, tgid: int) -> None:
         """Drop tgid from the kernel's known set, so its next sample announces it again

@@ -26,6 +26,7 @@ class StackCount:
     kernel_stack_error: int = 0
     user_stack_error: int = 0
     off_cpu: bool = False  # where the thread waited (its stacks when it left the CPU)
+    span: bytes = b""  # the trace id and span id it ran in (OpenTelemetry thread context), or b""
 
 
 @dataclass(slots=True)
@@ -51,7 +52,7 @@ class Interval:
 
 
 def stack_count(tgid: int, pid: int, comm: bytes, kaddrs, uaddrs, leaf_return: int, count: int,
-                kerr: int, uerr: int, origin: int = ORIGIN_CPU) -> StackCount:
+                kerr: int, uerr: int, origin: int = ORIGIN_CPU, span: bytes = b"") -> StackCount:
     """A StackCount from what the kernel sent, with the caller frame-pointer unwinding skips (see
     sample_key.user_leaf_return in profile.h) put back."""
     uaddrs = list(uaddrs or ())
@@ -60,5 +61,5 @@ def stack_count(tgid: int, pid: int, comm: bytes, kaddrs, uaddrs, leaf_return: i
     return StackCount(
         tgid=tgid, tid=pid, comm=comm.decode("utf-8", "replace"),
         kernel_addrs=list(kaddrs or ()), user_addrs=uaddrs, count=count,
-        kernel_stack_error=kerr, user_stack_error=uerr, off_cpu=origin == ORIGIN_OFF_CPU,
+        kernel_stack_error=kerr, user_stack_error=uerr, off_cpu=origin == ORIGIN_OFF_CPU, span=span,
     )

@@ -127,6 +127,7 @@ class ProcessInfo:
     kernel_thread: bool = False
     credentials: Credentials | None = None  # None: unknown, and no file of it is read
     nspid: int | None = None  # its pid in its own pid namespace (names its perf map)
+    context_address: int | None = None  # where an OpenTelemetry SDK in it publishes its process context
     errors: list[str] = field(default_factory=list)  # what the snapshot could not read
     exited: bool = False
     maps_read_at: float = 0.0  # monotonic seconds
@@ -186,6 +187,22 @@ def parse_maps(text: str, executable_only: bool = True) -> list[Mapping]:
                            perms=perms, dev=parts[3], inode=int(parts[4]), path=path,
                            deleted=deleted))
     return out
+
+
+# How /proc/PID/maps names the region an OpenTelemetry SDK publishes its process context in
+# (OTEP 4719): an anonymous mapping named by prctl, shared or not, or a memfd.
+PROCESS_CONTEXT_MAPPINGS = ("[anon:OTEL_CTX]", "[anon_shmem:OTEL_CTX]", "/memfd:OTEL_CTX")
+
+
+def find_process_context(maps_text: str) -> int | None:
+    """The start of the readable OTEL_CTX region in a /proc/PID/maps text, or None."""
+    if "OTEL_CTX" not in maps_text:  # (nearly every process: one search, no parsing)
+        return None
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[1].startswith("r") and parts[5].startswith(PROCESS_CONTEXT_MAPPINGS):
+            return int(parts[0].partition("-")[0], 16)
+    return None
 
 
 def parse_stat(text: str) -> dict:

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, _split_deleted, container_id_from_cgroup, parse_maps, parse_stat, parse_status, status_tgid
+from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, _split_deleted, container_id_from_cgroup, find_process_context, parse_maps, parse_stat, parse_status, status_tgid
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -179,7 +179,9 @@ class ProcessTable:
     def _read_maps(self, info: ProcessInfo, base: str) -> bool:
         info.maps_read_at = self._clock()
         try:
-            info.set_mappings(parse_maps(_read(f"{base}/maps")))
+            text = _read(f"{base}/maps")
+            info.set_mappings(parse_maps(text))
+            info.context_address = find_process_context(text)
             return True
         except OSError as e:
             info.errors.append(f"maps: {e}")
@@ -264,7 +266,7 @@ class ProcessTable:
         if self._read_maps(fresh, base) and fresh.mappings:
             # A new snapshot object, not the old one changed in place: watchers compare what they
             # held with what they are given (the unwind registry lets go of unmapped files).
-            refreshed = dataclasses.replace(info, mappings=[], _starts=[])
+            refreshed = dataclasses.replace(info, mappings=[], _starts=[], context_address=fresh.context_address)
             refreshed.set_mappings(fresh.mappings)
             with self._life:
                 with self._lock:

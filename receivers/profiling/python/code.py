@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .frames import FIRST_LINE_MASK
 from .linetable import LineTable
-from .memory import MemoryReadError, ProcessMemory
+from ..processes.memory import MemoryReadError, ProcessMemory
 from .offsets import Offsets, StringKind
 
 # A name's length past this is no name but garbage where a code object was expected. (Only the

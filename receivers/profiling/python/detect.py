@@ -26,7 +26,7 @@ from elftools.elf.sections import SymbolTableSection
 
 from ..elf.headers import DEBUG_DIRS, ElfHeaders, debug_file_candidates
 from ..processes.files import open_host_file
-from .memory import ProcessMemory
+from ..processes.memory import ProcessMemory
 from .offsets import (DEBUG_OFFSETS_MAX_SIZE, FIRST_WITH_DEBUG_OFFSETS, Offsets, UnknownLayout, debug_offsets_version,
                       read_debug_offsets, table_offsets)
 

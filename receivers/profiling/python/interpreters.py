@@ -29,7 +29,7 @@ from receivers.profiling.symbols.frame import Frame
 from .code import CodeCache, CodeReadError
 from .detect import RUNTIME, CPython, detect_cpython, version_from_name, _UNVERSIONED
 from .frames import TAG, PythonFrame, calls, eval_loop_test, interleave, split
-from .memory import MemoryReadError, ProcessMemory
+from ..processes.memory import MemoryReadError, ProcessMemory
 from .offsets import InstructionKind, EntryKind, Offsets, UnknownLayout
 
 FRAME_KIND = "cpython"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames

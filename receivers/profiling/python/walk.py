@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .memory import ProcessMemory
+from ..processes.memory import ProcessMemory
 from .offsets import EntryKind, Offsets
 
 

@@ -1,0 +1,63 @@
+/* OpenTelemetry thread contexts (OTEP 4947): the span a sampled thread runs in.  Pasted into
+ * profile.bpf.c after python.bpf.c (it uses current_fsbase()).
+ *
+ * An SDK in the process keeps, in each thread, the TLS variable otel_thread_ctx_v1: a pointer to
+ * the record of the span the thread runs in (trace id, span id, a valid byte, flags, then
+ * attributes), or NULL.  Where the variable is comes from user space (thread_ctx_locations, for the
+ * processes that publish a thread context).  The record is read while the thread is stopped (an
+ * interrupt, or its switch off the CPU), as the OTEP asks of readers: the thread cannot be halfway
+ * through writing it. */
+
+#ifndef THREAD_CTX_PROCESSES
+#define THREAD_CTX_PROCESSES 4096
+#endif
+#define TLS_DTV_ENTRY_SIZE 16  /* glibc's dtv_t on 64-bit: {void *val; void *to_free} */
+#define TLS_TCB_DTV_OFFSET 8   /* x86-64 tcbhead_t: {void *tcb; dtv_t *dtv; ...} */
+
+BPF_HASH(thread_ctx_locations, u32, struct thread_ctx_location, THREAD_CTX_PROCESSES);
+
+struct otel_thread_ctx_head {
+    u8 trace_id[16];
+    u8 span_id[8];
+    u8 valid;
+    u8 trace_flags;
+    u16 attrs_data_size;
+};
+
+/* The sampled thread's span into key->trace_id and span_id (left zero when it has none). */
+static __always_inline void read_thread_context(struct sample_key *key)
+{
+    struct thread_ctx_location *where = thread_ctx_locations.lookup(&key->tgid);
+    if (!where)
+        return;
+    u64 tp = current_fsbase();
+    if (!tp)
+        return;
+    u64 variable;
+    if (where->is_static) {
+        variable = tp + where->tp_offset;
+    } else {
+        u64 dtv, block;
+        if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + TLS_TCB_DTV_OFFSET)) || !dtv)
+            return;
+        if (where->module >= 65536 ||
+            bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + where->module * TLS_DTV_ENTRY_SIZE)))
+            return;
+        if (!block || block == (u64)-1)  /* the thread never touched the module's TLS: no context */
+            return;
+        variable = block + where->offset;
+    }
+    u64 record;
+    if (bpf_probe_read_user(&record, sizeof(record), (void *)variable) || !record)
+        return;
+    struct otel_thread_ctx_head head;
+    if (bpf_probe_read_user(&head, sizeof(head), (void *)record)) {
+        count(COUNTER_THREAD_CTX_READ_ERRORS);
+        return;
+    }
+    if (head.valid != 1)
+        return;
+    __builtin_memcpy(key->trace_id, head.trace_id, sizeof(key->trace_id));
+    __builtin_memcpy(key->span_id, head.span_id, sizeof(key->span_id));
+    count(COUNTER_THREAD_CTX_SAMPLES);
+}

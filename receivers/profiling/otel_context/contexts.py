@@ -1,0 +1,200 @@
+"""The process contexts of the sampled processes, kept current.
+
+A process's context is read when its snapshot shows the OTEL_CTX region (a new process, an exec,
+its maps read again). Before each report, `refresh` looks at the processes in it: a known
+context whose publication time changed is read again (8 bytes read when it did not); a process
+without one has its maps searched again every ``rescan_s`` (an SDK usually starts after the
+process was first seen). Failures are counted by reason and logged once per process; its profile
+then keeps what the agent measured.
+
+A context whose ``threadlocal.schema_version`` this reader knows says the SDK also publishes
+thread contexts: the module that defines the thread context variable is found among the
+process's mapped files, and where the variable is (thread_context.py) goes to the kernel, which
+reads the sampled thread's span at each sample.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from pycollector.logs import log_once
+
+from ..processes.files import open_mapped_file
+from ..processes.memory import MemoryReadError, ProcessMemory
+from ..processes.proc import ProcessInfo, find_process_context
+from ..processes.table import ProcessTable
+from .process_context import ContextError, ProcessContext, published_at, read_process_context
+from .thread_context import SCHEMAS, Definition, TlsLocation, locate, read_definition
+
+DEFAULT_RESCAN_S = 10.0
+MAX_FILES_KNOWN = 4096  # files whose thread context variable (or its absence) is remembered
+
+
+class _Known:
+    __slots__ = ("program", "address", "context", "memory", "scanned_at", "tls")
+
+    def __init__(self, program: int, scanned_at: float) -> None:
+        self.program = program
+        self.address: int | None = None
+        self.context: ProcessContext | None = None
+        self.memory: ProcessMemory | None = None
+        self.scanned_at = scanned_at
+        self.tls: TlsLocation | None = None  # where its thread context variable is, once found
+
+
+class ThreadContextSink(Protocol):
+    """Where the locations go (the sampler's BPF map)."""
+
+    def set_thread_context(self, tgid: int, tp_offset: int | None, module: int = 0, offset: int = 0) -> None: ...
+
+    def clear_thread_context(self, tgid: int) -> None: ...
+
+
+class ProcessContexts:
+    def __init__(self, processes: ProcessTable, logger: Any, *, rescan_s: float = DEFAULT_RESCAN_S,
+                 proc_root: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
+        self.log = logger
+        self.rescan_s = rescan_s
+        self.proc = proc_root
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._known: dict[int, _Known] = {}
+        self.processes = processes
+        self.thread_contexts: ThreadContextSink | None = None  # set once the BPF program runs
+        self._definitions: dict[tuple[str, int], Definition | None] = {}  # file identity -> its variable, if any
+        self.stats = {"processes_with_context": 0, "reads": 0, "updates": 0, "errors": 0, "attributes_dropped": 0,
+                      "processes_with_thread_context": 0, "thread_context_errors": 0}
+        processes.watch(changed=self._changed, exited=self.forget)
+
+    def context(self, tgid: int) -> ProcessContext | None:
+        """The process's context as last read, or None."""
+        with self._lock:
+            known = self._known.get(tgid)
+            return known.context if known is not None else None
+
+    def _changed(self, info: ProcessInfo) -> None:
+        with self._lock:
+            known = self._known.get(info.pid)
+            if known is None or known.program != info.program:  # new, or an exec: another program's context
+                self._drop(info.pid)
+                known = self._known[info.pid] = _Known(info.program, self._clock())
+        if info.context_address is not None and info.context_address != known.address:
+            self._read(info.pid, known, info.context_address)
+
+    def refresh(self, tgids: Iterable[int]) -> None:
+        """Before a report of these processes: read again what changed, look for new contexts."""
+        now = self._clock()
+        for tgid in tgids:
+            with self._lock:
+                known = self._known.get(tgid)
+            if known is None:
+                continue
+            if known.address is not None:
+                self._follow(tgid, known)
+                if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS:
+                    self._locate_thread_context(tgid, known)  # (a TLS descriptor resolves on the first use)
+            elif now - known.scanned_at >= self.rescan_s:
+                known.scanned_at = now
+                try:
+                    with open(f"{self.proc}/{tgid}/maps") as maps:
+                        address = find_process_context(maps.read())
+                except OSError:
+                    continue  # gone: the table tells of its exit
+                if address is not None:
+                    self._read(tgid, known, address)
+
+    def forget(self, tgid: int) -> None:
+        with self._lock:
+            self._drop(tgid)
+
+    def _drop(self, tgid: int) -> None:
+        known = self._known.pop(tgid, None)
+        if known is not None and known.context is not None:
+            self.stats["processes_with_context"] -= 1
+        if known is not None and known.tls is not None:
+            self.stats["processes_with_thread_context"] -= 1
+            if self.thread_contexts is not None:
+                self.thread_contexts.clear_thread_context(tgid)
+
+    def _follow(self, tgid: int, known: _Known) -> None:
+        try:
+            current = published_at(known.memory, known.address)
+        except MemoryReadError:
+            return  # exiting, or the region was unmapped: kept until the next snapshot says
+        if current and known.context is not None and current != known.context.published_at_ns:
+            self.stats["updates"] += 1
+            self._read(tgid, known, known.address)
+
+    def _read(self, tgid: int, known: _Known, address: int) -> None:
+        try:
+            if known.memory is None:
+                known.memory = ProcessMemory(tgid, self.proc)
+            context = read_process_context(known.memory, address)
+        except (ContextError, MemoryReadError) as error:
+            self.stats["errors"] += 1
+            log_once(self.log, ("process-context", tgid, known.program), "info", "a process context could not be read; its "
+                     "profile keeps the attributes the agent measured", pid=tgid, reason=str(error))
+            return
+        self.stats["reads"] += 1
+        self.stats["attributes_dropped"] += context.dropped
+        with self._lock:
+            if self._known.get(tgid) is not known:
+                return  # exited or exec'd meanwhile
+            if known.context is None:
+                self.stats["processes_with_context"] += 1
+            known.address, known.context = address, context
+        if known.tls is None and context.schema_version in SCHEMAS:
+            self._locate_thread_context(tgid, known)
+
+    def _locate_thread_context(self, tgid: int, known: _Known) -> None:
+        """Find the module that defines the thread context variable, and where it is in the
+        process's threads; tell the kernel. Not found yet (a descriptor not resolved): the next
+        refresh tries again."""
+        info = self.processes.lookup(tgid)
+        if info is None or self.thread_contexts is None or known.memory is None:
+            return
+        seen = set()
+        for mapping in info.mappings:
+            if not mapping.file_backed or mapping.identity in seen:
+                continue
+            seen.add(mapping.identity)
+            definition = self._definition(info, mapping)
+            if definition is None:
+                continue
+            ranges = [(m.start, m.end) for m in info.mappings if m.identity == mapping.identity]
+            try:
+                location = locate(definition, mapping, known.memory, main_program=mapping.path == info.exe_path, module_ranges=ranges)
+            except MemoryReadError as error:
+                self.stats["thread_context_errors"] += 1
+                log_once(self.log, ("thread-context", tgid, known.program), "info", "a thread context variable could not be "
+                         "located; samples of the process carry no span", pid=tgid, reason=str(error))
+                return
+            if location is not None:
+                self.thread_contexts.set_thread_context(tgid, location.tp_offset, location.module, location.offset)
+                with self._lock:
+                    if self._known.get(tgid) is known:
+                        known.tls = location
+                        self.stats["processes_with_thread_context"] += 1
+            return
+
+    def _definition(self, info: ProcessInfo, mapping) -> Definition | None:
+        """What the mapped file says of the variable (parsed once per file)."""
+        if mapping.identity in self._definitions:
+            return self._definitions[mapping.identity]
+        definition = None
+        fd = open_mapped_file(info, mapping)
+        if fd is not None:
+            try:
+                definition = read_definition(fd)
+            except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
+                self.stats["thread_context_errors"] += 1
+            finally:
+                os.close(fd)
+        if len(self._definitions) >= MAX_FILES_KNOWN:
+            self._definitions.clear()
+        self._definitions[mapping.identity] = definition
+        return definition

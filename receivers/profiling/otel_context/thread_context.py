@@ -1,0 +1,146 @@
+"""Where a process keeps its OpenTelemetry thread context (OTEP 4947), for the kernel to read.
+
+An SDK exports the TLS variable ``otel_thread_ctx_v1`` in the .dynsym of the executable or of one
+of its libraries: in each thread, a pointer to the record of the span the thread runs in. The BPF
+program reads it at sample time, so what it needs is where the variable is relative to the
+sampled thread's thread pointer (x86-64's fs base), in one of two forms:
+
+- static TLS: at ``tp + tp_offset`` in every thread. The executable's own variable (local-exec:
+  its block ends at the thread pointer, TLS variant II), a library's reached by initial-exec (its
+  GOT holds the offset, R_X86_64_TPOFF64) or by a TLS descriptor that the dynamic linker resolved
+  to static TLS (R_X86_64_TLSDESC: the GOT pair is (resolver, offset), the offset negative);
+- dynamic TLS (a library loaded by dlopen): in the block the thread's DTV holds for the module,
+  ``dtv[module] + offset``; the GOT holds (module, offset) for a general dynamic reference
+  (R_X86_64_DTPMOD64 then DTPOFF64), or the descriptor's argument points at them (TLSDESC).
+
+A TLS descriptor is resolved lazily, by the first thread that reads the variable: until then its
+argument points into the library's relocations, and the location is not known yet (`locate`
+returns None: ask again later). The GOT and the arguments are the process's memory, so each value
+is checked for being plausible before it is used.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from elftools.elf.elffile import ELFFile
+
+from ..processes.memory import ProcessMemory
+from ..processes.proc import Mapping
+
+SYMBOL = "otel_thread_ctx_v1"
+# threadlocal.schema_version values whose thread records this reader knows (OTEP 4947).
+SCHEMAS = ("tlsdesc_v1_dev", "tls_v1")
+
+_R_X86_64_DTPMOD64, _R_X86_64_DTPOFF64, _R_X86_64_TPOFF64, _R_X86_64_TLSDESC = 16, 17, 18, 36
+_STT_TLS = 6
+_MAX_STATIC_OFFSET = 1 << 30  # static TLS lies within this of the thread pointer
+_MAX_MODULES = 1 << 16
+_MAX_BLOCK_OFFSET = 1 << 30
+_PAGE = 4096
+
+
+@dataclass(frozen=True)
+class TlsLocation:
+    """Where the variable is in a thread: ``tp + tp_offset`` (static), else ``dtv[module] + offset``."""
+
+    tp_offset: int | None = None
+    module: int = 0
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What an ELF file says of the variable it defines."""
+
+    value: int  # its offset in the module's TLS block
+    tls_size: int  # PT_TLS: memory size, alignment and address
+    tls_align: int
+    tls_vaddr: int
+    relocations: tuple[tuple[int, int], ...]  # (type, offset) of the relocations that reach it
+    code_segments: tuple[tuple[int, int, int], ...]  # executable PT_LOADs: (offset, vaddr, size)
+
+
+def read_definition(fd: int) -> Definition | None:
+    """The definition of otel_thread_ctx_v1 in the ELF file open as ``fd``, or None when it has
+    none (nearly every file: one .dynsym lookup)."""
+    with os.fdopen(os.dup(fd), "rb") as stream:
+        elf = ELFFile(stream)
+        dynsym = elf.get_section_by_name(".dynsym")
+        if dynsym is None or elf["e_machine"] != "EM_X86_64":
+            return None
+        found = dynsym.get_symbol_by_name(SYMBOL)
+        symbol = next((s for s in found or () if s["st_info"]["type"] == "STT_TLS" and s["st_shndx"] != "SHN_UNDEF"), None)
+        if symbol is None:
+            return None
+        tls = next((s for s in elf.iter_segments() if s["p_type"] == "PT_TLS"), None)
+        if tls is None:
+            return None
+        index = next(i for i, s in enumerate(dynsym.iter_symbols()) if s.name == SYMBOL and s["st_info"]["type"] == "STT_TLS")
+        relocations = []
+        for section in elf.iter_sections():
+            if section["sh_type"] == "SHT_RELA" and section["sh_link"] and elf.get_section(section["sh_link"]).name == ".dynsym":
+                for relocation in section.iter_relocations():
+                    if relocation["r_info_sym"] == index and relocation["r_info_type"] in (_R_X86_64_TPOFF64, _R_X86_64_TLSDESC, _R_X86_64_DTPMOD64):
+                        relocations.append((relocation["r_info_type"], relocation["r_offset"]))
+        code = tuple((s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
+                     if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1)
+        return Definition(symbol["st_value"], tls["p_memsz"], max(1, tls["p_align"]), tls["p_vaddr"], tuple(relocations), code)
+
+
+def locate(definition: Definition, mapping: Mapping, memory: ProcessMemory, *, main_program: bool,
+           module_ranges: list[tuple[int, int]]) -> TlsLocation | None:
+    """Where the variable is in the process's threads, or None when it cannot be told yet (a
+    descriptor not resolved) or at all. ``mapping``: the module's executable mapping (its load
+    bias); ``module_ranges``: the (start, end) of the module's mappings, where an unresolved
+    descriptor's argument points."""
+    bias = _bias(definition.code_segments, mapping)
+    for kind, offset in definition.relocations:
+        if bias is None:
+            break
+        got = bias + offset
+        if kind == _R_X86_64_TPOFF64:
+            return _static(_signed(memory.u64(got)))
+        if kind == _R_X86_64_DTPMOD64:
+            return _dynamic(memory.u64(got), memory.u64(got + 8))
+        if kind == _R_X86_64_TLSDESC:
+            _resolver, argument = struct.unpack("<QQ", memory.read(got, 16))
+            if -_MAX_STATIC_OFFSET < _signed(argument) < 0:
+                return _static(_signed(argument))
+            if any(start <= argument < end for start, end in module_ranges):
+                return None  # not resolved yet: the argument is still the relocation's address
+            module, block_offset = struct.unpack("<QQ", memory.read(argument, 16))
+            return _dynamic(module, block_offset)
+    if main_program and not definition.relocations:
+        # The executable's own variable (local-exec): module 1, its block the first below the
+        # thread pointer, placed as glibc places it (x86-64 keeps the TCB above the TLS blocks).
+        align = definition.tls_align
+        first_byte = -definition.tls_vaddr & (align - 1)
+        block = _round_up(definition.tls_size - first_byte, align) + first_byte
+        return _static(definition.value - block)
+    return None
+
+
+def _static(tp_offset: int) -> TlsLocation | None:
+    return TlsLocation(tp_offset=tp_offset) if -_MAX_STATIC_OFFSET < tp_offset < 0 else None
+
+
+def _dynamic(module: int, offset: int) -> TlsLocation | None:
+    return TlsLocation(module=module, offset=offset) if 0 < module < _MAX_MODULES and offset < _MAX_BLOCK_OFFSET else None
+
+
+def _bias(segments: tuple[tuple[int, int, int], ...], mapping: Mapping) -> int | None:
+    for offset, vaddr, size in segments:
+        if offset - offset % _PAGE <= mapping.offset < offset + size:
+            return mapping.start - mapping.offset - (vaddr - offset)
+    return None
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _round_up(value: int, align: int) -> int:
+    return (value + align - 1) // align * align

@@ -1,0 +1,100 @@
+/* A program that runs in two spans, as an instrumented service would: spin_heavy (3/4 of its
+ * work) inside span 0x11..., spin_light inside span 0x22..., both of trace 0xab... It publishes
+ * them through otel_thread_ctx.c's writer, which is linked in (the library, or compiled into this
+ * executable), or, with "dlopen PATH", loaded at run time.
+ *
+ *   otel_thread_ctx_main SECONDS [dlopen PATH]
+ *
+ * It prints, once the first record is attached: "tp=<thread pointer> var=<&otel_thread_ctx_v1>".
+ * With OTEL_CTX_PAYLOAD set (an encoded Resource, in hex), it first publishes that as its process
+ * context (OTEP 4719), in a memfd named OTEL_CTX, as an SDK does. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef void (*attach_fn)(const uint8_t *, const uint8_t *, uint8_t, const uint8_t *, uint16_t);
+typedef long (*offset_fn)(void);
+#ifndef DLOPEN_ONLY
+void otel_ctx_attach(const uint8_t *, const uint8_t *, uint8_t, const uint8_t *, uint16_t);
+long otel_ctx_tp_offset(void);
+#endif
+
+volatile uint64_t sink;
+__attribute__((noinline)) void spin_heavy(void) { for (int i = 0; i < 300000; i++) sink += i * 7; }
+__attribute__((noinline)) void spin_light(void) { for (int i = 0; i < 100000; i++) sink += i * 3; }
+
+static void publish_process_context(const char *hex)
+{
+    size_t size = strlen(hex) / 2;
+    int fd = memfd_create("OTEL_CTX", 0);
+    if (fd < 0 || ftruncate(fd, 4096 + size) != 0)
+        return;
+    uint8_t *region = mmap(NULL, 4096 + size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (region == MAP_FAILED)
+        return;
+    madvise(region, 4096 + size, MADV_DONTFORK);
+    for (size_t i = 0; i < size; i++)
+        sscanf(hex + 2 * i, "%2hhx", &region[64 + i]);
+    struct { char signature[8]; uint32_t version, payload_size; uint64_t published_at_ns; uint8_t *payload; } header = {
+        {0}, 2, (uint32_t)size, 0, region + 64};
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    header.published_at_ns = t.tv_sec * 1000000000ull + t.tv_nsec;
+    memcpy(region + 8, (char *)&header + 8, sizeof(header) - 8);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    memcpy(region, "OTEL_CTX", 8);  /* the signature last */
+}
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    double seconds = argc > 1 ? atof(argv[1]) : 10;
+    if (getenv("OTEL_CTX_PAYLOAD"))
+        publish_process_context(getenv("OTEL_CTX_PAYLOAD"));
+    attach_fn attach;
+    offset_fn tp_offset;
+#ifndef DLOPEN_ONLY
+    attach = otel_ctx_attach;
+    tp_offset = otel_ctx_tp_offset;
+#endif
+    if (argc > 3 && !strcmp(argv[2], "dlopen")) {
+        void *library = dlopen(argv[3], RTLD_NOW);
+        if (!library) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 1;
+        }
+        attach = (attach_fn)dlsym(library, "otel_ctx_attach");
+        tp_offset = (offset_fn)dlsym(library, "otel_ctx_tp_offset");
+    }
+    uint8_t trace[16], heavy[8], light[8];
+    memset(trace, 0xab, sizeof(trace));
+    memset(heavy, 0x11, sizeof(heavy));
+    memset(light, 0x22, sizeof(light));
+    /* attributes: key 0 ("http.route" in the tests' key map) = "/heavy" or "/light" */
+    const uint8_t heavy_attrs[] = {0, 6, '/', 'h', 'e', 'a', 'v', 'y'}, light_attrs[] = {0, 6, '/', 'l', 'i', 'g', 'h', 't'};
+    attach(trace, heavy, 1, heavy_attrs, sizeof(heavy_attrs));
+    char *tp = __builtin_thread_pointer();
+    printf("tp=%lx var=%lx\n", (unsigned long)tp, (unsigned long)(tp + tp_offset()));
+    fflush(stdout);
+    double end = now() + seconds;
+    while (now() < end) {
+        attach(trace, heavy, 1, heavy_attrs, sizeof(heavy_attrs));
+        spin_heavy();
+        attach(trace, light, 1, light_attrs, sizeof(light_attrs));
+        spin_light();
+    }
+    return 0;
+}

@@ -1,0 +1,270 @@
+"""OpenTelemetry process contexts (OTEP 4719): the resource an SDK in a sampled process publishes.
+
+The publisher (tests/otel_context_publisher.py) does what an SDK does: a memfd or a named
+anonymous mapping, the header with the signature written last, updates by the protocol. The
+reader is checked against it directly, then end to end: a busy publisher's profiles carry its
+service.name, and an update shows in later reports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
+
+from pycollector.config.validate import build_plan
+from pycollector.pdata import iter_samples
+from pycollector.service import Service
+from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
+
+from receivers.profiling.otel_context import process_context
+from receivers.profiling.otel_context.process_context import ContextError, read_process_context
+from receivers.profiling.processes.memory import ProcessMemory
+from receivers.profiling.processes.proc import find_process_context
+
+from tests.conftest import bpf_unavailable_reason
+
+PUBLISHER = Path(__file__).with_name("otel_context_publisher.py")
+
+
+def resource(**attributes) -> bytes:
+    """An encoded Resource; a list value becomes an array of strings."""
+    pairs = []
+    for key, value in attributes.items():
+        key = key.replace("__", ".")
+        if isinstance(value, list):
+            any_value = common_pb2.AnyValue(array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(string_value=v) for v in value]))
+        elif isinstance(value, bool):
+            any_value = common_pb2.AnyValue(bool_value=value)
+        elif isinstance(value, int):
+            any_value = common_pb2.AnyValue(int_value=value)
+        else:
+            any_value = common_pb2.AnyValue(string_value=value)
+        pairs.append(common_pb2.KeyValue(key=key, value=any_value))
+    return resource_pb2.Resource(attributes=pairs).SerializeToString()
+
+
+class Publisher:
+    def __init__(self, payload: bytes, kind: str = "memfd", activity: str = "idle"):
+        self.process = subprocess.Popen([sys.executable, str(PUBLISHER), kind, activity], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        self.process.stdin.write(payload.hex() + "\n")
+        self.process.stdin.flush()
+        self.address = int(self.process.stdout.readline(), 16)
+        self.pid = self.process.pid
+
+    def update(self, payload: bytes) -> None:
+        self.process.stdin.write(payload.hex() + "\n")
+        self.process.stdin.flush()
+        assert self.process.stdout.readline().strip() == "updated"
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.kill()
+        self.process.wait()
+
+
+def maps_of(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as maps:
+        return maps.read()
+
+
+def anon_names_work() -> bool:
+    region = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    named = ctypes.CDLL(None).prctl(0x53564D41, 0, ctypes.c_ulong(address), ctypes.c_ulong(4096), b"probe") == 0
+    del address
+    return named
+
+
+@pytest.mark.parametrize("kind", ["memfd", "anon"])
+def test_the_context_an_sdk_publishes_is_found_and_read(kind):
+    if kind == "anon" and not anon_names_work():
+        pytest.skip("this kernel does not name anonymous mappings (CONFIG_ANON_VMA_NAME)")
+    publisher = Publisher(resource(service__name="checkout", service__version="1.4.2", deployment__environment__name="prod",
+                                   threadlocal__schema_version="tlsdesc_v1_dev",
+                                   threadlocal__attribute_key_map=["http.route", "http.request.method"]), kind)
+    try:
+        assert find_process_context(maps_of(publisher.pid)) == publisher.address
+        with ProcessMemory(publisher.pid) as memory:
+            context = read_process_context(memory, publisher.address)
+            assert context.attributes == {"service.name": "checkout", "service.version": "1.4.2", "deployment.environment.name": "prod"}
+            assert context.schema_version == "tlsdesc_v1_dev" and context.key_map == ("http.route", "http.request.method")
+            publisher.update(resource(service__name="checkout", service__version="1.5.0"))
+            updated = read_process_context(memory, publisher.address)
+            assert updated.attributes["service.version"] == "1.5.0" and updated.published_at_ns > context.published_at_ns
+    finally:
+        publisher.close()
+
+
+def test_a_hostile_context_is_held_to_its_budgets():
+    attributes = {f"custom__key{i}": "v" for i in range(200)}
+    attributes["custom__long"] = "x" * 5000
+    publisher = Publisher(resource(custom__first="kept", **attributes, nested=["array", "dropped"]))
+    try:
+        with ProcessMemory(publisher.pid) as memory:
+            context = read_process_context(memory, publisher.address)
+        assert len(context.attributes) == process_context.MAX_ATTRIBUTES
+        assert context.attributes["custom.first"] == "kept"
+        assert context.dropped == 202 - process_context.MAX_ATTRIBUTES + 1  # past the cap, and the array
+    finally:
+        publisher.close()
+
+
+def test_what_is_not_a_whole_context_is_refused():
+    """A wrong signature or version, a payload over the cap, one that is no Resource, and a
+    header whose update never ends (published_at_ns stays 0) are each a ContextError."""
+    region = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    payload = resource(service__name="x")
+    region[4096:4096 + len(payload)] = payload
+
+    def header(signature=b"OTEL_CTX", version=2, size=len(payload), published=1, at=base + 4096):
+        struct.pack_into("=8sIIQQ", region, 0, signature, version, size, published, at)
+
+    import os
+    with ProcessMemory(os.getpid()) as memory:
+        header()
+        assert read_process_context(memory, base).attributes == {"service.name": "x"}
+        for bad, reason in ((dict(signature=b"OTEL_CTY"), "no process context"), (dict(version=3), "no process context"),
+                            (dict(size=1 << 19), "over"), (dict(published=0), "changed under each"),
+                            (dict(at=base + 4096 + 1, size=len(payload) - 1), "not a Resource")):
+            header(**bad)
+            with pytest.raises(ContextError, match=reason):
+                read_process_context(memory, base)
+    del base
+
+
+@pytest.fixture(scope="module")
+def service_and_capture(tmp_path_factory):
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    capture = CapturingExporterFactory()
+    config = {
+        "receivers": {"profiling": {"samples_per_second": 99, "reporter_interval": "1s",
+                                    "unwind_cache_dir": str(tmp_path_factory.mktemp("cache"))}},
+        "exporters": {"capture": {}},
+        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
+    }
+    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
+    service.start()
+    yield service, capture
+    service.shutdown()
+
+
+def resources_of(messages, pid: int) -> list[dict]:
+    return [view.resource for message in messages for view in iter_samples(message) if view.resource.get("process.pid") == pid]
+
+
+@pytest.mark.bpf
+def test_profiles_carry_the_resource_the_process_publishes(service_and_capture):
+    """Its service.name and the rest on its profiles; the agent's own measures kept (a process
+    cannot pass for another pid); an update shows in the reports after it; threadlocal.* keys
+    stay out of the export; a process without a context is as before."""
+    service, capture = service_and_capture
+    publisher = Publisher(resource(service__name="checkout", service__version="1.4.2", process__pid=1,
+                                   threadlocal__schema_version="tlsdesc_v1_dev"), activity="busy")
+    plain = subprocess.Popen([sys.executable, str(PUBLISHER), "none", "busy"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        messages = capture.consumer.messages
+        capture.consumer.wait_for(lambda _: any(r.get("service.name") for r in resources_of(messages, publisher.pid)), timeout=30)
+        first = resources_of(messages, publisher.pid)[-1]
+        assert first["service.name"] == "checkout" and first["service.version"] == "1.4.2"
+        assert first["process.pid"] == publisher.pid and "threadlocal.schema_version" not in first
+        assert first["process.executable.name"].startswith("python")
+        publisher.update(resource(service__name="checkout", service__version="1.5.0"))
+        seen = len(messages)
+        capture.consumer.wait_for(lambda _: any(r.get("service.version") == "1.5.0" for r in resources_of(messages[seen:], publisher.pid)),
+                                  timeout=10)
+        assert all("service.name" not in r for r in resources_of(messages, plain.pid))
+        assert receiver_of(service).contexts.stats["processes_with_context"] >= 1
+    finally:
+        publisher.close()
+        plain.kill()
+        plain.wait()
+
+
+# --------------------------------------------------------------------------------------------
+# Thread contexts (OTEP 4947): the span each sample ran in
+
+NATIVE = Path(__file__).with_name("native")
+TRACE = bytes([0xAB] * 16)
+HEAVY_SPAN, LIGHT_SPAN = bytes([0x11] * 8), bytes([0x22] * 8)
+
+
+@pytest.fixture(scope="module")
+def writers(tmp_path_factory):
+    """The test programs, one per TLS model a reader must handle: the variable in the executable
+    (local-exec), in a library linked in with TLS descriptors (static TLS once resolved), in
+    the same library dlopen()ed (dynamic TLS, through the thread's DTV), and in libraries built
+    for initial-exec and for the traditional general dynamic model."""
+    out = tmp_path_factory.mktemp("thread-ctx")
+    writer, main = NATIVE / "otel_thread_ctx.c", NATIVE / "otel_thread_ctx_main.c"
+
+    def cc(*args: str) -> None:
+        subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", *args], check=True, capture_output=True)
+
+    cc("-fPIC", "-shared", "-mtls-dialect=gnu2", "-o", str(out / "libotelctx.so"), str(writer))
+    cc("-fPIC", "-shared", "-mtls-dialect=gnu", "-o", str(out / "libotelctx-gd.so"), str(writer))
+    cc("-fPIC", "-shared", "-ftls-model=initial-exec", "-o", str(out / "libotelctx-ie.so"), str(writer))
+    cc("-rdynamic", "-o", str(out / "executable"), str(main), str(writer), "-ldl")
+    cc("-o", str(out / "linked"), str(main), f"-L{out}", "-lotelctx", f"-Wl,-rpath,{out}", "-ldl")
+    cc("-DDLOPEN_ONLY", "-o", str(out / "dlopen"), str(main), "-ldl")
+    return {
+        "local-exec": [str(out / "executable")],
+        "tlsdesc, static": [str(out / "linked")],
+        "tlsdesc, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx.so")],
+        "general dynamic, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx-gd.so")],
+        "initial-exec, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx-ie.so")],
+    }
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("model", ["local-exec", "tlsdesc, static", "tlsdesc, dlopen", "general dynamic, dlopen", "initial-exec, dlopen"])
+def test_samples_carry_the_span_their_thread_ran_in(service_and_capture, writers, model):
+    """The program runs spin_heavy in one span and spin_light in another (3:1): every sample
+    under spin_heavy links to the first span, every one under spin_light to the second, and the
+    kernel read the variable wherever the TLS model put it."""
+    service, capture = service_and_capture
+    argv = writers[model]
+    payload = resource(service__name="spans", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
+    process = subprocess.Popen([argv[0], "30", *argv[1:]], stdout=subprocess.PIPE, text=True,
+                               env={"OTEL_CTX_PAYLOAD": payload.hex()})
+    try:
+        process.stdout.readline()  # its first record attached
+        messages = capture.consumer.messages
+        seen = len(messages)
+        capture.consumer.wait_for(lambda _: _spans_by_leaf(messages[seen:], process.pid).get("spin_light"), timeout=20)
+        time.sleep(3)
+        spans = _spans_by_leaf(messages[seen:], process.pid)
+        heavy, light = spans.get("spin_heavy", {}), spans.get("spin_light", {})
+        assert sum(heavy.values()) > 50, spans
+        assert heavy.get((TRACE, HEAVY_SPAN), 0) / sum(heavy.values()) > 0.95, heavy
+        assert light.get((TRACE, LIGHT_SPAN), 0) / sum(light.values()) > 0.9, light
+        assert receiver_of(service).contexts.stats["processes_with_thread_context"] >= 1
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _spans_by_leaf(messages, pid: int) -> dict:
+    """{leaf function: {(trace id, span id) or None: samples}} of process pid."""
+    out: dict = {}
+    for message in messages:
+        links = message.dictionary.link_table
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") != pid or not view.frames:
+                continue
+            link = links[view.sample.link_index] if view.sample.link_index else None
+            key = (bytes(link.trace_id), bytes(link.span_id)) if link is not None else None
+            leaf = out.setdefault(view.frames[0].function, {})
+            leaf[key] = leaf.get(key, 0) + sum(view.values)
+    return out
