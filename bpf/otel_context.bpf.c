@@ -11,10 +11,17 @@
 #ifndef THREAD_CTX_PROCESSES
 #define THREAD_CTX_PROCESSES 4096
 #endif
+#ifndef THREAD_CTX_SPANS
+#define THREAD_CTX_SPANS 4096
+#endif
+#define THREAD_CTX_HEAD_SIZE 28  /* the record's fixed part: ids, valid, flags, attrs-data-size */
 #define TLS_DTV_ENTRY_SIZE 16  /* glibc's dtv_t on 64-bit: {void *val; void *to_free} */
 #define TLS_TCB_DTV_OFFSET 8   /* x86-64 tcbhead_t: {void *tcb; dtv_t *dtv; ...} */
 
 BPF_HASH(thread_ctx_locations, u32, struct thread_ctx_location, THREAD_CTX_PROCESSES);
+/* The attributes of recent spans (least recently sampled ones give way): what a report names. */
+BPF_TABLE("lru_hash", struct thread_ctx_span, struct thread_ctx_attrs, thread_ctx_attributes, THREAD_CTX_SPANS);
+BPF_PERCPU_ARRAY(thread_ctx_scratch, struct thread_ctx_attrs, 1);  /* too big for the BPF stack */
 
 struct otel_thread_ctx_head {
     u8 trace_id[16];
@@ -23,6 +30,33 @@ struct otel_thread_ctx_head {
     u8 trace_flags;
     u16 attrs_data_size;
 };
+
+/* The record's attributes under its span, as they are now (a later sample's replace them). */
+static __always_inline void keep_span_attributes(struct sample_key *key, u64 record, u32 size)
+{
+    u32 zero = 0;
+    struct thread_ctx_attrs *attrs = thread_ctx_scratch.lookup(&zero);
+    if (!attrs)
+        return;
+    if (size > THREAD_CTX_ATTRS_MAX) {
+        count(COUNTER_THREAD_CTX_ATTRS_CUT);
+        size = THREAD_CTX_ATTRS_MAX;
+    }
+    OPAQUE(size);
+    size &= 2 * THREAD_CTX_ATTRS_MAX - 1;  /* for the verifier: it is at most THREAD_CTX_ATTRS_MAX */
+    if (size > THREAD_CTX_ATTRS_MAX || size == 0)
+        return;
+    if (bpf_probe_read_user(attrs->data, size, (void *)(record + THREAD_CTX_HEAD_SIZE))) {
+        count(COUNTER_THREAD_CTX_READ_ERRORS);
+        return;
+    }
+    attrs->tgid = key->tgid;
+    attrs->size = size;
+    struct thread_ctx_span span;
+    __builtin_memcpy(span.trace_id, key->trace_id, sizeof(span.trace_id));
+    __builtin_memcpy(span.span_id, key->span_id, sizeof(span.span_id));
+    thread_ctx_attributes.update(&span, attrs);
+}
 
 /* The sampled thread's span into key->trace_id and span_id (left zero when it has none). */
 static __always_inline void read_thread_context(struct sample_key *key)
@@ -60,4 +94,6 @@ static __always_inline void read_thread_context(struct sample_key *key)
     __builtin_memcpy(key->trace_id, head.trace_id, sizeof(key->trace_id));
     __builtin_memcpy(key->span_id, head.span_id, sizeof(key->span_id));
     count(COUNTER_THREAD_CTX_SAMPLES);
+    if (head.attrs_data_size)
+        keep_span_attributes(key, record, head.attrs_data_size);
 }

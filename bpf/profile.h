@@ -53,6 +53,21 @@ struct sample_key {
     u8 span_id[8];
 };
 
+/* A span's attributes as its thread context record last held them (the record's attrs-data:
+ * entries of a key index, a length and that many bytes), for user space to name by the process
+ * context's key map.  Kept per span in thread_ctx_attributes. */
+#define THREAD_CTX_ATTRS_MAX 256
+struct thread_ctx_span {
+    u8 trace_id[16];
+    u8 span_id[8];
+};
+struct thread_ctx_attrs {
+    u32 tgid;
+    u16 size;              /* bytes of data used */
+    u16 reserved;
+    u8 data[THREAD_CTX_ATTRS_MAX];
+};
+
 /* Where a process keeps its OpenTelemetry thread context variable (OTEP 4947), as
  * receivers/profiling/otel_context/thread_context.py finds it: at the thread pointer plus
  * tp_offset (static TLS), or, when is_static is 0, at dtv[module] + offset (a dlopen()ed library). */
@@ -268,7 +283,8 @@ enum profile_counter {
     COUNTER_OFF_CPU_LOST = 36,           /* waits lost: their stacks could be neither stored nor sent */
     COUNTER_THREAD_CTX_SAMPLES = 37,     /* samples that ran in a span (an OpenTelemetry thread context) */
     COUNTER_THREAD_CTX_READ_ERRORS = 38, /* thread context records that could not be read */
-    PROFILE_NR_COUNTERS = 39,
+    COUNTER_THREAD_CTX_ATTRS_CUT = 39,   /* records whose attributes passed THREAD_CTX_ATTRS_MAX bytes */
+    PROFILE_NR_COUNTERS = 40,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

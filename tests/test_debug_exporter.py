@@ -182,3 +182,12 @@ def test_console_logs_escape_the_values_they_print(log_output):
     logs.get_logger().warning("a file of a sampled process", path=f"/tmp/{HOSTILE}")
     line = log_output.getvalue()
     assert "\x1b]0;" not in line and "\u202e" not in line and "pwned" in line, repr(line)
+
+
+def test_detailed_shows_the_trace_and_span_a_sample_ran_in():
+    builder = ProfilesBuilder()
+    work = builder.location(0, 0x401000, [(builder.function("work"), 0, 0)], {"profile.frame.type": "native"})
+    profile = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 10})))
+    builder.sample(profile, builder.stack([work]), [3], attributes={"thread.id": 10}, link_index=builder.link(bytes(range(16)), bytes(range(8))))
+    text = render("detailed", builder.data)
+    assert f"    Sample #0  values=[3]  trace_id={bytes(range(16)).hex()} span_id={bytes(range(8)).hex()}  thread.id=10" in text

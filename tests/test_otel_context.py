@@ -250,6 +250,9 @@ def test_samples_carry_the_span_their_thread_ran_in(service_and_capture, writers
         assert heavy.get((TRACE, HEAVY_SPAN), 0) / sum(heavy.values()) > 0.95, heavy
         assert light.get((TRACE, LIGHT_SPAN), 0) / sum(light.values()) > 0.9, light
         assert receiver_of(service).contexts.stats["processes_with_thread_context"] >= 1
+        routes = _routes_by_leaf(messages[seen:], process.pid)  # the record's attribute, named by the key map
+        assert routes["spin_heavy"].get("/heavy", 0) / sum(routes["spin_heavy"].values()) > 0.95, routes
+        assert routes["spin_light"].get("/light", 0) / sum(routes["spin_light"].values()) > 0.9, routes
     finally:
         process.kill()
         process.wait()
@@ -268,3 +271,24 @@ def _spans_by_leaf(messages, pid: int) -> dict:
             leaf = out.setdefault(view.frames[0].function, {})
             leaf[key] = leaf.get(key, 0) + sum(view.values)
     return out
+
+
+def _routes_by_leaf(messages, pid: int) -> dict:
+    """{leaf function: {http.route or None: samples}} of process pid."""
+    out: dict = {}
+    for message in messages:
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") == pid and view.frames:
+                leaf = out.setdefault(view.frames[0].function, {})
+                route = view.attributes.get("http.route")
+                leaf[route] = leaf.get(route, 0) + sum(view.values)
+    return out
+
+
+def test_a_records_attributes_are_named_by_the_key_map_and_a_bad_entry_stops_the_reading():
+    from receivers.profiling.otel_context.thread_context import parse_attributes
+
+    key_map = ("http.route", "http.request.method")
+    data = bytes([0, 3]) + b"/a1" + bytes([1, 3]) + b"GET" + bytes([0, 3]) + b"/a2" + bytes([7, 1]) + b"x" + bytes([1, 9]) + b"cut"
+    assert parse_attributes(data, key_map) == ({"http.route": "/a2", "http.request.method": "GET"}, True)
+    assert parse_attributes(bytes([0, 2]) + b"\xff\xfe", key_map) == ({"http.route": "\ufffd\ufffd"}, False)

@@ -246,3 +246,18 @@ def test_go_tool_pprof_reads_off_cpu_time_as_time(tmp_path):
     # 1.5 s waited under wait_for_job, 2.5 ms under work, all of it in the scheduler (the leaf).
     cumulative = {line.split()[-1]: line.split()[3] for line in top.splitlines() if line.split()[-1:] in (["wait_for_job"], ["work"], ["__schedule"])}
     assert cumulative == {"__schedule": "1502.50ms", "wait_for_job": "1500ms", "work": "2.50ms"}, top
+
+
+def test_a_sample_that_ran_in_a_span_is_labelled_with_its_trace_and_span(tmp_path):
+    """As Pyroscope's span profiles read them: trace_id and span_id labels, lower-case hex."""
+    b = ProfilesBuilder()
+    work = b.location(0, 0x401000, [(b.function("work"), 0, 0)], {"profile.frame.type": "native"})
+    profile = b.profile(b.scope_profiles(b.resource_profiles({"process.pid": 100, "process.executable.name": "app"})),
+                        period=PERIOD_NS, time_unix_nano=START_NS, duration_nano=1_000_000_000)
+    b.sample(profile, b.stack([work]), [3], attributes={"thread.id": 100}, link_index=b.link(bytes([0xAB] * 16), bytes([0x11] * 8)))
+    b.sample(profile, b.stack([work]), [1], attributes={"thread.id": 100})
+    exporter_in(tmp_path).consume(b.data)
+    [written] = tmp_path.iterdir()
+    labels = [{profile_.string_table[label.key]: label.num or profile_.string_table[label.str] for label in sample.label}
+              for profile_ in [read(written)] for sample in profile_.sample]
+    assert labels == [{"thread.id": 100, "trace_id": "ab" * 16, "span_id": "11" * 8}, {"thread.id": 100}]

@@ -166,7 +166,9 @@ def test_the_kernel_keeps_the_entries_of_a_pid_reused_between_two_scans(tmp_path
         # Its successor sleeps: it is never sampled, so the kernel would never announce it.
         successor = spawn_with_pid(pid, ["sleep", "60"])
         try:
-            assert receiver.processes.forget_exited() == [pid]
+            # Its predecessor removed and it found alive, or (its exec announced first: the pid
+            # was still among the kernel's known ones) already registered by its exec.
+            assert receiver.processes.forget_exited() in ([pid], [])
             entry = unwind_processes.get(unwind_processes.Key(pid))
             assert entry is not None, "the successor lost its kernel entry with its predecessor's exit"
             mapped = {line.split()[0] for line in open(f"/proc/{pid}/maps")

@@ -4,7 +4,8 @@ basic     one line per export: how many resources and items.
 normal    a line per resource with its attributes, a line per profile with its sample type and
           count, and the profile's top functions by self value (CPU samples; for off-CPU time,
           the function each thread waited in: see _waited_in).
-detailed  every sample with its attributes, then its stack, one frame per line, leaf first.
+detailed  every sample with its attributes (and the trace and span it ran in, when it has one), then
+          its stack, one frame per line, leaf first.
 
 Each profile is shown under its own sample type, and its values in that type's unit (off-CPU
 time as ms and s): values of different types are never added together.
@@ -218,7 +219,8 @@ def _sample_lines(views: list) -> list[str]:
     lines = []
     for s_index, view in enumerate(views):
         timestamps = f"  timestamps={len(view.sample.timestamps_unix_nano)}" if view.sample.timestamps_unix_nano else ""
-        lines.append(f"    Sample #{s_index}  values={list(view.values)}{timestamps}  {_attributes_line(view.attributes)}")
+        link = f"  trace_id={view.link[0].hex()} span_id={view.link[1].hex()}" if view.link is not None else ""
+        lines.append(f"    Sample #{s_index}  values={list(view.values)}{timestamps}{link}  {_attributes_line(view.attributes)}")
         for frame in view.frames:
             parts = [f"Instrumentation: {frame.frame_type or 'unknown'}", f"Function: {frame.function or f'0x{frame.address:x}'}"]
             if frame.filename:

@@ -58,6 +58,8 @@ def to_pprof(data: profiles_pb2.ProfilesData, merged: bool) -> list[PprofProfile
                 group = groups[(process, value_type)] = _Group(data, view.resource, view.profile, value_type, merged)
             group.cover(view.profile)
         labels = dict(view.attributes)
+        if view.link is not None:  # as Pyroscope's span profiles read them: lower-case hex
+            labels["trace_id"], labels["span_id"] = view.link[0].hex(), view.link[1].hex()
         if merged:
             labels.update((key, view.resource[key]) for key in PROCESS_LABEL_KEYS if key in view.resource)
         group.builder.add_sample(view.sample.stack_index, sample_value(view), labels)

@@ -53,6 +53,7 @@ class SampleView:
     frames: list[Frame]
     attributes: dict[str, Any]
     values: list[int]
+    link: tuple[bytes, bytes] | None = None  # (trace id, span id) of the span the sample ran in
 
 
 def _as_str(value: Any) -> str:
@@ -81,6 +82,13 @@ class _Resolver:
                 )
             result[pair[0]] = pair[1]
         return result
+
+    def link(self, index: int) -> tuple[bytes, bytes] | None:
+        """The link at ``index`` as (trace id, span id); None for the zero entry (no span)."""
+        if not index or index >= len(self._dictionary.link_table):
+            return None
+        entry = self._dictionary.link_table[index]
+        return (entry.trace_id, entry.span_id) if entry.trace_id or entry.span_id else None
 
     def frames(self, stack_index: int) -> list[Frame]:
         frames = self._stacks.get(stack_index)
@@ -142,6 +150,7 @@ def iter_samples(data: profiles_pb2.ProfilesData) -> Iterator[SampleView]:
                         frames=resolver.frames(sample.stack_index),
                         attributes=resolver.attributes(sample.attribute_indices),
                         values=list(sample.values),
+                        link=resolver.link(sample.link_index),
                     )
 
 

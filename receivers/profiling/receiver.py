@@ -102,6 +102,9 @@ class ProfilingReceiver(Component):
         jit_runtimes = {runtime for runtime, tracer in TRACER_OF_RUNTIME.items() if self.config.tracer_enabled(tracer)}
         self.jit = JitNames(PerfMaps(), jit_runtimes)
         self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"), logger=self.log)
+        # A report waits for files being read at most half its interval (3 s at most), so it is never late for it.
+        self.symbolizer.loads.report_wait_s = min(3.0, self.config.reporter_interval / 2)
+        self.symbolizer.loads.wait_s = min(2.0, self.symbolizer.loads.report_wait_s)
         self.reports = ReportBuilder(self.processes, self.symbolizer, progress=self._report_progress)
         self.contexts = self.reports.contexts = ProcessContexts(self.processes, self.log)
         sampler = Sampler(
@@ -123,6 +126,7 @@ class ProfilingReceiver(Component):
         self._sampler = sampler
         if sampler.task_fsbase_offset is not None:  # (the thread pointer's place in task_struct, from BTF)
             self.contexts.thread_contexts = sampler  # the kernel reads each sample's span where an SDK publishes it
+            self.reports.span_attributes = sampler.span_attributes
         # The rooms that keep state per process, in the order the process table tells them of
         # a process's life (each _start_* watches it): unwind tables, Python, then the JIT names,
         # targeting and, last, the kernel's set of announced tgids, so a reused pid is announced
@@ -187,6 +191,7 @@ class ProfilingReceiver(Component):
     def _publish_stats(self) -> None:
         """Each component's cumulative counts on its gauge, read at scrape time."""
         _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large"))
+        _publish(self._stats, self.symbolizer.loads, "symbol_", ("loads_deferred", "loads_stuck"))
         _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
         _publish(self._context_stats, self.contexts)
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import socket
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
@@ -52,6 +52,9 @@ class ReportBuilder:
         self.host_name = host_name or socket.gethostname()
         self.python: PythonInterpreters | None = None  # names Python frames, when they are walked
         self.contexts: ProcessContexts | None = None  # the resources OpenTelemetry SDKs publish
+        # {span: (tgid, attrs-data)} for the spans asked (the sampler's thread_ctx_attributes)
+        self.span_attributes: Callable[[Iterable[bytes]], dict[bytes, tuple[int, bytes]]] | None = None
+        self._span_attributes: dict[bytes, dict[str, str]] = {}
         self._native_frames: dict[int, dict] = {}
 
     def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None) -> profiles_pb2.ProfilesData:
@@ -59,6 +62,7 @@ class ReportBuilder:
         out and reported to ``on_error(tgid, samples, off_cpu_ns, error)`` (its CPU samples and its
         off-CPU nanoseconds); the others are still built."""
         builder = ProfilesBuilder()
+        self.symbolizer.new_report()
         if self.python is not None:
             self.python.new_report()
         self._native_frames = collections.defaultdict(dict)  # per process, for this report: see symbolize_user
@@ -69,6 +73,7 @@ class ReportBuilder:
         if self.contexts is not None:
             self.progress.stage("reading the processes' OpenTelemetry contexts")
             self.contexts.refresh(by_process)
+            self._span_attributes = self._name_span_attributes(interval.stacks)
         for tgid, stacks in sorted(by_process.items()):
             built = len(builder.data.resource_profiles)
             self.progress.stage(f"building the profile of pid {tgid}")
@@ -83,6 +88,19 @@ class ReportBuilder:
                 on_error(tgid, sum(stack.count for stack in stacks if not stack.off_cpu),
                          sum(stack.count for stack in stacks if stack.off_cpu), error)
         return builder.data
+
+    def _name_span_attributes(self, stacks: list[StackCount]) -> dict[bytes, dict[str, str]]:
+        """The attributes of the spans the interval's samples ran in, named by the key map of
+        their process's context."""
+        spans = {stack.span for stack in stacks if stack.span}
+        if not spans or self.span_attributes is None:
+            return {}
+        named = {}
+        for span, (tgid, data) in self.span_attributes(spans).items():
+            attributes = self.contexts.span_attributes(tgid, data)
+            if attributes:
+                named[span] = attributes
+        return named
 
     def _frames(self, tgid: int, stack: StackCount) -> list[Frame]:
         frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
@@ -118,7 +136,7 @@ class ReportBuilder:
                     builder.stack([self._location(builder, frame, locations) for frame in frames]),
                     [stack.count],
                     # The comm in the sample is the thread's name when it was sampled.
-                    attributes={"thread.id": stack.tid, "thread.name": stack.comm},
+                    attributes={**self._span_attributes.get(stack.span, {}), "thread.id": stack.tid, "thread.name": stack.comm},
                     # The span it ran in, as the SDK's thread context said: a trace's slow span links to its samples.
                     link_index=builder.link(stack.span[:16], stack.span[16:]) if stack.span else 0,
                 )

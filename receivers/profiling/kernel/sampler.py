@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,6 +251,7 @@ class Sampler:
                                       bpf[b"unwind_demand"], bpf[b"unwind_used"], bpf[b"python_processes"])
         self._counters_map = bpf[b"counters"]
         self._thread_ctx_locations = bpf[b"thread_ctx_locations"]
+        self._thread_ctx_attributes = bpf[b"thread_ctx_attributes"]
         self._known = bpf[b"known_tgids"]
         self._active = bpf[b"active_slot"]
         self._active[ct.c_int(0)] = ct.c_uint32(0)
@@ -416,6 +417,19 @@ class Sampler:
         self._require_started()
         table = self._thread_ctx_locations
         table[table.Key(tgid)] = table.Leaf(tp_offset or 0, module, offset, 1 if tp_offset is not None else 0, 0)
+
+    def span_attributes(self, spans: Iterable[bytes]) -> dict[bytes, tuple[int, bytes]]:
+        """{span (trace id + span id): (tgid, the attrs-data its thread context record held at
+        its last sample)} for those of ``spans`` the kernel still keeps."""
+        self._require_started()
+        table, out = self._thread_ctx_attributes, {}
+        for span in spans:
+            try:
+                value = table[table.Key.from_buffer_copy(span)]
+            except KeyError:
+                continue
+            out[span] = (value.tgid, bytes(value.data[: value.size]))
+        return out
 
     def clear_thread_context(self, tgid: int) -> None:
         self._require_started()

@@ -28,7 +28,7 @@ from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import ProcessInfo, find_process_context
 from ..processes.table import ProcessTable
 from .process_context import ContextError, ProcessContext, published_at, read_process_context
-from .thread_context import SCHEMAS, Definition, TlsLocation, locate, read_definition
+from .thread_context import SCHEMAS, Definition, TlsLocation, locate, parse_attributes, read_definition
 
 DEFAULT_RESCAN_S = 10.0
 MAX_FILES_KNOWN = 4096  # files whose thread context variable (or its absence) is remembered
@@ -67,7 +67,7 @@ class ProcessContexts:
         self.thread_contexts: ThreadContextSink | None = None  # set once the BPF program runs
         self._definitions: dict[tuple[str, int], Definition | None] = {}  # file identity -> its variable, if any
         self.stats = {"processes_with_context": 0, "reads": 0, "updates": 0, "errors": 0, "attributes_dropped": 0,
-                      "processes_with_thread_context": 0, "thread_context_errors": 0}
+                      "processes_with_thread_context": 0, "thread_context_errors": 0, "unknown_attribute_keys": 0}
         processes.watch(changed=self._changed, exited=self.forget)
 
     def context(self, tgid: int) -> ProcessContext | None:
@@ -75,6 +75,21 @@ class ProcessContexts:
         with self._lock:
             known = self._known.get(tgid)
             return known.context if known is not None else None
+
+    def span_attributes(self, tgid: int, data: bytes) -> dict[str, str]:
+        """A thread context record's attributes (attrs-data) named by process tgid's key map; an
+        index the map does not have yet has the context read again at the next refresh."""
+        with self._lock:
+            known = self._known.get(tgid)
+        if known is None or known.context is None:
+            return {}
+        attributes, unknown = parse_attributes(data, known.context.key_map)
+        if unknown:
+            self.stats["unknown_attribute_keys"] += 1
+            if known.address is not None:
+                self._read(tgid, known, known.address)  # (the OTEP: refresh the map before going on)
+                attributes, _ = parse_attributes(data, known.context.key_map)
+        return attributes
 
     def _changed(self, info: ProcessInfo) -> None:
         with self._lock:

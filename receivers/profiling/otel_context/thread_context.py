@@ -144,3 +144,23 @@ def _signed(value: int) -> int:
 
 def _round_up(value: int, align: int) -> int:
     return (value + align - 1) // align * align
+
+
+def parse_attributes(data: bytes, key_map: tuple[str, ...]) -> tuple[dict[str, str], bool]:
+    """A record's attrs-data named by the process context's key map: entries of a key index (one
+    byte), a length (one byte) and that many bytes of UTF-8, the last of a key winning (OTEP 4947).
+    Also whether an index past the key map was seen (the map grew since it was read: read it
+    again); such entries are left out, as is an entry cut short at the end."""
+    attributes: dict[str, str] = {}
+    unknown, at = False, 0
+    while at + 2 <= len(data):
+        index, length = data[at], data[at + 1]
+        value = data[at + 2:at + 2 + length]
+        if len(value) < length:
+            break
+        at += 2 + length
+        if index < len(key_map):
+            attributes[key_map[index]] = value.decode("utf-8", "replace")
+        else:
+            unknown = True
+    return attributes, unknown

@@ -8,8 +8,8 @@ the ELF virtual address the symbol table uses.  That one rule covers PIE and non
 and shared libraries.  Symbols come from .symtab, else from a separate debug file (found by build
 id under <debug dir>/.build-id/xx/yyyy.debug, or by .gnu_debuglink), else .dynsym.  Files are
 read through processes/files.py (map_files, or the process's own root), so containers resolve, and
-parsed files are cached per file identity (dev, inode) with a bounded LRU, never shared by build
-id: a build id is what a file claims (GNU ld leaves .symtab out of it; a program may copy
+parsed files (read on threads of their own, waited for a moment: loads.py) are cached per file
+identity (dev, inode) with a bounded LRU, never shared by build id: a build id is what a file claims (GNU ld leaves .symtab out of it; a program may copy
 another's), not what it is.  Results are cached per (file, offset) too.  Both kinds of symbols are held in
 `SymbolTable`s (table.py): arrays and a string table, a name decoded and demangled when a
 lookup needs it.
@@ -40,6 +40,7 @@ from .elf_symbols import ElfSymbols, ParseOverTime, SymbolsTooLarge, demangle
 from .frame import Frame
 from .gopclntab import GoFunctions
 from .kernel import KernelSymbols
+from .loads import BackgroundLoads
 
 _KERNEL_RELOAD_AFTER_S = 30.0
 _UNREADABLE_RETRY_S = 10.0
@@ -117,6 +118,7 @@ class Symbolizer:
         self._pin_lock = threading.Lock()
         self._pinned: _LRU = _LRU(max_pinned_files, on_evict=lambda _k, fd: os.close(fd))
         self._unreadable: dict[tuple[str, int], float] = {}
+        self.loads = BackgroundLoads("symbol-files")
         self.stats = {"files_parsed": 0, "files_failed": 0, "files_unreadable": 0,
                       "address_cache_hits": 0, "address_lookups": 0, "files_pinned": 0,
                       "files_over_time": 0, "symbol_tables_too_large": 0}
@@ -235,18 +237,23 @@ class Symbolizer:
                     self._pinned.put(m.identity, fd)
                     self.stats["files_pinned"] += 1
 
+    def new_report(self) -> None:
+        """A report starts: the time it may wait for files being read starts again."""
+        self.loads.new_report()
+
     def _elf_for(self, info: ProcessInfo, m: Mapping) -> ElfSymbols | None:
         elf = self._files.get_touch(m.identity)
         if elf is not None:
             return elf
-        with self._pin_lock:
-            fd = self._pinned.pop(m.identity, None)
-        if fd is None:
-            failed_at = self._unreadable.get(m.identity)
-            if failed_at is not None and time.monotonic() - failed_at < _UNREADABLE_RETRY_S:
-                return None
-            fd = open_mapped_file(info, m)
-        if fd is None:
+        failed_at = self._unreadable.get(m.identity)
+        if failed_at is not None and time.monotonic() - failed_at < _UNREADABLE_RETRY_S:
+            return None
+        # Read on a thread of its own, waited for a moment: a slow file's frames are named by a
+        # later report, and no report waits for it past its allowance (loads.py).
+        done, elf = self.loads.result(m.identity, lambda: self._open_and_load(info, m))
+        if not done:
+            return None
+        if elf is None:
             # Not cached as a file: another process mapping it may still be alive.  Until
             # then, do not retry the opens for every frame.
             if len(self._unreadable) > 4096:
@@ -255,12 +262,21 @@ class Symbolizer:
             self.stats["files_unreadable"] += 1
             return None
         self._unreadable.pop(m.identity, None)
-        try:
-            elf = self._load(fd, m.path, info)
-        finally:
-            os.close(fd)
         self._files.put(m.identity, elf)
         return elf
+
+    def _open_and_load(self, info: ProcessInfo, m: Mapping) -> ElfSymbols | None:
+        """The file's symbols (a loading thread runs this), None when it cannot be opened."""
+        with self._pin_lock:
+            fd = self._pinned.pop(m.identity, None)
+        if fd is None:
+            fd = open_mapped_file(info, m)
+        if fd is None:
+            return None
+        try:
+            return self._load(fd, m.path, info)
+        finally:
+            os.close(fd)
 
     def _load(self, fd: int, path: str, info: ProcessInfo | None) -> ElfSymbols:
         deadline = time.monotonic() + MAX_PARSE_S
@@ -317,6 +333,7 @@ class Symbolizer:
         return False
 
     def close(self) -> None:
+        self.loads.close()
         with self._pin_lock:
             while self._pinned:
                 _key, fd = self._pinned.popitem()
