@@ -369,6 +369,38 @@ def test_a_fuse_mount_that_never_answers_hangs_nothing(arena):
     assert _files_stats()["unreadable_by_process"] > refused
 
 
+def test_memory_a_silent_fuse_daemon_serves_is_not_read(arena):
+    """The attacker maps a file of a FUSE file system it serves itself, stops answering reads,
+    and points its process context's payload there: reading it would fault the page in and wait
+    for that daemon for ever (the events thread first, then every report behind the process
+    table). The file system is mounted as fusermount mounts a user's: by root, in the host's
+    namespaces, for that user (no allow_other), its descriptor handed to the user's daemon. (One a
+    user namespace mounts cannot take the agent's requests at all: root is not one of its ids.)"""
+    import ctypes
+
+    work = arena.attacker_dir / "fuse-memory"
+    work.mkdir()
+    os.chown(work, NOBODY, NOBODY)
+    device = os.open("/dev/fuse", os.O_RDWR)
+    options = f"fd={device},rootmode=40000,user_id={NOBODY},group_id={NOBODY}".encode()
+    if ctypes.CDLL(None, use_errno=True).mount(b"hostile", bytes(work), b"fuse", 0, options) != 0:
+        os.close(device)
+        pytest.skip(f"cannot mount FUSE here: {os.strerror(ctypes.get_errno())}")
+    script = Path(__file__).with_name("fuse_mapped_context.py")
+    contexts = arena.receiver.contexts
+    errors = contexts.stats["errors"]
+    contexts.rescan_s = 0.5  # (it publishes after its first samples: look again within the attack)
+    try:
+        exported, attacker = arena.attack(lambda: arena.as_nobody(["/usr/bin/python3", str(script), str(work), str(device)],
+                                                                  pass_fds=(device,)))
+    finally:
+        contexts.rescan_s = 10.0
+        os.close(device)
+        subprocess.run(["umount", "-l", str(work)], check=False)
+    assert attacker.pid in {view.resource.get("process.pid") for message in exported for view in iter_samples(message)}
+    assert contexts.stats["errors"] > errors  # the payload's read was refused, not waited for
+
+
 def test_a_process_that_runs_in_more_libraries_than_the_row_budget_holds_leaves_room(arena):
     """The attacker runs, busy and for good, in 16 libraries of 12k rows each: more than the
     whole budget. A program root starts meanwhile in its own copy of that library still has its

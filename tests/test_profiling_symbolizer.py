@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -380,5 +381,43 @@ def test_a_symbol_table_past_its_caps_or_its_time_is_not_read(tmp_path, table, m
         assert slow.symbolize_user(run.pid, [run.addrs[0]])[0].name is None
         assert slow.symbolize_user(run.pid, [run.addrs[0] + 1])[0].name is None
         assert slow.stats["files_over_time"] == 1 and slow.stats["files_parsed"] == 0, slow.stats
+    finally:
+        run.stop()
+
+
+def test_a_process_whose_file_is_still_being_read_is_reported_once_it_is_named(tmp_path, table):
+    """The report does not wait for a file past its allowance: the process's samples wait for the
+    next report instead, and arrive there named (once: never past the final report)."""
+    from receivers.profiling.kernel.samples import Interval, StackCount
+    from receivers.profiling.report import ReportBuilder
+    from pycollector.pdata import iter_samples
+
+    exe = compile_c(tmp_path, "prog", PROGRAM_C)
+    run = Running(exe)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+
+        class SlowSymbolizer(Symbolizer):  # a file that takes a while to read
+            def _open_and_load(self, info, m):
+                time.sleep(0.3)
+                return super()._open_and_load(info, m)
+
+        symbolizer = SlowSymbolizer(table)
+        symbolizer.loads.wait_s = symbolizer.loads.report_wait_s = 0.05
+        reports = ReportBuilder(table, symbolizer)
+
+        def interval(*stacks):
+            return Interval(list(stacks), 0, 1, 0, 1, frequency_hz=100)
+
+        sample = StackCount(run.pid, run.pid, "prog", [], [run.addrs[0]], 5)
+        first = reports.build(interval(sample))
+        assert not first.resource_profiles and reports.stats["samples_carried"] == 5
+        time.sleep(1.0)  # the file is read meanwhile
+        second = reports.build(interval())
+        assert [(view.frames[0].function, view.values) for view in iter_samples(second)] == [("target_function", [5])]
+        # The final report holds nothing back, named or not.
+        cold = SlowSymbolizer(table)
+        cold.loads.wait_s = cold.loads.report_wait_s = 0.05
+        assert len(ReportBuilder(table, cold).build(interval(sample), final=True).resource_profiles) == 1
     finally:
         run.stop()

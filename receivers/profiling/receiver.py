@@ -192,6 +192,7 @@ class ProfilingReceiver(Component):
         """Each component's cumulative counts on its gauge, read at scrape time."""
         _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large"))
         _publish(self._stats, self.symbolizer.loads, "symbol_", ("loads_deferred", "loads_stuck"))
+        _publish(self._stats, self.reports, names=("samples_carried",))
         _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
         _publish(self._context_stats, self.contexts)
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",
@@ -279,13 +280,13 @@ class ProfilingReceiver(Component):
         self._report_progress.idle()
         while not self._stop.wait(self._next_interval()):
             self._report_guarded()
-        self._report_guarded()  # the partial interval since the last report
+        self._report_guarded(final=True)  # the partial interval since the last report
 
-    def _report_guarded(self) -> None:
+    def _report_guarded(self, final: bool = False) -> None:
         """One report; whatever it raises is logged and counted, and the next interval reports
         again (an escaped error used to end this thread for good while the kernel kept counting)."""
         try:
-            self._report()
+            self._report(final)
         except Exception as error:
             self._report_errors.inc()
             self.log.exception("this interval's report failed; the next one runs", error=repr(error))
@@ -296,14 +297,14 @@ class ProfilingReceiver(Component):
         jitter = self.config.reporter_jitter
         return self.config.reporter_interval * (1 + random.uniform(-jitter, jitter))
 
-    def _report(self) -> None:
+    def _report(self, final: bool = False) -> None:
         self._report_progress.stage("reading the kernel's counts")
         try:
             interval = self._sampler.collect()
         except Exception as error:  # keep profiling; one bad read must not stop the agent
             self.log.exception("could not read this interval's counts from the kernel", error=str(error))
             return
-        data = self.reports.build(interval, on_error=self._process_failed)
+        data = self.reports.build(interval, on_error=self._process_failed, final=final)
         self._record_counters(interval.counters)
         self._report_progress.stage("forgetting exited processes")
         if self.targeting is not None:

@@ -55,12 +55,18 @@ class ReportBuilder:
         # {span: (tgid, attrs-data)} for the spans asked (the sampler's thread_ctx_attributes)
         self.span_attributes: Callable[[Iterable[bytes]], dict[bytes, tuple[int, bytes]]] | None = None
         self._span_attributes: dict[bytes, dict[str, str]] = {}
+        # Stacks of processes held back one report because a file of theirs was still being read
+        # (symbols/loads.py): sent with the next report's, named, rather than unnamed now.
+        self._carried: list[StackCount] = []
+        self.stats = {"samples_carried": 0}
         self._native_frames: dict[int, dict] = {}
 
-    def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None) -> profiles_pb2.ProfilesData:
+    def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None,
+              *, final: bool = False) -> profiles_pb2.ProfilesData:
         """One ResourceProfiles per process. A process whose stacks cannot be symbolized is left
         out and reported to ``on_error(tgid, samples, off_cpu_ns, error)`` (its CPU samples and its
-        off-CPU nanoseconds); the others are still built."""
+        off-CPU nanoseconds); the others are still built. A process with frames in a file still
+        being read is held back to the next report, once (never in the ``final`` one)."""
         builder = ProfilesBuilder()
         self.symbolizer.new_report()
         if self.python is not None:
@@ -68,8 +74,10 @@ class ReportBuilder:
         self._native_frames = collections.defaultdict(dict)  # per process, for this report: see symbolize_user
         locations: dict[Frame, int] = {}  # the same frame recurs across stacks and threads
         by_process: dict[int, list[StackCount]] = collections.defaultdict(list)
-        for stack in interval.stacks:
+        carried = {stack.tgid for stack in self._carried}
+        for stack in self._carried + interval.stacks:
             by_process[stack.tgid].append(stack)
+        self._carried = []
         if self.contexts is not None:
             self.progress.stage("reading the processes' OpenTelemetry contexts")
             self.contexts.refresh(by_process)
@@ -78,7 +86,12 @@ class ReportBuilder:
             built = len(builder.data.resource_profiles)
             self.progress.stage(f"building the profile of pid {tgid}")
             try:
+                deferred = self.symbolizer.deferred
                 symbolized = [(stack, self._frames(tgid, stack)) for stack in stacks]
+                if self.symbolizer.deferred > deferred and not final and tgid not in carried:
+                    self._carried.extend(stacks)
+                    self.stats["samples_carried"] += sum(stack.count for stack in stacks if not stack.off_cpu)
+                    continue
                 self._add_process(builder, interval, tgid, symbolized, locations)
             except Exception as error:  # one bad file or process must not cost the whole interval
                 if on_error is None:

@@ -3,6 +3,14 @@
 One descriptor per process, read with pread: no ptrace stop, so the process runs on while its
 structures are read (they may change under the reader; callers check what they read). Reading
 needs the same rights as ptrace-attaching (root, or CAP_SYS_PTRACE).
+
+A read faults in the pages it covers, in the process's memory, as the process would: a page of a
+file mapping comes from that file's file system. A process can map a file of a FUSE file system
+it serves itself and point the reader there (a code object, a context's payload), then stop
+answering: the fault, and the reading thread, would wait for ever. So before a read, the pages'
+entries in /proc/PID/pagemap (which reading does not fault in) say whether they are in memory or
+swap; if one is not, the read goes ahead only when no FUSE file is mapped there (the process's
+maps, and its mount table for the file system of each file).
 """
 
 from __future__ import annotations
@@ -12,6 +20,10 @@ import struct
 
 USER_SPACE_END = 1 << 63  # x86-64 user space ends at 2**47 (2**56 with 5-level paging)
 MAX_READ_BYTES = 1 << 20  # the largest structure read: a code object's line table, its name
+
+_PAGE_SHIFT = os.sysconf("SC_PAGE_SIZE").bit_length() - 1
+_IN_MEMORY_OR_SWAP = 3 << 62  # pagemap: bit 63 present, bit 62 swapped
+_MAX_MOUNTINFO_BYTES = 4 << 20
 
 _U64 = struct.Struct("<Q")
 _I32 = struct.Struct("<i")
@@ -32,10 +44,15 @@ class ProcessMemory:
 
     def __init__(self, pid: int, proc: str = "/proc"):
         self.pid = pid
+        self._proc = proc
+        self._fd = self._pagemap = -1
         try:
             self._fd = os.open(f"{proc}/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            self._pagemap = os.open(f"{proc}/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
+            self.close()
             raise MemoryReadError(pid, 0, 0, f"cannot open its memory: {e.strerror}", e.errno) from e
+        self._file_systems: dict[str, str] = {}  # device ("0:52") -> file system type, from its mount table
 
     def read(self, address: int, size: int) -> bytes:
         # Addresses and sizes are read from the process itself: garbage in an exiting process,
@@ -45,6 +62,9 @@ class ProcessMemory:
             raise MemoryReadError(self.pid, address, size, "not a user-space address")
         if size > MAX_READ_BYTES:
             raise MemoryReadError(self.pid, address, size, f"larger than one read may be ({MAX_READ_BYTES} bytes)")
+        if size and not self._safe_to_fault(address, size):
+            raise MemoryReadError(self.pid, address, size, "a page of a FUSE file that is not in memory: reading it "
+                                  "would wait for that file system's daemon")
         try:
             data = os.pread(self._fd, size, address)
         except OSError as e:
@@ -52,6 +72,52 @@ class ProcessMemory:
         if len(data) != size:
             raise MemoryReadError(self.pid, address, size, f"only {len(data)} bytes readable")
         return data
+
+    def _safe_to_fault(self, address: int, size: int) -> bool:
+        """Whether reading [address, address + size) can fault in nothing from a FUSE file."""
+        first, last = address >> _PAGE_SHIFT, (address + size - 1) >> _PAGE_SHIFT
+        try:
+            entries = os.pread(self._pagemap, 8 * (last - first + 1), 8 * first)
+        except OSError:
+            return False
+        if len(entries) == 8 * (last - first + 1) and all(entry & _IN_MEMORY_OR_SWAP for (entry,) in _U64.iter_unpack(entries)):
+            return True  # (the common case: what a process uses is in memory)
+        return not self._maps_fuse_file(address, address + size)
+
+    def _maps_fuse_file(self, start: int, end: int) -> bool:
+        """Whether a FUSE file (or a mapping that could not be told) is mapped in [start, end)."""
+        try:
+            with open(f"{self._proc}/{self.pid}/maps", "rb") as maps:
+                lines = maps.read().splitlines()
+        except OSError:
+            return True
+        for line in lines:
+            fields = line.split(None, 5)
+            low, _, high = fields[0].partition(b"-")
+            if int(high, 16) <= start or int(low, 16) >= end or fields[4] == b"0":
+                continue  # elsewhere, or anonymous (a fault gives it zeroes or takes it from swap)
+            if _is_fuse(self._file_system(fields[3].decode())):
+                return True
+        return False
+
+    def _file_system(self, device: str) -> str:
+        """The type of the file system on ``device`` ("fd:01", as maps writes it), from the
+        process's mount table, else the agent's (an overlay's lower layer shows its own device);
+        "?" when neither has it."""
+        device = ":".join(str(int(part, 16)) for part in device.split(":"))  # mountinfo writes it in decimal
+        for table in (f"{self._proc}/{self.pid}/mountinfo", f"{self._proc}/self/mountinfo"):
+            if device in self._file_systems:
+                break
+            try:
+                with open(table, "rb") as mountinfo:
+                    for line in mountinfo.read(_MAX_MOUNTINFO_BYTES).splitlines():
+                        head, _, tail = line.partition(b" - ")
+                        fields = head.split()
+                        if len(fields) > 2 and tail:
+                            self._file_systems.setdefault(fields[2].decode(), tail.split()[0].decode("utf-8", "replace"))
+            except OSError:
+                continue
+        return self._file_systems.get(device, "?")
 
     def u64(self, address: int) -> int:
         return _U64.unpack(self.read(address, 8))[0]
@@ -63,9 +129,10 @@ class ProcessMemory:
         return _I32.unpack(self.read(address, 4))[0]
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for name in ("_fd", "_pagemap"):
+            if getattr(self, name, -1) >= 0:
+                os.close(getattr(self, name))
+                setattr(self, name, -1)
 
     def __enter__(self) -> ProcessMemory:
         return self
@@ -76,5 +143,10 @@ class ProcessMemory:
     def __del__(self) -> None:
         # Readers shared between threads are let go rather than closed: a closed descriptor's
         # number may be reused by another process's reader while a thread still reads through it.
-        if getattr(self, "_fd", -1) >= 0:
-            os.close(self._fd)
+        for name in ("_fd", "_pagemap"):
+            if getattr(self, name, -1) >= 0:
+                os.close(getattr(self, name))
+
+
+def _is_fuse(file_system: str) -> bool:
+    return file_system in ("fuse", "fuseblk", "?") or file_system.startswith("fuse.")

@@ -55,6 +55,8 @@ class BackgroundLoads:
         not under way; (False, None) while it is not, after waiting what this report may. The
         job's exception, if it raised, is raised here."""
         with self._lock:
+            if self._closed:  # (no threads any more: a caller after close() does the work itself)
+                return True, work()
             job = self._jobs.get(key)
             if job is None:
                 job = self._jobs[key] = _Job(work)

@@ -119,6 +119,7 @@ class Symbolizer:
         self._pinned: _LRU = _LRU(max_pinned_files, on_evict=lambda _k, fd: os.close(fd))
         self._unreadable: dict[tuple[str, int], float] = {}
         self.loads = BackgroundLoads("symbol-files")
+        self.deferred = 0  # frames left unnamed because their file was still being read
         self.stats = {"files_parsed": 0, "files_failed": 0, "files_unreadable": 0,
                       "address_cache_hits": 0, "address_lookups": 0, "files_pinned": 0,
                       "files_over_time": 0, "symbol_tables_too_large": 0}
@@ -252,6 +253,7 @@ class Symbolizer:
         # later report, and no report waits for it past its allowance (loads.py).
         done, elf = self.loads.result(m.identity, lambda: self._open_and_load(info, m))
         if not done:
+            self.deferred += 1  # (a report may hold the process's samples back until it is read)
             return None
         if elf is None:
             # Not cached as a file: another process mapping it may still be alive.  Until
