@@ -292,3 +292,36 @@ def test_a_records_attributes_are_named_by_the_key_map_and_a_bad_entry_stops_the
     data = bytes([0, 3]) + b"/a1" + bytes([1, 3]) + b"GET" + bytes([0, 3]) + b"/a2" + bytes([7, 1]) + b"x" + bytes([1, 9]) + b"cut"
     assert parse_attributes(data, key_map) == ({"http.route": "/a2", "http.request.method": "GET"}, True)
     assert parse_attributes(bytes([0, 2]) + b"\xff\xfe", key_map) == ({"http.route": "\ufffd\ufffd"}, False)
+
+
+@pytest.mark.bpf
+def test_a_publisher_of_garbage_costs_only_its_own_links(service_and_capture, writers):
+    """A process whose thread context points into unmapped memory, with a key map of 256 keys:
+    its spin_heavy samples carry no span (the reads that failed are counted), its spin_light ones
+    still do, and a well-behaved publisher beside it keeps every link."""
+    service, capture = service_and_capture
+    keys = [f"key.{i}" for i in range(256)]
+    payload = resource(service__name="garbage", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=keys)
+    good_payload = resource(service__name="good", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
+    counters = receiver_of(service)._sampler.counters
+    errors = counters()["thread_ctx_read_errors"]
+    hostile = subprocess.Popen([writers["local-exec"][0], "30"], stdout=subprocess.PIPE, text=True,
+                               env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_GARBAGE": "1"})
+    good = subprocess.Popen([writers["tlsdesc, static"][0], "30"], stdout=subprocess.PIPE, text=True, env={"OTEL_CTX_PAYLOAD": good_payload.hex()})
+    try:
+        hostile.stdout.readline()
+        good.stdout.readline()
+        messages = capture.consumer.messages
+        seen = len(messages)
+        capture.consumer.wait_for(lambda _: _spans_by_leaf(messages[seen:], hostile.pid).get("spin_light")
+                                  and _spans_by_leaf(messages[seen:], good.pid).get("spin_light"), timeout=20)
+        time.sleep(3)
+        bad, fine = _spans_by_leaf(messages[seen:], hostile.pid), _spans_by_leaf(messages[seen:], good.pid)
+        assert set(bad["spin_heavy"]) == {None}, bad  # pointed into unmapped memory: no span
+        assert bad["spin_light"].get((TRACE, LIGHT_SPAN), 0) / sum(bad["spin_light"].values()) > 0.9, bad
+        assert fine["spin_heavy"].get((TRACE, HEAVY_SPAN), 0) / sum(fine["spin_heavy"].values()) > 0.95, fine
+        assert counters()["thread_ctx_read_errors"] > errors
+    finally:
+        for process in (hostile, good):
+            process.kill()
+            process.wait()

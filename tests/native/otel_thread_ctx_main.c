@@ -7,7 +7,8 @@
  *
  * It prints, once the first record is attached: "tp=<thread pointer> var=<&otel_thread_ctx_v1>".
  * With OTEL_CTX_PAYLOAD set (an encoded Resource, in hex), it first publishes that as its process
- * context (OTEP 4719), in a memfd named OTEL_CTX, as an SDK does. */
+ * context (OTEP 4719), in a memfd named OTEL_CTX, as an SDK does. With OTEL_CTX_GARBAGE set (and
+ * the writer linked in), the variable points into unmapped memory while spin_heavy runs. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -23,6 +24,7 @@ typedef long (*offset_fn)(void);
 #ifndef DLOPEN_ONLY
 void otel_ctx_attach(const uint8_t *, const uint8_t *, uint8_t, const uint8_t *, uint16_t);
 long otel_ctx_tp_offset(void);
+extern __thread void *otel_thread_ctx_v1;
 #endif
 
 volatile uint64_t sink;
@@ -64,8 +66,8 @@ int main(int argc, char **argv)
     double seconds = argc > 1 ? atof(argv[1]) : 10;
     if (getenv("OTEL_CTX_PAYLOAD"))
         publish_process_context(getenv("OTEL_CTX_PAYLOAD"));
-    attach_fn attach;
-    offset_fn tp_offset;
+    attach_fn attach = NULL;
+    offset_fn tp_offset = NULL;
 #ifndef DLOPEN_ONLY
     attach = otel_ctx_attach;
     tp_offset = otel_ctx_tp_offset;
@@ -79,6 +81,10 @@ int main(int argc, char **argv)
         attach = (attach_fn)dlsym(library, "otel_ctx_attach");
         tp_offset = (offset_fn)dlsym(library, "otel_ctx_tp_offset");
     }
+    if (!attach || !tp_offset) {
+        fprintf(stderr, "no writer: built with DLOPEN_ONLY, run it with dlopen PATH\n");
+        return 1;
+    }
     uint8_t trace[16], heavy[8], light[8];
     memset(trace, 0xab, sizeof(trace));
     memset(heavy, 0x11, sizeof(heavy));
@@ -89,9 +95,18 @@ int main(int argc, char **argv)
     char *tp = __builtin_thread_pointer();
     printf("tp=%lx var=%lx\n", (unsigned long)tp, (unsigned long)(tp + tp_offset()));
     fflush(stdout);
+    /* OTEL_CTX_GARBAGE: a hostile publisher, whose variable points into unmapped memory while
+     * spin_heavy runs. */
+#ifndef DLOPEN_ONLY
+    int garbage = getenv("OTEL_CTX_GARBAGE") != NULL;
+#endif
     double end = now() + seconds;
     while (now() < end) {
         attach(trace, heavy, 1, heavy_attrs, sizeof(heavy_attrs));
+#ifndef DLOPEN_ONLY
+        if (garbage)
+            otel_thread_ctx_v1 = (void *)0x1000;
+#endif
         spin_heavy();
         attach(trace, light, 1, light_attrs, sizeof(light_attrs));
         spin_light();
