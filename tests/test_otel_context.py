@@ -325,3 +325,39 @@ def test_a_publisher_of_garbage_costs_only_its_own_links(service_and_capture, wr
         for process in (hostile, good):
             process.kill()
             process.wait()
+
+
+@pytest.mark.bpf
+def test_off_cpu_time_carries_the_span_it_was_spent_in(writers, tmp_path):
+    """A thread that sleeps inside a span: its off-CPU time (read when it leaves the CPU) links
+    to that span."""
+    from pycollector.pdata import sample_type
+
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    capture = CapturingExporterFactory()
+    config = {
+        "receivers": {"profiling": {"samples_per_second": 99, "reporter_interval": "1s", "off_cpu_threshold": 1.0,
+                                    "unwind_cache_dir": str(tmp_path / "cache")}},
+        "exporters": {"capture": {}},
+        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
+    }
+    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
+    service.start()
+    payload = resource(service__name="sleeper", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
+    sleeper = subprocess.Popen([writers["tlsdesc, static"][0], "30"], stdout=subprocess.PIPE, text=True,
+                               env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_SLEEP": "1"})
+    try:
+        sleeper.stdout.readline()
+        time.sleep(5)
+        waits: dict = {}
+        for message in capture.consumer.messages:
+            for view in iter_samples(message):
+                if view.resource.get("process.pid") == sleeper.pid and sample_type(message, view.profile)[0] == "off_cpu":
+                    waits[view.link] = waits.get(view.link, 0) + sum(view.values)
+        assert sum(waits.values()) > 1_000_000_000, waits  # over a second of sleep seen
+        assert waits.get((TRACE, HEAVY_SPAN), 0) / sum(waits.values()) > 0.9, waits
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        service.shutdown()

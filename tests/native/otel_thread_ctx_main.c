@@ -8,7 +8,8 @@
  * It prints, once the first record is attached: "tp=<thread pointer> var=<&otel_thread_ctx_v1>".
  * With OTEL_CTX_PAYLOAD set (an encoded Resource, in hex), it first publishes that as its process
  * context (OTEP 4719), in a memfd named OTEL_CTX, as an SDK does. With OTEL_CTX_GARBAGE set (and
- * the writer linked in), the variable points into unmapped memory while spin_heavy runs. */
+ * the writer linked in), the variable points into unmapped memory while spin_heavy runs. With
+ * OTEL_CTX_SLEEP set, it sleeps in the heavy span instead of working. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -101,6 +102,14 @@ int main(int argc, char **argv)
     int garbage = getenv("OTEL_CTX_GARBAGE") != NULL;
 #endif
     double end = now() + seconds;
+    if (getenv("OTEL_CTX_SLEEP")) {  /* off the CPU inside the heavy span: 10 ms sleeps */
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        while (now() < end) {
+            attach(trace, heavy, 1, heavy_attrs, sizeof(heavy_attrs));
+            nanosleep(&pause, NULL);
+        }
+        return 0;
+    }
     while (now() < end) {
         attach(trace, heavy, 1, heavy_attrs, sizeof(heavy_attrs));
 #ifndef DLOPEN_ONLY
