@@ -81,7 +81,7 @@ class ReportBuilder:
         if self.contexts is not None:
             self.progress.stage("reading the processes' OpenTelemetry contexts")
             self.contexts.refresh(by_process)
-            self._span_attributes = self._name_span_attributes(interval.stacks)
+            self._span_attributes = self._name_span_attributes([stack for stacks in by_process.values() for stack in stacks])
         for tgid, stacks in sorted(by_process.items()):
             built = len(builder.data.resource_profiles)
             self.progress.stage(f"building the profile of pid {tgid}")

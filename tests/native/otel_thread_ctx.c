@@ -39,6 +39,12 @@ void otel_ctx_attach(const uint8_t *trace_id, const uint8_t *span_id, uint8_t tr
     otel_thread_ctx_v1 = &record;
 }
 
+/* For the tests' hostile publisher: the variable set to any value. */
+void otel_ctx_set_raw(void *pointer)
+{
+    otel_thread_ctx_v1 = pointer;
+}
+
 void otel_ctx_detach(void)
 {
     otel_thread_ctx_v1 = NULL;

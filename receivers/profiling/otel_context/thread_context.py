@@ -35,7 +35,7 @@ SYMBOL = "otel_thread_ctx_v1"
 SCHEMAS = ("tlsdesc_v1_dev", "tls_v1")
 
 _R_X86_64_DTPMOD64, _R_X86_64_DTPOFF64, _R_X86_64_TPOFF64, _R_X86_64_TLSDESC = 16, 17, 18, 36
-_STT_TLS = 6
+MAX_DYNAMIC_SYMBOLS = 1 << 19  # as symbols/elf_symbols.py's cap on a symbol table
 _MAX_STATIC_OFFSET = 1 << 30  # static TLS lies within this of the thread pointer
 _MAX_MODULES = 1 << 16
 _MAX_BLOCK_OFFSET = 1 << 30
@@ -71,14 +71,16 @@ def read_definition(fd: int) -> Definition | None:
         dynsym = elf.get_section_by_name(".dynsym")
         if dynsym is None or elf["e_machine"] != "EM_X86_64":
             return None
-        found = dynsym.get_symbol_by_name(SYMBOL)
-        symbol = next((s for s in found or () if s["st_info"]["type"] == "STT_TLS" and s["st_shndx"] != "SHN_UNDEF"), None)
+        if dynsym.num_symbols() > MAX_DYNAMIC_SYMBOLS:
+            return None  # (the file is the process's: a table this large is not read)
+        # One pass for the symbol and its index (the relocations name it by index).
+        index, symbol = next(((i, s) for i, s in enumerate(dynsym.iter_symbols()) if s.name == SYMBOL
+                              and s["st_info"]["type"] == "STT_TLS" and s["st_shndx"] != "SHN_UNDEF"), (None, None))
         if symbol is None:
             return None
         tls = next((s for s in elf.iter_segments() if s["p_type"] == "PT_TLS"), None)
         if tls is None:
             return None
-        index = next(i for i, s in enumerate(dynsym.iter_symbols()) if s.name == SYMBOL and s["st_info"]["type"] == "STT_TLS")
         relocations = []
         for section in elf.iter_sections():
             if section["sh_type"] == "SHT_RELA" and section["sh_link"] and elf.get_section(section["sh_link"]).name == ".dynsym":
