@@ -224,24 +224,33 @@ def writers(tmp_path_factory):
         "tlsdesc, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx.so")],
         "general dynamic, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx-gd.so")],
         "initial-exec, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx-ie.so")],
+        "general dynamic, dlopen after the maps were read": [str(out / "dlopen"), "dlopen", str(out / "libotelctx-gd.so")],
     }
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize("model", ["local-exec", "tlsdesc, static", "tlsdesc, dlopen", "general dynamic, dlopen", "initial-exec, dlopen"])
+@pytest.mark.parametrize("model", ["local-exec", "tlsdesc, static", "tlsdesc, dlopen", "general dynamic, dlopen", "initial-exec, dlopen",
+                                   "general dynamic, dlopen after the maps were read"])
 def test_samples_carry_the_span_their_thread_ran_in(service_and_capture, writers, model):
     """The program runs spin_heavy in one span and spin_light in another (3:1): every sample
     under spin_heavy links to the first span, every one under spin_light to the second, and the
-    kernel read the variable wherever the TLS model put it."""
+    kernel read the variable wherever the TLS model put it. A writer loaded after the agent read
+    the process's maps (it works a second before its dlopen) is found within seconds."""
     service, capture = service_and_capture
     argv = writers[model]
+    late = model.endswith("after the maps were read")
     payload = resource(service__name="spans", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
     process = subprocess.Popen([argv[0], "30", *argv[1:]], stdout=subprocess.PIPE, text=True,
-                               env={"OTEL_CTX_PAYLOAD": payload.hex()})
+                               env={"OTEL_CTX_PAYLOAD": payload.hex(), **({"OTEL_CTX_DLOPEN_LATE": "1"} if late else {})})
     try:
         process.stdout.readline()  # its first record attached
         messages = capture.consumer.messages
         seen = len(messages)
+        if late:  # its first samples were taken before the writer was there: from the first linked one on
+            capture.consumer.wait_for(lambda _: _spans_by_leaf(messages, process.pid).get("warm_up"), timeout=10)  # seen before
+            capture.consumer.wait_for(lambda _: (TRACE, HEAVY_SPAN) in _spans_by_leaf(messages[seen:], process.pid).get("spin_heavy", {}),
+                                      timeout=10)
+            seen = len(messages)
         capture.consumer.wait_for(lambda _: _spans_by_leaf(messages[seen:], process.pid).get("spin_light"), timeout=20)
         time.sleep(3)
         spans = _spans_by_leaf(messages[seen:], process.pid)

@@ -9,7 +9,9 @@
  * With OTEL_CTX_PAYLOAD set (an encoded Resource, in hex), it first publishes that as its process
  * context (OTEP 4719), in a memfd named OTEL_CTX, as an SDK does. With OTEL_CTX_GARBAGE set (and
  * the writer linked in), the variable points into unmapped memory while spin_heavy runs. With
- * OTEL_CTX_SLEEP set, it sleeps in the heavy span instead of working. */
+ * OTEL_CTX_SLEEP set, it sleeps in the heavy span instead of working. With OTEL_CTX_DLOPEN_LATE
+ * set (seconds), it works that long between publishing its process context and the dlopen, so
+ * that the agent reads its maps before the writer is there. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -62,6 +64,13 @@ static double now(void)
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+__attribute__((noinline)) void warm_up(double seconds)
+{
+    for (double end = now() + seconds; now() < end;)
+        for (int i = 0; i < 100000; i++)
+            sink += i;
+}
+
 int main(int argc, char **argv)
 {
     double seconds = argc > 1 ? atof(argv[1]) : 10;
@@ -73,6 +82,8 @@ int main(int argc, char **argv)
     attach = otel_ctx_attach;
     tp_offset = otel_ctx_tp_offset;
 #endif
+    if (getenv("OTEL_CTX_DLOPEN_LATE"))
+        warm_up(atof(getenv("OTEL_CTX_DLOPEN_LATE")));
     if (argc > 3 && !strcmp(argv[2], "dlopen")) {
         void *library = dlopen(argv[3], RTLD_NOW);
         if (!library) {

@@ -25,17 +25,18 @@ from pycollector.logs import log_once
 
 from ..processes.files import open_mapped_file
 from ..processes.memory import MemoryReadError, ProcessMemory
-from ..processes.proc import ProcessInfo, find_process_context
+from ..processes.proc import ProcessInfo
 from ..processes.table import ProcessTable
 from .process_context import ContextError, ProcessContext, published_at, read_process_context
 from .thread_context import SCHEMAS, Definition, TlsLocation, locate, parse_attributes, read_definition
 
 DEFAULT_RESCAN_S = 10.0
+FIRST_LOCATE_RETRY_S = 0.5  # a thread context variable not found: looked for again after this, then twice as long...
 MAX_FILES_KNOWN = 4096  # files whose thread context variable (or its absence) is remembered
 
 
 class _Known:
-    __slots__ = ("program", "address", "context", "memory", "scanned_at", "tls")
+    __slots__ = ("program", "address", "context", "memory", "scanned_at", "tls", "locate_at", "locate_delay")
 
     def __init__(self, program: int, scanned_at: float) -> None:
         self.program = program
@@ -44,6 +45,8 @@ class _Known:
         self.memory: ProcessMemory | None = None
         self.scanned_at = scanned_at
         self.tls: TlsLocation | None = None  # where its thread context variable is, once found
+        self.locate_at = scanned_at  # when to look for it again (backing off to rescan_s)
+        self.locate_delay = FIRST_LOCATE_RETRY_S / 2
 
 
 class ThreadContextSink(Protocol):
@@ -101,7 +104,8 @@ class ProcessContexts:
             self._read(info.pid, known, info.context_address)
 
     def refresh(self, tgids: Iterable[int]) -> None:
-        """Before a report of these processes: read again what changed, look for new contexts."""
+        """Before a report of these processes: read again what changed, look for new contexts
+        and for thread context variables not found yet."""
         now = self._clock()
         for tgid in tgids:
             with self._lock:
@@ -110,17 +114,18 @@ class ProcessContexts:
                 continue
             if known.address is not None:
                 self._follow(tgid, known)
-                if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS:
-                    self._locate_thread_context(tgid, known)  # (a TLS descriptor resolves on the first use)
+                if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS \
+                        and now >= known.locate_at:
+                    # Not located yet: a descriptor resolves on its first use, and the module that
+                    # defines the variable may have been loaded (dlopen) after the maps were read.
+                    known.locate_delay = min(known.locate_delay * 2, self.rescan_s)
+                    known.locate_at = now + known.locate_delay
+                    self.processes.refresh_maps(tgid, rate_limited=False)  # (its watchers may locate it)
+                    if known.tls is None:
+                        self._locate_thread_context(tgid, known)
             elif now - known.scanned_at >= self.rescan_s:
                 known.scanned_at = now
-                try:
-                    with open(f"{self.proc}/{tgid}/maps") as maps:
-                        address = find_process_context(maps.read())
-                except OSError:
-                    continue  # gone: the table tells of its exit
-                if address is not None:
-                    self._read(tgid, known, address)
+                self.processes.refresh_maps(tgid, rate_limited=False)  # a context found is read by _changed
 
     def forget(self, tgid: int) -> None:
         with self._lock:

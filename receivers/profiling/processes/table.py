@@ -254,6 +254,17 @@ class ProcessTable:
         m = info.find_mapping(addr)
         if m is not None or info.exited or info.kernel_thread:
             return m
+        info = self.refresh_maps(tgid, rate_limited=rate_limited)
+        return info.find_mapping(addr) if info is not None else None
+
+    def refresh_maps(self, tgid: int, *, rate_limited: bool = True) -> ProcessInfo | None:
+        """Read /proc/PID/maps again (a library dlopen()ed, a region mapped since the snapshot);
+        the watchers are told of the new snapshot. None when tgid is unknown, gone, or (when
+        ``rate_limited``) its maps were read less than maps_refresh_interval_s ago."""
+        with self._lock:
+            info = self._procs.get(tgid)
+        if info is None or info.exited or info.kernel_thread:
+            return None
         if rate_limited and self._clock() - info.maps_read_at < self.maps_refresh_interval_s:
             return None
         base = f"{self.proc}/{tgid}"
@@ -276,7 +287,7 @@ class ProcessTable:
                 if current:  # (not removed, nor replaced by an exec, while the maps were read)
                     self.stats["maps_refreshes"] += 1
                     self._changed(info)
-        return info.find_mapping(addr)
+        return info
 
     def _same_incarnation(self, info: ProcessInfo) -> bool:
         try:
