@@ -3,8 +3,9 @@
 A process's context is read when its snapshot shows the OTEL_CTX region (a new process, an exec,
 its maps read again). Before each report, `refresh` looks at the processes in it: a known
 context whose publication time changed is read again (8 bytes read when it did not); a process
-without one has its maps searched again every ``rescan_s`` (an SDK usually starts after the
-process was first seen). Failures are counted by reason and logged once per process; its profile
+without one (an SDK starts after the process was first seen, or was caught writing it), or whose
+thread context variable was not found yet, has its maps read again half a second after it was
+first seen, then a second later, and so on up to every ``rescan_s``. Failures are counted by reason and logged once per process; its profile
 then keeps what the agent measured.
 
 A context whose ``threadlocal.schema_version`` this reader knows says the SDK also publishes
@@ -31,22 +32,35 @@ from .process_context import ContextError, ProcessContext, published_at, read_pr
 from .thread_context import SCHEMAS, Definition, TlsLocation, locate, parse_attributes, read_definition
 
 DEFAULT_RESCAN_S = 10.0
-FIRST_LOCATE_RETRY_S = 0.5  # a thread context variable not found: looked for again after this, then twice as long...
+FIRST_LOOK_S = 0.5
 MAX_FILES_KNOWN = 4096  # files whose thread context variable (or its absence) is remembered
 
 
 class _Known:
-    __slots__ = ("program", "address", "context", "memory", "scanned_at", "tls", "locate_at", "locate_delay")
+    __slots__ = ("program", "address", "context", "memory", "tls", "look_at", "look_delay")
 
-    def __init__(self, program: int, scanned_at: float) -> None:
+    def __init__(self, program: int, now: float) -> None:
         self.program = program
         self.address: int | None = None
         self.context: ProcessContext | None = None
         self.memory: ProcessMemory | None = None
-        self.scanned_at = scanned_at
         self.tls: TlsLocation | None = None  # where its thread context variable is, once found
-        self.locate_at = scanned_at  # when to look for it again (backing off to rescan_s)
-        self.locate_delay = FIRST_LOCATE_RETRY_S / 2
+        # When to read its maps again for what is missing (a context, the variable's module):
+        # soon after it was first seen (an SDK starts after the process), then less and less often.
+        self.look_at = now + FIRST_LOOK_S
+        self.look_delay = FIRST_LOOK_S
+
+    def missing(self) -> bool:
+        """A context not read yet, or one that says the process shares thread contexts while the
+        variable was not found yet (a descriptor resolves on its first use; the module that
+        defines it may be dlopen()ed after the maps were read)."""
+        if self.context is None:
+            return True
+        return self.tls is None and self.context.schema_version in SCHEMAS
+
+    def looked(self, now: float, longest: float) -> None:
+        self.look_delay = min(self.look_delay * 2, longest)
+        self.look_at = now + self.look_delay
 
 
 class ThreadContextSink(Protocol):
@@ -104,28 +118,21 @@ class ProcessContexts:
             self._read(info.pid, known, info.context_address)
 
     def refresh(self, tgids: Iterable[int]) -> None:
-        """Before a report of these processes: read again what changed, look for new contexts
-        and for thread context variables not found yet."""
+        """Before a report of these processes: read again the contexts that changed; look again
+        for what is missing, backing off from FIRST_LOOK_S to rescan_s."""
         now = self._clock()
         for tgid in tgids:
             with self._lock:
                 known = self._known.get(tgid)
             if known is None:
                 continue
-            if known.address is not None:
+            if known.context is not None:
                 self._follow(tgid, known)
-                if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS \
-                        and now >= known.locate_at:
-                    # Not located yet: a descriptor resolves on its first use, and the module that
-                    # defines the variable may have been loaded (dlopen) after the maps were read.
-                    known.locate_delay = min(known.locate_delay * 2, self.rescan_s)
-                    known.locate_at = now + known.locate_delay
-                    self.processes.refresh_maps(tgid, rate_limited=False)  # (its watchers may locate it)
-                    if known.tls is None:
-                        self._locate_thread_context(tgid, known)
-            elif now - known.scanned_at >= self.rescan_s:
-                known.scanned_at = now
-                self.processes.refresh_maps(tgid, rate_limited=False)  # a context found is read by _changed
+            if known.missing() and now >= known.look_at:
+                known.looked(now, self.rescan_s)
+                self.processes.refresh_maps(tgid, rate_limited=False)  # _changed reads a context found
+                if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS:
+                    self._locate_thread_context(tgid, known)
 
     def forget(self, tgid: int) -> None:
         with self._lock:
