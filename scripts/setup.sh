@@ -52,14 +52,18 @@ fi
 
 # Reinstall only when the package metadata changed since the last install.
 stamp="$VENV/.installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ examples/pycollector-example-exporter/pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ examples/pycollector-example-exporter/pyproject.toml -nt "$stamp" ] \
+        || [ -n "$(find sdk/python -newer "$stamp" -type f -print -quit)" ]; then
     say "installing pycollector (editable) and its test dependencies into $VENV (log: $VENV/pip.log)"
     {
         "$VENV/bin/python" -m pip install --upgrade pip &&
         "$VENV/bin/python" -m pip install -e '.[test]' &&
         # The example third-party plugin installs like any other distribution: proof that
         # discovery needs no change to pycollector.
-        "$VENV/bin/python" -m pip install -e examples/pycollector-example-exporter
+        "$VENV/bin/python" -m pip install -e examples/pycollector-example-exporter &&
+        # The Python writer of thread and process contexts, for the tests' instrumented services
+        # (built, not editable: it has a C extension).
+        "$VENV/bin/python" -m pip install ./sdk/python
     } >"$VENV/pip.log" 2>&1 || { tail -n 30 "$VENV/pip.log" >&2; say "pip install failed"; exit 1; }
     touch "$stamp"
 fi

@@ -1,0 +1,178 @@
+"""Keeps each thread's record (the native otel_thread_ctx_v1) on the span that thread runs in.
+
+A thread changes span in three ways, each followed here:
+- the OpenTelemetry context is attached or detached (``start_as_current_span``, ``use_span``,
+  instrumentations): the runtime context (runtime.py) calls `Writer.record` after each;
+- an asyncio event loop switches task: each task runs in its own contextvars context, with no
+  attach in between, so the loop's callbacks (``asyncio.events.Handle._run``, through which every
+  task step passes) record the span of the context they run in, and the loop's own after;
+- an attribute the key map names is set on the running span (``http.route`` is set after the
+  server span starts): ``Span.set_attribute(s)`` of the SDK records it again.
+
+The process context (the resource, and the key map that names the record's attributes) is
+published at the first record, and again when the tracer provider's resource changes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Iterable, Optional
+
+from opentelemetry.context.context import Context  # (not the package: this loads while it imports)
+
+from . import _native
+from ._resource import encode_resource
+
+SCHEMA_VERSION = "tlsdesc_v1_dev"  # threadlocal.schema_version: the record layout of OTEP 4947
+ATTRIBUTES_ENV = "PYCOLLECTOR_CONTEXT_ATTRIBUTES"  # span attributes a record carries, comma-separated
+DEFAULT_ATTRIBUTE_KEYS = ("http.route",)
+MAX_KEYS = 256  # a record names its attribute by a one-byte index into the key map
+MAX_VALUE_BYTES = 255  # and gives its length in one byte
+
+
+def attribute_keys_from_env() -> tuple:
+    configured = os.environ.get(ATTRIBUTES_ENV)
+    if configured is None:
+        return DEFAULT_ATTRIBUTE_KEYS
+    return tuple(key.strip() for key in configured.split(",") if key.strip())
+
+
+trace: Any = None  # opentelemetry.trace, imported at the first record: it imports opentelemetry.context,
+# which loads the runtime context (runtime.py, this module) while it is itself half imported
+
+
+class Writer:
+    def __init__(self, attribute_keys: Iterable[str]) -> None:
+        self.keys = tuple(dict.fromkeys(attribute_keys))[:MAX_KEYS]
+        self._index = {key: index for index, key in enumerate(self.keys)}
+        self._thread = threading.local()  # .span: the span this thread's record holds
+        self._published: Any = None  # the resource last published (the provider's object)
+        self._publish_lock = threading.Lock()
+        self._hooks_lock = threading.Lock()
+        self._hooked = False
+        self.errors = 0
+        if hasattr(os, "register_at_fork"):  # the region is not inherited (MADV_DONTFORK)
+            os.register_at_fork(after_in_child=self._forget_publication)
+
+    def record(self, context: Optional[Context], *, force: bool = False) -> None:
+        """This thread now runs in ``context``'s span (or none). Never raises into the caller's
+        code: a failure is counted in ``errors`` and the record cleared."""
+        global trace
+        if trace is None:
+            from opentelemetry import trace
+        span = trace.get_current_span(context) if context is not None else None
+        if span is trace.INVALID_SPAN:
+            span = None  # (what get_current_span gives a context without a span)
+        if span is getattr(self._thread, "span", None) and not force:
+            return  # (the common case: the same span attached again, a callback of the same task)
+        try:
+            self._write(span)
+        except Exception:  # noqa: BLE001 - the application runs on; its profile loses a link
+            self.errors += 1
+            _native.clear_span()
+            span = None
+        self._thread.span = span
+
+    def _write(self, span: Optional[Any]) -> None:
+        if not self._hooked:
+            self._install_hooks()
+        self._publish_if_changed()
+        span_context = span.get_span_context() if span is not None else None
+        if span_context is None or not span_context.is_valid:
+            _native.clear_span()
+            return
+        _native.set_span(span_context.trace_id.to_bytes(16, "big"), span_context.span_id.to_bytes(8, "big"),
+                         int(span_context.trace_flags) & 0xFF, self._attributes(span))
+
+    def _attributes(self, span: Any) -> bytes:
+        attributes = getattr(span, "attributes", None)
+        if not attributes or not self.keys:
+            return b""
+        out = bytearray()
+        for key, index in self._index.items():
+            value = attributes.get(key)
+            if value is None:
+                continue
+            data = str(value).encode("utf-8", "replace")[:MAX_VALUE_BYTES]
+            if len(out) + 2 + len(data) > _native.ATTRS_CAPACITY:
+                break  # (the record is full: the keys first in the map are kept)
+            out += bytes((index, len(data))) + data
+        return bytes(out)
+
+    # --------------------------------------------------------------------- the process context
+
+    def _publish_if_changed(self) -> None:
+        resource = getattr(trace.get_tracer_provider(), "resource", None)
+        if self._published is not None and (resource is None or resource is self._published):
+            return
+        with self._publish_lock:
+            if self._published is not None and (resource is None or resource is self._published):
+                return
+            self.publish(dict(resource.attributes) if resource is not None else {})
+            self._published = resource if resource is not None else True
+
+    def publish(self, resource_attributes: dict) -> int:
+        """Publish the process context: these resource attributes, and how to read the records."""
+        attributes = {key: value for key, value in resource_attributes.items() if not key.startswith("threadlocal.")}
+        attributes["threadlocal.schema_version"] = SCHEMA_VERSION
+        attributes["threadlocal.attribute_key_map"] = list(self.keys)
+        return _native.publish(encode_resource(attributes))
+
+    def _forget_publication(self) -> None:
+        self._published = None
+        self._publish_lock = threading.Lock()
+
+    # --------------------------------------------------------------------- hooks
+
+    def _install_hooks(self) -> None:
+        with self._hooks_lock:
+            if self._hooked:
+                return
+            self._hooked = True
+            self._hook_set_attributes()
+
+    def _hook_set_attributes(self) -> None:
+        try:
+            from opentelemetry.sdk.trace import Span
+        except ImportError:
+            return  # the API alone: no attributes to follow
+        writer = self
+
+        def wrap(original):
+            def wrapper(span, *args, **kwargs):
+                result = original(span, *args, **kwargs)
+                if span is getattr(writer._thread, "span", None):  # the running span: its record again
+                    writer.record(trace.set_span_in_context(span), force=True)
+                return result
+            wrapper.__wrapped__ = original
+            wrapper.__name__ = original.__name__
+            wrapper.__doc__ = original.__doc__
+            return wrapper
+
+        if self.keys:
+            Span.set_attribute = wrap(Span.set_attribute)
+            Span.set_attributes = wrap(Span.set_attributes)
+
+    def hook_asyncio(self, current_context) -> None:
+        """Record the span of each event loop callback's context (``current_context``: the
+        runtime context's ContextVar)."""
+        from asyncio import events
+
+        original = events.Handle._run
+        if getattr(original, "_pycollector_context", False):
+            return
+        writer = self
+
+        def _run(handle):
+            # The span of the context the callback runs in (the task's), whatever the record held
+            # (a task that attached a span in its last step left it there); the loop's own after.
+            writer.record(handle._context.get(current_context) if handle._context is not None else None)
+            try:
+                return original(handle)
+            finally:
+                writer.record(current_context.get())
+
+        _run._pycollector_context = True
+        _run.__wrapped__ = original
+        events.Handle._run = _run
