@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import agent_cost, bpf_stats, children, off_cpu, overhead, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, side_by_side, sizes, truth, unwinding, workload
+from bench import agent_cost, bpf_stats, children, off_cpu, overhead, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, side_by_side, sizes, span_context, truth, unwinding, workload
 from bench.settings import FULL, QUICK
 from bench.sink import ProfilesSink
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             binary = workload.build_known_split(workdir)
             binary_without_frame_pointers = workload.build_known_split(workdir, frame_pointers=False)
             ping_pong_binary = ping_pong.build(workdir)
+            span_binary = span_context.build(workdir)
             with ProfilesSink(keep_requests=True) as sink:
                 warm_up_seconds = unwinding.warm_up(settings, [binary, binary_without_frame_pointers], workdir, sink)
                 print(f"bench: unwind rows of the host built in {warm_up_seconds:.0f} s", file=sys.stderr)
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                 unwinding_runs, startup_runs = unwinding.run_rounds(settings, binary_without_frame_pointers, workdir, sink)
                 python_runs = python_frames.run_rounds(settings, workdir, sink)
                 off_cpu_runs = off_cpu.run_rounds(settings, ping_pong_binary, workdir, sink)
+                span_runs = span_context.run_bpf_rounds(settings, span_binary, workdir, sink)
+            writer_runs = span_context.run_writer_rounds(settings, workdir)
             pipeline_dir = workdir / "pipeline"
             pipeline_dir.mkdir()
             pipeline_results, pipeline_shape = pipeline.run_rounds(pipeline_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
@@ -60,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         children.kill_all()
         children.restore_signals(handlers)
-    loads += [run.load for run in runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + off_cpu_runs] + [procfs.load_average()]
+    loads += [run.load for run in runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + off_cpu_runs + span_runs]
+    loads += [procfs.load_average()]
     rows = (overhead.rows(runs) + agent_cost.rows(runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
-            + python_frames.rows(python_runs) + off_cpu.rows(off_cpu_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
+            + python_frames.rows(python_runs) + off_cpu.rows(off_cpu_runs) + span_context.rows(span_runs, writer_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
             + sizes.rows(side_by_side_runs))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)
     print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)

@@ -91,12 +91,14 @@ def _run(mode: str, index: int, settings: Settings, rundir: Path, sink: Profiles
         time.sleep(0.5)  # the interpreters are running their script
         if mode == PY_SPY:
             return _measure_py_spy(index, settings, rundir, [copy.pid for copy in copies])
-        return _measure_pycollector(index, settings, rundir, sink)
+        return measure_pycollector(index, settings, rundir, sink)
     finally:
         children.stop(*copies)
 
 
-def _measure_pycollector(index: int, settings: Settings, rundir: Path, sink: ProfilesSink) -> Run:
+def measure_pycollector(index: int, settings: Settings, rundir: Path, sink: ProfilesSink, mode: str = PycollectorAgent.name) -> Run:
+    """The agent's CPU, its BPF program's run time (per second and per sample) and its peak RSS
+    over the window, the workload already running."""
     agent = PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, rounds.unwind_cache_dir(rundir))
     agent.launch()
     try:
@@ -118,7 +120,7 @@ def _measure_pycollector(index: int, settings: Settings, rundir: Path, sink: Pro
     figures = {"agent_cpu_per_second": agent_cpu, "bpf_cpu_per_second": run_time_ns / 1e9 / window,
                "bpf_ns_per_sample": run_time_ns / run_count if run_count else float("nan"), "peak_rss_mib": peak_rss}
     figures["total_cpu_per_second"] = figures["agent_cpu_per_second"] + figures["bpf_cpu_per_second"]
-    return Run(PycollectorAgent.name, index, load, figures)
+    return Run(mode, index, load, figures)
 
 
 def _measure_py_spy(index: int, settings: Settings, rundir: Path, pids: list[int]) -> Run:

@@ -84,6 +84,16 @@ METHOD = """\
   second of them. Sharing a CPU, each of the two waits while the other runs: about 1 s per s.
   pycollector walks ping_pong's user stacks with its unwind tables, offcputime with the kernel's
   frame-pointer walk (ping_pong has frame pointers, so both stacks are whole).
+- **Span context.** `tests/native/otel_thread_ctx_main.c` linked with the C writer (the
+  variable in the executable: local-exec), one copy per CPU running in two spans, under
+  pycollector at {hz} Hz as above; rotated, the copies either publish their process context
+  (so every sample reads the thread's record, its span and its attributes) or do not (the
+  kernel finds no variable for them: one map lookup). BPF: bpf_stats' run time per sample over
+  the {workload_seconds:g} s window. The Python writer: a subprocess of this venv's Python with
+  the OpenTelemetry SDK (no span processor: the span's own cost), the best of five passes of
+  20000 `start_as_current_span` with an `http.route` attribute, and the best of three passes of
+  50000 `await asyncio.sleep(0)` in a task inside a span, with the writer on
+  (`OTEL_PYTHON_CONTEXT=pycollector_thread_context`) and off, rotated.
 - **Pipeline.** A `pycollector` process runs otlp receiver (gRPC) → batch (defaults) → otlp_grpc
   exporter (uncompressed) → a sink in the bench. {senders} client threads send {payloads_per_burst}
   host reports (ProfilesBuilder: {processes} processes, stacks 8–64 frames deep through shared

@@ -31,13 +31,22 @@ struct otel_thread_ctx_head {
     u16 attrs_data_size;
 };
 
-/* The record's attributes under its span, as they are now (a later sample's replace them). */
+/* The record's attributes under its span, as they are now (a later sample's replace them). A span
+ * already known has its entry written in place: the LRU map's update (an allocation and a copy of
+ * the whole value) is paid once per span, not per sample. */
 static __always_inline void keep_span_attributes(struct sample_key *key, u64 record, u32 size)
 {
-    u32 zero = 0;
-    struct thread_ctx_attrs *attrs = thread_ctx_scratch.lookup(&zero);
-    if (!attrs)
-        return;
+    struct thread_ctx_span span;
+    __builtin_memcpy(span.trace_id, key->trace_id, sizeof(span.trace_id));
+    __builtin_memcpy(span.span_id, key->span_id, sizeof(span.span_id));
+    struct thread_ctx_attrs *attrs = thread_ctx_attributes.lookup(&span);
+    int known = attrs != NULL;
+    if (!known) {
+        u32 zero = 0;
+        attrs = thread_ctx_scratch.lookup(&zero);
+        if (!attrs)
+            return;
+    }
     if (size > THREAD_CTX_ATTRS_MAX) {
         count(COUNTER_THREAD_CTX_ATTRS_CUT);
         size = THREAD_CTX_ATTRS_MAX;
@@ -48,14 +57,14 @@ static __always_inline void keep_span_attributes(struct sample_key *key, u64 rec
         return;
     if (bpf_probe_read_user(attrs->data, size, (void *)(record + THREAD_CTX_HEAD_SIZE))) {
         count(COUNTER_THREAD_CTX_READ_ERRORS);
+        if (known)
+            attrs->size = 0;  /* (the failed read zeroed what it held) */
         return;
     }
     attrs->tgid = key->tgid;
     attrs->size = size;
-    struct thread_ctx_span span;
-    __builtin_memcpy(span.trace_id, key->trace_id, sizeof(span.trace_id));
-    __builtin_memcpy(span.span_id, key->span_id, sizeof(span.span_id));
-    thread_ctx_attributes.update(&span, attrs);
+    if (!known)
+        thread_ctx_attributes.update(&span, attrs);
 }
 
 /* The sampled thread's span into key->trace_id and span_id (left zero when it has none). */

@@ -58,32 +58,42 @@ class Writer:
     def record(self, context: Optional[Context], *, force: bool = False) -> None:
         """This thread now runs in ``context``'s span (or none). Never raises into the caller's
         code: a failure is counted in ``errors`` and the record cleared."""
+        local = self._thread
+        if context is getattr(local, "context", None) and not force:
+            return  # (contexts are immutable: the same one, the same span; an event loop's turns)
+        local.context = context
         global trace
         if trace is None:
             from opentelemetry import trace
         span = trace.get_current_span(context) if context is not None else None
         if span is trace.INVALID_SPAN:
             span = None  # (what get_current_span gives a context without a span)
-        if span is getattr(self._thread, "span", None) and not force:
-            return  # (the common case: the same span attached again, a callback of the same task)
+        if span is getattr(local, "span", None) and not force:
+            return  # (the same span attached again)
         try:
-            self._write(span)
+            self._write(span, local, force)
         except Exception:  # noqa: BLE001 - the application runs on; its profile loses a link
             self.errors += 1
             _native.clear_span()
             span = None
-        self._thread.span = span
+        local.span = span
 
-    def _write(self, span: Optional[Any]) -> None:
-        if not self._hooked:
-            self._install_hooks()
-        self._publish_if_changed()
-        span_context = span.get_span_context() if span is not None else None
-        if span_context is None or not span_context.is_valid:
+    def _write(self, span: Optional[Any], local: threading.local, force: bool) -> None:
+        if span is None:
             _native.clear_span()
             return
-        _native.set_span(span_context.trace_id.to_bytes(16, "big"), span_context.span_id.to_bytes(8, "big"),
-                         int(span_context.trace_flags) & 0xFF, self._attributes(span))
+        encoded = getattr(local, "encoded", None)  # (span, set_span's arguments): a task's span again
+        if force or encoded is None or encoded[0] is not span:
+            if not self._hooked:
+                self._install_hooks()
+            self._publish_if_changed()
+            span_context = span.get_span_context()
+            if not span_context.is_valid:
+                _native.clear_span()
+                return
+            encoded = local.encoded = (span, (span_context.trace_id.to_bytes(16, "big"), span_context.span_id.to_bytes(8, "big"),
+                                              int(span_context.trace_flags) & 0xFF, self._attributes(span)))
+        _native.set_span(*encoded[1])
 
     def _attributes(self, span: Any) -> bytes:
         attributes = getattr(span, "attributes", None)
