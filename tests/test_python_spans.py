@@ -150,7 +150,7 @@ def test_a_python_services_samples_carry_the_spans_they_ran_in(collector):
     for route, (inside, total) in linked.items():
         assert total > 30 and inside / total >= 0.9, (route, inside, total)
     assert set(linked) == {"/checkout", "/browse"}, linked
-    print(f"\nlinked samples in their handler: " + ", ".join(f"{route} {inside}/{total}" for route, (inside, total) in linked.items()))
+    print("\nlinked samples in their handler: " + ", ".join(f"{route} {inside}/{total}" for route, (inside, total) in linked.items()))
     # Their shares follow the CPU the handlers measured.
     measured = cpu["/checkout"] / (cpu["/checkout"] + cpu["/browse"])
     sampled = linked["/checkout"][1] / (linked["/checkout"][1] + linked["/browse"][1])
