@@ -21,7 +21,7 @@ from pycollector.testing import TestHost, assert_conformance, make_settings
 from exporters.flamegraph import page
 from exporters.flamegraph.factory import factory
 from exporters.flamegraph.tree import call_tree, page_data, type_ids
-from exporters.flamegraph.window import ProcessKey, ProfileWindow
+from exporters.flamegraph.window import ProcessKey, ProfileWindow, merged
 
 CPU = ("samples", "count")
 OFF_CPU = ("off_cpu", "nanoseconds")
@@ -102,9 +102,9 @@ def test_window_counts_stacks_per_process_root_first():
     window = ProfileWindow(60)
     assert window.add(profiles(WORK)) == {CPU: 7}
     totals = window.totals()[CPU]
-    app = totals[ProcessKey(10, "app", "")]
+    app = merged(totals[ProcessKey(10, "app", "")])
     assert app[(("main", "native"), ("work", "native"), ("sys_write", "kernel"))] == 1
-    assert sum(totals[ProcessKey(20, "db", "")].values()) == 2
+    assert sum(merged(totals[ProcessKey(20, "db", "")]).values()) == 2
 
 
 def test_window_forgets_samples_older_than_the_window():
@@ -114,7 +114,7 @@ def test_window_forgets_samples_older_than_the_window():
     clock.now += 30
     window.add(profiles({(10, "app"): [(["new"], 1)]}))
     clock.now += 31
-    assert dict(window.totals()[CPU][ProcessKey(10, "app", "")]) == {(("new", "native"),): 1}
+    assert dict(merged(window.totals()[CPU][ProcessKey(10, "app", "")])) == {(("new", "native"),): 1}
     clock.now += 60
     assert window.totals() == {}
 
@@ -125,8 +125,8 @@ def test_window_keeps_each_sample_type_apart():
     totals = window.totals()
     assert set(totals) == {CPU, OFF_CPU}
     # CPU counts as they were sent: no nanosecond of off-CPU time is added to them.
-    assert {key.name: sum(stacks.values()) for key, stacks in totals[CPU].items()} == {"app": 5, "db": 2}
-    app = totals[OFF_CPU][ProcessKey(10, "app", "")]
+    assert {key.name: sum(merged(by_span).values()) for key, by_span in totals[CPU].items()} == {"app": 5, "db": 2}
+    app = merged(totals[OFF_CPU][ProcessKey(10, "app", "")])
     assert dict(app) == {
         (("main", "native"), ("sys_nanosleep", "kernel"), ("__schedule", "kernel")): 1_000_000_000,
         (("main", "native"), ("work", "native"), ("sys_futex", "kernel"), ("__schedule", "kernel")): 2_500_000,
@@ -151,7 +151,7 @@ def test_window_names_a_frame_without_a_symbol_by_its_file_and_address_in_the_fi
     window = ProfileWindow(60)
     assert window.add(b.data) == {CPU: 3}  # no values: one sample per timestamp
     stack = (("main", "native"), ("[unknown]+0x7f3a00001234", "native"), ("[libfoo.so]+0x56cd", "native"))
-    assert dict(window.totals()[CPU][ProcessKey(10, "app", "")]) == {stack: 3}
+    assert dict(merged(window.totals()[CPU][ProcessKey(10, "app", "")])) == {stack: 3}
 
 
 def test_page_data_lists_cpu_first_then_each_other_type_with_its_processes():

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from pycollector.config.validate import build_plan
+from pycollector.pdata import ProfilesBuilder
 from pycollector.service import Service
 from pycollector.testing import TestHost, make_settings, registry_with
 
 from exporters.flamegraph.factory import factory
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, share_tolerance
-from tests.test_flamegraph import WORK, cpu_and_off_cpu, profiles
+from tests.test_flamegraph import PERIOD_NS, WORK, cpu_and_off_cpu, profiles
 from tests.test_profiling_receiver import compile_c
 
 HZ = 97
@@ -255,3 +256,71 @@ def test_names_holding_html_are_shown_as_text_and_run_nothing(tmp_path):
     markup = Markup(dom)
     assert "img" not in markup.tags and not markup.handlers, "a name became markup"
     assert not [line for line in console if "PWNED" in line], console
+
+
+# -- spans, on data built by hand ---------------------------------------------------------------
+
+CHECKOUT_SPAN, BROWSE_SPAN, OTHER_TRACE_SPAN = bytes([0x11] * 8), bytes([0x22] * 8), bytes([0x33] * 8)
+TRACE, OTHER_TRACE = bytes([0xAB] * 16), bytes([0xCD] * 16)
+
+
+def spans_profiles():
+    """A service's CPU samples: 30 in its /checkout span, 10 in its /browse span (same trace),
+    6 in another /browse span of another trace, 5 in none; thread.* attributes on all."""
+    b = ProfilesBuilder()
+    scope = b.scope_profiles(b.resource_profiles({"process.pid": 40, "process.executable.name": "shop"}))
+    profile = b.profile(scope, sample_type=("samples", "count"), period_type=("cpu", "nanoseconds"), period=PERIOD_NS)
+    for functions, value, link, route in ((["main", "checkout_total"], 30, (TRACE, CHECKOUT_SPAN), "/checkout"),
+                                          (["main", "browse_catalog"], 10, (TRACE, BROWSE_SPAN), "/browse"),
+                                          (["main", "browse_catalog"], 6, (OTHER_TRACE, OTHER_TRACE_SPAN), "/browse"),
+                                          (["main", "idle_loop"], 5, None, None)):
+        stack = b.stack([b.location(lines=[(b.function(function), 0, 0)]) for function in reversed(functions)])
+        attributes = {"thread.id": 41, "thread.name": "worker", **({"http.route": route} if route else {})}
+        b.sample(profile, stack, [value], attributes=attributes, link_index=b.link(*link) if link else 0)
+    return b.data
+
+
+@pytest.fixture(scope="module")
+def spans_page(tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
+    exporter = factory.create(make_settings("exporters", "flamegraph"), factory.config_model(endpoint="localhost:0"), None)
+    exporter.start(TestHost())
+    exporter.consume(spans_profiles())
+    try:
+        yield {"url": exporter.url, "work": tmp_path_factory.mktemp("flamegraph-spans")}
+    finally:
+        exporter.shutdown()
+
+
+def span_rows(dom: str) -> list[list[str]]:
+    body = re.search(r'<table id="spans">.*?<tbody>(.*?)</tbody>', dom, re.S).group(1)
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+
+
+def test_the_spans_with_the_most_samples_are_listed_heaviest_first(spans_page):
+    dom, console = chromium(spans_page["url"], spans_page["work"], "--dump-dom")
+    assert console == [], console
+    rows = span_rows(dom)
+    assert [(row[0], row[3], row[4]) for row in rows] == [
+        ("30", CHECKOUT_SPAN.hex(), "http.route=/checkout"), ("10", BROWSE_SPAN.hex(), "http.route=/browse"),
+        ("6", OTHER_TRACE_SPAN.hex(), "http.route=/browse")], rows
+    assert rows[0][1] == "58.8%" and rows[0][2] == TRACE.hex()  # (of the 51 samples shown)
+    assert "http.route=/checkout" in re.search(r'<select id="attribute">(.*?)</select>', dom, re.S).group(1)
+    assert {"checkout_total", "browse_catalog", "idle_loop"} <= set(Frames(dom).widths)
+
+
+def test_a_span_id_shows_that_spans_graph_and_a_trace_id_its_spans(spans_page):
+    frames = dom_of(f"{spans_page['url']}#span={CHECKOUT_SPAN.hex()}", spans_page["work"])
+    assert "checkout_total" in frames.widths and not {"browse_catalog", "idle_loop"} & set(frames.widths)
+    frames = dom_of(f"{spans_page['url']}#span={TRACE.hex()[:8]}", spans_page["work"])  # a prefix of the trace id
+    assert {"checkout_total", "browse_catalog"} <= set(frames.widths) and "idle_loop" not in frames.widths
+    # browse_catalog's frame holds its span of this trace only: 10 of the 40 samples shown.
+    assert frames.widths["browse_catalog"] / frames.widths["main"] == pytest.approx(10 / 40, rel=0.05)
+
+
+def test_an_attribute_value_narrows_the_graph_to_its_samples(spans_page):
+    frames = dom_of(f"{spans_page['url']}#attr=http.route%3D%2Fbrowse", spans_page["work"])
+    assert "browse_catalog" in frames.widths and not {"checkout_total", "idle_loop"} & set(frames.widths)
+    dom, _ = chromium(f"{spans_page['url']}#attr=http.route%3D%2Fbrowse", spans_page["work"], "--dump-dom")
+    assert [row[3] for row in span_rows(dom)] == [BROWSE_SPAN.hex(), OTHER_TRACE_SPAN.hex()]

@@ -64,4 +64,4 @@ class FlamegraphExporter(Component):
         return Response(404, b'{"error":"not found; the flame graph is at /"}')
 
     def _data(self) -> dict:
-        return page_data(self.window.totals(), self.config.window, self.host_name)
+        return page_data(self.window.totals(), self.config.window, self.host_name, self.window.spans_cut)

@@ -6,11 +6,17 @@ sample type at a time and merges the trees of the processes the filter selects, 
 sends each process once per type and the same document works as a saved file with no server
 behind it.
 
-    {"host", "window_seconds", "generated_unix",
+    {"host", "window_seconds", "generated_unix", "spans_cut",
      "types": [{"id": "samples", "type": "samples", "unit": "count", "total",
-                "processes": [{"pid", "name", "container", "total", "stacks"}, ...]}, ...]}
+                "processes": [{"pid", "name", "container", "total", "stacks",
+                               "groups": [{"attributes", "total", "stacks"}, ...]}, ...],
+                "spans": [{"trace_id", "span_id", "pid", "name", "container", "attributes",
+                           "total", "stacks"}, ...]}, ...]}
 
-``total`` is in the type's unit: samples for CPU, nanoseconds for off-CPU time.
+``total`` is in the type's unit: samples for CPU, nanoseconds for off-CPU time. ``groups`` (only
+for a process whose samples carry span attributes) splits its stacks by those attributes
+(``http.route``...), for the page's attribute filter. ``spans`` are the type's MAX_SPANS_SHOWN
+spans with the most samples in the window, each with its own call tree.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ from typing import Any
 
 from pycollector.pdata import CPU_SAMPLES
 
-from exporters.flamegraph.window import ProcessKey, SampleType, Stack, Totals
+from exporters.flamegraph.window import ProcessKey, ProcessStacks, SampleType, Stack, Totals, merged
+
+MAX_SPANS_SHOWN = 100
 
 
-def page_data(totals: Totals, window_seconds: float, host: str) -> dict[str, Any]:
+def page_data(totals: Totals, window_seconds: float, host: str, spans_cut: int = 0) -> dict[str, Any]:
     ordered = sorted(totals, key=lambda value_type: (value_type != CPU_SAMPLES, value_type))
     ids = type_ids(ordered)
     types = []
@@ -37,8 +45,9 @@ def page_data(totals: Totals, window_seconds: float, host: str) -> dict[str, Any
             "unit": value_type[1],
             "total": sum(process["total"] for process in processes),
             "processes": processes,
+            "spans": top_spans(totals[value_type]),
         })
-    return {"host": host, "window_seconds": window_seconds, "generated_unix": time.time(), "types": types}
+    return {"host": host, "window_seconds": window_seconds, "generated_unix": time.time(), "spans_cut": spans_cut, "types": types}
 
 
 def type_ids(value_types: list[SampleType]) -> dict[SampleType, str]:
@@ -48,8 +57,25 @@ def type_ids(value_types: list[SampleType]) -> dict[SampleType, str]:
     return {(type_, unit): type_ if type_ and names[type_] == 1 else f"{type_}/{unit}" for type_, unit in value_types}
 
 
-def process_data(key: ProcessKey, stacks: collections.Counter) -> dict[str, Any]:
-    return {"pid": key.pid, "name": key.name, "container": key.container, "total": sum(stacks.values()), "stacks": call_tree(stacks)}
+def process_data(key: ProcessKey, by_span: ProcessStacks) -> dict[str, Any]:
+    stacks = merged(by_span)
+    data = {"pid": key.pid, "name": key.name, "container": key.container, "total": sum(stacks.values()), "stacks": call_tree(stacks)}
+    groups: dict[tuple, collections.Counter] = collections.defaultdict(collections.Counter)
+    for span, span_stacks in by_span.items():
+        groups[span.attributes].update(span_stacks)
+    if any(groups):  # (some samples carry span attributes)
+        data["groups"] = sorted(({"attributes": dict(attributes), "total": sum(group.values()), "stacks": call_tree(group)}
+                                 for attributes, group in groups.items()), key=lambda group: -group["total"])
+    return data
+
+
+def top_spans(processes: dict[ProcessKey, ProcessStacks]) -> list[dict[str, Any]]:
+    """The spans with the most samples of this type, each with its call tree."""
+    spans = [(sum(stacks.values()), key, span, stacks) for key, by_span in processes.items() for span, stacks in by_span.items() if span.span_id]
+    spans.sort(key=lambda entry: (-entry[0], entry[2].span_id))
+    return [{"trace_id": span.trace_id, "span_id": span.span_id, "pid": key.pid, "name": key.name, "container": key.container,
+             "attributes": dict(span.attributes), "total": total, "stacks": call_tree(stacks)}
+            for total, key, span, stacks in spans[:MAX_SPANS_SHOWN]]
 
 
 def call_tree(stacks: dict[Stack, int]) -> list[dict[str, Any]]:

@@ -7,6 +7,11 @@ distinct stacks per slice, however often exports arrive.
 Each sample type (``samples/count`` from CPU profilers, ``off_cpu/nanoseconds`` from off-CPU
 profiling, bytes allocated...) is kept apart, keyed by (type, unit): the page shows one type at a
 time, as adding values of different units into one graph would mean nothing.
+
+Within a process, stacks are kept per span (`SpanKey`: the trace and span a sample is linked to,
+and its span attributes such as ``http.route``), so the page can show one span, one trace or one
+route. A slice keeps at most MAX_SPANS_PER_SLICE spans; the samples of spans past that keep their
+attributes but not their ids (counted in ``spans_cut``, which the page shows).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from exporters.profiles import FrameNames, sample_value
 
 SLICES_PER_WINDOW = 60
 MIN_SLICE_SECONDS = 1.0
+MAX_SPANS_PER_SLICE = 2000  # a busy service ends thousands of spans a second; their stacks add up
 
 # A profile's (type, unit), e.g. ("samples", "count") or ("off_cpu", "nanoseconds").
 SampleType = tuple[str, str]
@@ -37,8 +43,29 @@ class ProcessKey(NamedTuple):
     container: str
 
 
-# What one slice, or the whole window, holds: stack values per sample type and process.
-Totals = dict[SampleType, dict[ProcessKey, collections.Counter]]
+class SpanKey(NamedTuple):
+    """The span a sample ran in: ids in hex ("" when it carries no link), and its span attributes
+    (the sample's, but thread.*: those say which thread, not which request)."""
+
+    trace_id: str
+    span_id: str
+    attributes: tuple[tuple[str, str], ...]
+
+
+NO_SPAN = SpanKey("", "", ())
+
+# A process's stack values per span it ran in (NO_SPAN for samples in none).
+ProcessStacks = dict[SpanKey, collections.Counter]
+# What one slice, or the whole window, holds: per sample type and process.
+Totals = dict[SampleType, dict[ProcessKey, ProcessStacks]]
+
+
+def merged(stacks_by_span: ProcessStacks) -> collections.Counter:
+    """A process's stack values, whatever span they ran in."""
+    total: collections.Counter = collections.Counter()
+    for stacks in stacks_by_span.values():
+        total.update(stacks)
+    return total
 
 
 class ProfileWindow:
@@ -46,8 +73,10 @@ class ProfileWindow:
         self.window_seconds = window_seconds
         self._slice_seconds = max(MIN_SLICE_SECONDS, window_seconds / SLICES_PER_WINDOW)
         self._clock = clock
-        self._slices: collections.deque[tuple[int, Totals]] = collections.deque()
+        # (slice number, its totals, the spans it holds: (trace id, span id))
+        self._slices: collections.deque[tuple[int, Totals, set]] = collections.deque()
         self._lock = threading.Lock()
+        self.spans_cut = 0  # spans past a slice's cap, kept without their ids
 
     def add(self, data: profiles_pb2.ProfilesData) -> collections.Counter:
         """Count ``data``'s samples into the current slice; returns the value taken per sample
@@ -56,30 +85,46 @@ class ProfileWindow:
         names = FrameNames(data.dictionary)
         taken: collections.Counter = collections.Counter()
         current_profile, of_type = None, None
+        spans: dict[tuple, SpanKey] = {}
         for view in iter_samples(data):
             if view.profile is not current_profile:  # samples come profile by profile
                 current_profile = view.profile
                 value_type = sample_type(data, view.profile)
                 of_type = counts[value_type]
             value = sample_value(view)
-            of_type[process_key(view.resource)][stack_of(view.frames, names.of_stack(view.sample.stack_index))] += value
+            span = _span_key(view, spans)
+            of_type[process_key(view.resource)][span][stack_of(view.frames, names.of_stack(view.sample.stack_index))] += value
             taken[value_type] += value
         with self._lock:
             now_slice = int(self._clock() // self._slice_seconds)
             if not self._slices or self._slices[-1][0] != now_slice:
-                self._slices.append((now_slice, _empty()))
-            _add_into(self._slices[-1][1], counts)
+                self._slices.append((now_slice, _empty(), set()))
+            self._add_capped(self._slices[-1], counts)
             self._expire(now_slice)
         return taken
 
+    def _add_capped(self, slice_: tuple, counts: Totals) -> None:
+        """Into the slice, a span past its MAX_SPANS_PER_SLICE kept under its attributes alone."""
+        _, target, span_ids = slice_
+        for value_type, processes in counts.items():
+            for key, by_span in processes.items():
+                for span, stacks in by_span.items():
+                    if span.span_id and (span.trace_id, span.span_id) not in span_ids:
+                        if len(span_ids) >= MAX_SPANS_PER_SLICE:
+                            self.spans_cut += 1
+                            span = SpanKey("", "", span.attributes)
+                        else:
+                            span_ids.add((span.trace_id, span.span_id))
+                    target[value_type][key][span].update(stacks)
+
     def totals(self) -> Totals:
-        """Stack values per sample type and process over the window, summed over its slices."""
+        """Stack values per sample type, process and span over the window, summed over its slices."""
         with self._lock:
             self._expire(int(self._clock() // self._slice_seconds))
             totals = _empty()
-            for _, counts in self._slices:
+            for _, counts, _ in self._slices:
                 _add_into(totals, counts)
-        return {value_type: dict(processes) for value_type, processes in totals.items()}
+        return {value_type: {key: dict(by_span) for key, by_span in processes.items()} for value_type, processes in totals.items()}
 
     def _expire(self, now_slice: int) -> None:
         oldest_kept = now_slice - int(self.window_seconds // self._slice_seconds) + 1
@@ -88,13 +133,27 @@ class ProfileWindow:
 
 
 def _empty() -> Totals:
-    return collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+    return collections.defaultdict(lambda: collections.defaultdict(lambda: collections.defaultdict(collections.Counter)))
 
 
 def _add_into(target: Totals, counts: Totals) -> None:
     for value_type, processes in counts.items():
-        for key, stacks in processes.items():
-            target[value_type][key].update(stacks)
+        for key, by_span in processes.items():
+            for span, stacks in by_span.items():
+                target[value_type][key][span].update(stacks)
+
+
+def _span_key(view, known: dict[tuple, SpanKey]) -> SpanKey:
+    """The sample's SpanKey, one object per distinct link and attributes (views share them)."""
+    attributes = tuple(sorted((key, str(value)) for key, value in view.attributes.items() if not key.startswith("thread.")))
+    if view.link is None and not attributes:
+        return NO_SPAN
+    cache_key = (view.link, attributes)
+    span = known.get(cache_key)
+    if span is None:
+        trace_id, span_id = (view.link[0].hex(), view.link[1].hex()) if view.link is not None else ("", "")
+        span = known[cache_key] = SpanKey(trace_id, span_id, attributes)
+    return span
 
 
 def process_key(resource: dict) -> ProcessKey:
