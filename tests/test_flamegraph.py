@@ -260,3 +260,21 @@ def test_values_are_shown_in_their_types_unit():
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
         "1234 samples", "2.50 ms off-CPU time", "1.00 s off-CPU time", "1.50 min", "750 ns", "3.00 MiB", "CPU", "Off-CPU", "alloc_space (bytes)"]
+
+
+def test_spans_past_a_slices_cap_keep_their_samples_and_attributes_not_their_ids(monkeypatch):
+    from exporters.flamegraph import window as window_module
+    from tests.test_flamegraph_browser import spans_profiles
+
+    monkeypatch.setattr(window_module, "MAX_SPANS_PER_SLICE", 2)
+    window = ProfileWindow(60)
+    window.add(spans_profiles())  # three spans, 46 samples in them, 5 in none
+    by_span = window.totals()[CPU][ProcessKey(40, "shop", "")]
+    assert window.spans_cut == 1 and sum(merged(by_span).values()) == 51
+    kept = {span.span_id for span in by_span if span.span_id}
+    assert len(kept) == 2
+    assert any(not span.span_id and span.attributes == (("http.route", "/browse"),) for span in by_span)
+    data = page_data(window.totals(), 60, "host", window.spans_cut)
+    assert data["spans_cut"] == 1 and [span["span_id"] for span in data["types"][0]["spans"]] == sorted(kept, key=lambda s: s != "11" * 8)
+    groups = {group["attributes"].get("http.route"): group["total"] for group in data["types"][0]["processes"][0]["groups"]}
+    assert groups == {"/checkout": 30, "/browse": 16, None: 5}
