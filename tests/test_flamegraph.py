@@ -278,3 +278,11 @@ def test_spans_past_a_slices_cap_keep_their_samples_and_attributes_not_their_ids
     assert data["spans_cut"] == 1 and [span["span_id"] for span in data["types"][0]["spans"]] == sorted(kept, key=lambda s: s != "11" * 8)
     groups = {group["attributes"].get("http.route"): group["total"] for group in data["types"][0]["processes"][0]["groups"]}
     assert groups == {"/checkout": 30, "/browse": 16, None: 5}
+
+
+def test_a_process_is_named_by_its_executable_and_the_service_its_sdk_says_it_is():
+    from exporters.flamegraph.window import process_key
+
+    assert process_key({"process.pid": 7, "process.executable.name": "python3.11", "service.name": "shop"}).name == "python3.11 (shop)"
+    assert process_key({"process.pid": 7, "process.executable.name": "nginx"}).name == "nginx"
+    assert process_key({"service.name": "remote"}) == ProcessKey(None, "remote", "")

@@ -32,7 +32,7 @@ from tests.conftest import bpf_unavailable_reason
 
 pytest.importorskip("pycollector_otel_context", reason="the writer is installed by `make setup` (pip install ./sdk/python)")
 
-SERVICE = Path(__file__).with_name("python_http_service.py")
+SERVICE = Path(__file__).parents[1] / "examples" / "span-profiles" / "service.py"
 HANDLER_OF_ROUTE = {"/checkout": "checkout_total", "/browse": "browse_catalog", "/slow": "wait_for_inventory"}
 LOAD_SECONDS = 8
 

@@ -157,8 +157,13 @@ def _span_key(view, known: dict[tuple, SpanKey]) -> SpanKey:
 
 
 def process_key(resource: dict) -> ProcessKey:
+    """A process by its pid, named by its executable, and by the service it says it is when that
+    differs ("python3.11 (checkout)": an SDK's service.name)."""
     pid = resource.get("process.pid")
-    name = resource.get("process.executable.name") or resource.get("service.name") or "unknown"
+    executable, service = resource.get("process.executable.name"), resource.get("service.name")
+    name = executable or service or "unknown"
+    if executable and service and service != executable:
+        name = f"{executable} ({service})"
     return ProcessKey(pid if isinstance(pid, int) else None, str(name), str(resource.get("container.id", "")))
 
 

@@ -1,15 +1,17 @@
 """A small HTTP service instrumented with the OpenTelemetry Python SDK, as a user writes one: a
 server span per request, spans exported over OTLP/HTTP in batches. Run it with the writer on
-(OTEL_PYTHON_CONTEXT=pycollector_thread_context) and its profiles link to its spans.
+(OTEL_PYTHON_CONTEXT=pycollector_thread_context) and its profiles link to its spans (the README's
+worked example; tests/test_python_spans.py runs it under load).
 
-    python python_http_service.py OTLP_TRACES_URL
+    python service.py [OTLP_TRACES_URL]      (default http://127.0.0.1:4318/v1/traces)
 
-It prints the port it listens on (127.0.0.1). Routes: /checkout burns CPU in checkout_total
+It prints the port it listens on (127.0.0.1; PORT in the environment chooses it, else any free one). Routes: /checkout burns CPU in checkout_total
 (three times the work of /browse's browse_catalog), /slow sleeps in wait_for_inventory,
 /flush exports the spans ended so far. Each answer carries X-Cpu-Seconds: the CPU time the
 handler's thread spent in the span.
 """
 
+import os
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,7 +23,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 provider = TracerProvider(resource=Resource.create({"service.name": "shop", "service.version": "2.1.0"}))
-provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1], timeout=5), schedule_delay_millis=500))
+TRACES_URL = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:4318/v1/traces"
+provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=TRACES_URL, timeout=5), schedule_delay_millis=500))
 trace.set_tracer_provider(provider)
 tracer = trace.get_tracer("shop")
 
@@ -79,6 +82,6 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("PORT", "0"))), Handler)
     print(server.server_address[1], flush=True)
     server.serve_forever()
