@@ -169,3 +169,8 @@ def test_a_python_services_samples_carry_the_spans_they_ran_in(collector):
     slow = sum(time for link, time in waits.items() if link and route_of_span.get(link[1]) == "/slow")
     print(f"/slow's off-CPU time under its spans: {slow / 1e9:.2f} s of {sum(waits.values()) / 1e9:.2f} s")
     assert sum(waits.values()) > 0 and slow / sum(waits.values()) >= 0.9, {route_of_span.get(k[1]) if k else None: v for k, v in waits.items()}
+
+
+def test_the_worked_examples_config_is_valid(cli):
+    result = cli("validate", "--config", "examples/span-profiles/collector-config.yaml")
+    assert result.returncode == 0, result.stderr
