@@ -10,6 +10,7 @@ test_python_spans.py.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -29,17 +30,51 @@ pytest.importorskip("pycollector_otel_context", reason="the writer is installed 
 from pycollector_otel_context._resource import encode_resource  # noqa: E402
 
 APP = Path(__file__).with_name("python_context_writer.py")
+WRITER_SOURCE = Path(__file__).parents[1] / "sdk" / "python"
 RECORD = struct.Struct("=16s8sBBH")  # trace id, span id, valid, trace flags, attrs-data size
+PYENV = Path(os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))) / "versions"
+# The CPythons the writer supports: this venv's, and pyenv's 3.8 to 3.13 where the host has them.
+INTERPRETERS = ["venv"] + [f"3.{minor}" for minor in range(8, 14)]
 
 
-def writer_env() -> dict:
-    return {**os.environ, "OTEL_PYTHON_CONTEXT": "pycollector_thread_context", "PYCOLLECTOR_CONTEXT_ATTRIBUTES": "http.route"}
+def pyenv_python(version: str) -> Path | None:
+    found = sorted(PYENV.glob(f"{version}.*"))
+    return found[-1] / "bin" / f"python{version}" if found else None
+
+
+@pytest.fixture(scope="session")
+def sites(tmp_path_factory):
+    """Per pyenv CPython: the writer built and installed with that interpreter's pip, beside the
+    OpenTelemetry SDK release pip picks for it (1.33 for 3.8), into a folder of its own."""
+    built: dict = {}
+
+    def site(version: str) -> tuple[str, dict]:
+        if version == "venv":
+            return sys.executable, {}
+        if version not in built:
+            python = pyenv_python(version)
+            if python is None or not python.exists():
+                pytest.skip(f"pyenv has no CPython {version} here")
+            target = tmp_path_factory.mktemp(f"writer-{version}")
+            source = target / "source"
+            shutil.copytree(WRITER_SOURCE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+            installed = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target",
+                                        str(target / "site"), str(source), "opentelemetry-sdk"], capture_output=True, text=True, timeout=600)
+            assert installed.returncode == 0, installed.stderr[-3000:]
+            built[version] = str(python), {"PYTHONPATH": str(target / "site")}
+        return built[version]
+
+    return site
+
+
+def writer_env(extra: dict | None = None) -> dict:
+    return {**os.environ, "OTEL_PYTHON_CONTEXT": "pycollector_thread_context", "PYCOLLECTOR_CONTEXT_ATTRIBUTES": "http.route", **(extra or {})}
 
 
 class App:
-    def __init__(self):
-        self.process = subprocess.Popen([sys.executable, str(APP), "steps"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, env=writer_env())
+    def __init__(self, python: str = sys.executable, env: dict | None = None):
+        self.process = subprocess.Popen([python, str(APP), "steps"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=writer_env(env))
         self.memory = ProcessMemory(self.process.pid)
 
     def ask(self, command: str) -> str:
@@ -67,9 +102,9 @@ class App:
         self.memory.close()
 
 
-@pytest.fixture
-def app():
-    application = App()
+@pytest.fixture(params=INTERPRETERS)
+def app(request, sites):
+    application = App(*sites(request.param))
     yield application
     application.close()
 
@@ -128,10 +163,12 @@ def test_a_forked_child_publishes_a_context_of_its_own(app):
         os.kill(child_pid, signal.SIGKILL)  # (the app's child, not ours: reaped by init once the app is gone)
 
 
-def test_asyncio_tasks_each_see_their_own_span_at_every_turn():
+@pytest.mark.parametrize("version", INTERPRETERS)
+def test_asyncio_tasks_each_see_their_own_span_at_every_turn(sites, version):
     """Three tasks take turns on one loop (two in spans of their own, one in none): at every
     turn the thread's record holds the span of the task that runs."""
-    result = subprocess.run([sys.executable, str(APP), "asyncio"], capture_output=True, text=True, env=writer_env(), timeout=60)
+    python, env = sites(version)
+    result = subprocess.run([python, str(APP), "asyncio"], capture_output=True, text=True, env=writer_env(env), timeout=60)
     assert result.returncode == 0, result.stderr
     words = result.stdout.split()
     turns, mismatches = int(words[1]), int(words[3])
