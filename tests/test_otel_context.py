@@ -205,7 +205,7 @@ def writers(tmp_path_factory):
     """The test programs, one per TLS model a reader must handle: the variable in the executable
     (local-exec), in a library linked in with TLS descriptors (static TLS once resolved), in
     the same library dlopen()ed (dynamic TLS, through the thread's DTV), and in libraries built
-    for initial-exec and for the traditional general dynamic model."""
+    for initial-exec (dlopen()ed, and linked in) and for the traditional general dynamic model."""
     out = tmp_path_factory.mktemp("thread-ctx")
     writer, main = NATIVE / "otel_thread_ctx.c", NATIVE / "otel_thread_ctx_main.c"
 
@@ -217,6 +217,7 @@ def writers(tmp_path_factory):
     cc("-fPIC", "-shared", "-ftls-model=initial-exec", "-o", str(out / "libotelctx-ie.so"), str(writer))
     cc("-rdynamic", "-o", str(out / "executable"), str(main), str(writer), "-ldl")
     cc("-o", str(out / "linked"), str(main), f"-L{out}", "-lotelctx", f"-Wl,-rpath,{out}", "-ldl")
+    cc("-o", str(out / "linked-ie"), str(main), str(out / "libotelctx-ie.so"), f"-Wl,-rpath,{out}", "-ldl")
     cc("-DDLOPEN_ONLY", "-o", str(out / "dlopen"), str(main), "-ldl")
     return {
         "local-exec": [str(out / "executable")],
@@ -224,12 +225,13 @@ def writers(tmp_path_factory):
         "tlsdesc, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx.so")],
         "general dynamic, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx-gd.so")],
         "initial-exec, dlopen": [str(out / "dlopen"), "dlopen", str(out / "libotelctx-ie.so")],
+        "initial-exec, linked": [str(out / "linked-ie")],
         "general dynamic, dlopen after the maps were read": [str(out / "dlopen"), "dlopen", str(out / "libotelctx-gd.so")],
     }
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize("model", ["local-exec", "tlsdesc, static", "tlsdesc, dlopen", "general dynamic, dlopen", "initial-exec, dlopen",
+@pytest.mark.parametrize("model", ["local-exec", "tlsdesc, static", "tlsdesc, dlopen", "general dynamic, dlopen", "initial-exec, dlopen", "initial-exec, linked",
                                    "general dynamic, dlopen after the maps were read"])
 def test_samples_carry_the_span_their_thread_ran_in(service_and_capture, writers, model):
     """The program runs spin_heavy in one span and spin_light in another (3:1): every sample
