@@ -195,8 +195,8 @@ static __always_inline u32 stack_by_value(struct bpf_perf_event_data *ctx, s32 s
     return n;
 }
 
-/* The per-CPU stack_overflow event with the sample's thread, origin and `value` filled in from its
- * key; the senders fill in the stacks.  NULL if the scratch slot cannot be had. */
+/* The per-CPU stack_overflow event with the sample's thread, origin, span and `value` filled in
+ * from its key; the senders fill in the stacks.  NULL if the scratch slot cannot be had. */
 static __always_inline struct stack_overflow_event *overflow_event(struct sample_key *key, u64 value)
 {
     u32 zero = 0;
@@ -208,6 +208,8 @@ static __always_inline struct stack_overflow_event *overflow_event(struct sample
     event->value = value;
     event->origin = key->origin;
     __builtin_memcpy(event->comm, key->comm, sizeof(event->comm));
+    __builtin_memcpy(event->trace_id, key->trace_id, sizeof(event->trace_id));
+    __builtin_memcpy(event->span_id, key->span_id, sizeof(event->span_id));
     return event;
 }
 

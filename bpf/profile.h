@@ -113,6 +113,8 @@ struct stack_overflow_event {
     u32 kernel_len;        /* bytes used in kernel_ips (leaf first) */
     u32 user_len;          /* bytes used in user_ips */
     char comm[TASK_COMM_LEN];
+    u8 trace_id[16];       /* the span the thread ran in, as in sample_key */
+    u8 span_id[8];
     u64 user_ips[PROFILE_USER_STACK_SLOTS];
     u64 kernel_ips[PROFILE_STACK_SLOTS];
 };

@@ -372,3 +372,33 @@ def test_off_cpu_time_carries_the_span_it_was_spent_in(writers, tmp_path):
         sleeper.kill()
         sleeper.wait()
         service.shutdown()
+
+
+@pytest.mark.bpf
+def test_samples_sent_by_value_after_a_stack_collision_keep_their_span(writers):
+    """With a stack map of one entry nearly every sample's stack collides and travels by value
+    (the stack_overflow perf buffer): those samples carry the span their thread ran in too."""
+    from tests.test_profiling_sampler import Profiler, require_bpf
+
+    require_bpf()
+    profiler = Profiler(stack_storage_size=1)
+    try:
+        sampler = profiler.sampler
+        process = subprocess.Popen([writers["local-exec"][0], "3"], stdout=subprocess.PIPE, text=True)
+        fields = dict(part.split("=") for part in process.stdout.readline().split())
+        sampler.set_thread_context(process.pid, int(fields["var"], 16) - int(fields["tp"], 16))
+        before = sampler.counters()
+        spans: dict = {}
+        while process.poll() is None:
+            time.sleep(0.4)
+            for stack in sampler.collect().stacks:
+                if stack.tgid == process.pid:
+                    spans[stack.span[16:] or None] = spans.get(stack.span[16:] or None, 0) + stack.count
+        received = sampler.counters()["stack_overflow_received"] - before["stack_overflow_received"]
+    finally:
+        process.kill()
+        process.wait()
+        profiler.close()
+    total = sum(spans.values())
+    assert received > total / 2, (received, total)  # most of its samples came by value
+    assert (spans.get(HEAVY_SPAN, 0) + spans.get(LIGHT_SPAN, 0)) / total > 0.95, spans

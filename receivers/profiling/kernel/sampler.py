@@ -333,8 +333,9 @@ class Sampler:
         ulen = min(event.user_len, self._overflow_kernel_offset - self._overflow_header) // 8
         kaddrs = tuple((ct.c_uint64 * klen).from_address(data + self._overflow_kernel_offset))
         uaddrs = tuple((ct.c_uint64 * ulen).from_address(data + self._overflow_header))
+        span = bytes(event.trace_id) + bytes(event.span_id)
         key = (event.tgid, event.pid, event.comm, kaddrs, uaddrs, event.user_leaf_return,
-               event.kernel_error, event.user_error, event.origin)
+               event.kernel_error, event.user_error, event.origin, span if any(span) else b"")
         with self._overflow_lock:
             self._overflow[key] = self._overflow.get(key, 0) + event.value
         with self._user_lock:
@@ -461,8 +462,8 @@ class Sampler:
         slot = self._slots.read(self._count_maps[drained_slot], self._stack_maps[drained_slot],
                                 self._user_stack_maps[drained_slot])
         out = slot.stacks
-        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr, origin), count in overflow.items():
-            out.append(stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count, kerr, uerr, origin))
+        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr, origin, span), count in overflow.items():
+            out.append(stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count, kerr, uerr, origin, span))
 
         with self._user_lock:
             self._user["missing_stacks"] += slot.missing
