@@ -317,7 +317,7 @@ def test_a_publisher_of_garbage_costs_only_its_own_links(service_and_capture, wr
     counters = receiver_of(service)._sampler.counters
     errors = counters()["thread_ctx_read_errors"]
     hostile = subprocess.Popen([writers["local-exec"][0], "30"], stdout=subprocess.PIPE, text=True,
-                               env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_GARBAGE": "1"})
+                               env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_GARBAGE": "pointer"})
     good = subprocess.Popen([writers["tlsdesc, static"][0], "30"], stdout=subprocess.PIPE, text=True, env={"OTEL_CTX_PAYLOAD": good_payload.hex()})
     try:
         hostile.stdout.readline()
@@ -334,6 +334,41 @@ def test_a_publisher_of_garbage_costs_only_its_own_links(service_and_capture, wr
         assert counters()["thread_ctx_read_errors"] > errors
     finally:
         for process in (hostile, good):
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.bpf
+def test_a_publisher_of_wrong_sizes_costs_only_what_it_lied_about(service_and_capture, writers):
+    """A record that says its attributes take 65535 bytes: its samples keep their spans, its
+    attributes are cut at the kernel's bound (counted). A process context whose header says
+    the payload takes 2 GiB: refused (counted), the process profiled as any other."""
+    service, capture = service_and_capture
+    payload = resource(service__name="liar", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
+    counters, contexts = receiver_of(service)._sampler.counters, receiver_of(service).contexts
+    cut, errors = counters()["thread_ctx_attrs_cut"], contexts.stats["errors"]
+    big_record = subprocess.Popen([writers["local-exec"][0], "30"], stdout=subprocess.PIPE, text=True,
+                                  env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_GARBAGE": "size"})
+    big_header = subprocess.Popen([writers["local-exec"][0], "30"], stdout=subprocess.PIPE, text=True,
+                                  env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_LIE_SIZE": "1"})
+    try:
+        big_record.stdout.readline()
+        big_header.stdout.readline()
+        messages = capture.consumer.messages
+        seen = len(messages)
+        capture.consumer.wait_for(lambda _: _spans_by_leaf(messages[seen:], big_record.pid).get("spin_light")
+                                  and _spans_by_leaf(messages[seen:], big_header.pid).get("spin_light"), timeout=20)
+        time.sleep(2)
+        record_spans = _spans_by_leaf(messages[seen:], big_record.pid)
+        assert record_spans["spin_heavy"].get((TRACE, HEAVY_SPAN), 0) / sum(record_spans["spin_heavy"].values()) > 0.9, record_spans
+        assert counters()["thread_ctx_attrs_cut"] > cut
+        assert _routes_by_leaf(messages[seen:], big_record.pid)["spin_light"].get("/light", 0) > 0
+        header_spans = _spans_by_leaf(messages[seen:], big_header.pid)
+        assert set(header_spans["spin_heavy"]) == {None}, header_spans  # no context read: no variable looked for
+        assert contexts.stats["errors"] > errors
+        assert all(r.get("service.name") != "liar" for r in resources_of(messages[seen:], big_header.pid))
+    finally:
+        for process in (big_record, big_header):
             process.kill()
             process.wait()
 

@@ -45,6 +45,12 @@ void otel_ctx_set_raw(void *pointer)
     otel_thread_ctx_v1 = pointer;
 }
 
+/* For the tests' hostile publisher: a record that says its attributes take `size` bytes. */
+void otel_ctx_set_attrs_size(uint16_t size)
+{
+    record.attrs_data_size = size;
+}
+
 void otel_ctx_detach(void)
 {
     otel_thread_ctx_v1 = NULL;

@@ -9,7 +9,8 @@
  * With OTEL_CTX_PAYLOAD set (an encoded Resource, in hex), it first publishes that as its process
  * context (OTEP 4719), in a memfd named OTEL_CTX, as an SDK does. With OTEL_CTX_GARBAGE set (and
  * the writer linked in), the variable points into unmapped memory while spin_heavy runs. With
- * OTEL_CTX_SLEEP set, it sleeps in the heavy span instead of working. With OTEL_CTX_DLOPEN_LATE
+ * OTEL_CTX_SLEEP set, it sleeps in the heavy span instead of working. With OTEL_CTX_LIE_SIZE set,
+ * its process context's header says the payload takes 2 GiB. With OTEL_CTX_DLOPEN_LATE
  * set (seconds), it works that long between publishing its process context and the dlopen, so
  * that the agent reads its maps before the writer is there. */
 #define _GNU_SOURCE
@@ -28,6 +29,7 @@ typedef long (*offset_fn)(void);
 void otel_ctx_attach(const uint8_t *, const uint8_t *, uint8_t, const uint8_t *, uint16_t);
 long otel_ctx_tp_offset(void);
 void otel_ctx_set_raw(void *);  /* (not the variable itself: a reference from here would add a relocation) */
+void otel_ctx_set_attrs_size(uint16_t);
 #endif
 
 volatile uint64_t sink;
@@ -48,7 +50,7 @@ static void publish_process_context(const char *hex)
     for (size_t i = 0; i < size; i++)
         sscanf(hex + 2 * i, "%2hhx", &region[64 + i]);
     struct { char signature[8]; uint32_t version, payload_size; uint64_t published_at_ns; uint8_t *payload; } header = {
-        {0}, 2, (uint32_t)size, 0, region + 64};
+        {0}, 2, getenv("OTEL_CTX_LIE_SIZE") ? 0x7fffffffu : (uint32_t)size, 0, region + 64};
     struct timespec t;
     clock_gettime(CLOCK_REALTIME, &t);
     header.published_at_ns = t.tv_sec * 1000000000ull + t.tv_nsec;
@@ -108,9 +110,10 @@ int main(int argc, char **argv)
     printf("tp=%lx var=%lx\n", (unsigned long)tp, (unsigned long)(tp + tp_offset()));
     fflush(stdout);
     /* OTEL_CTX_GARBAGE: a hostile publisher, whose variable points into unmapped memory while
-     * spin_heavy runs. */
+     * spin_heavy runs ("pointer"), or whose record says its attributes take 65535 bytes ("size"). */
 #ifndef DLOPEN_ONLY
-    int garbage = getenv("OTEL_CTX_GARBAGE") != NULL;
+    const char *garbage = getenv("OTEL_CTX_GARBAGE");
+    int garbage_size = garbage && !strcmp(garbage, "size");
 #endif
     double end = now() + seconds;
     if (getenv("OTEL_CTX_SLEEP")) {  /* off the CPU inside the heavy span: 10 ms sleeps */
@@ -124,7 +127,9 @@ int main(int argc, char **argv)
     while (now() < end) {
         attach(trace, heavy, 1, heavy_attrs, sizeof(heavy_attrs));
 #ifndef DLOPEN_ONLY
-        if (garbage)
+        if (garbage_size)
+            otel_ctx_set_attrs_size(0xffff);
+        else if (garbage)
             otel_ctx_set_raw((void *)0x1000);
 #endif
         spin_heavy();
