@@ -4,7 +4,7 @@
     python python_context_writer.py steps      # commands on stdin, one answer line each
     python python_context_writer.py asyncio    # checks its own records across task switches
 
-steps: ``start ROUTE`` (a span, attached; answers "TRACE SPAN VARIABLE_ADDRESS" in hex),
+steps: ``ready`` (answers "ready"), ``start ROUTE`` (a span, attached; answers "TRACE SPAN VARIABLE_ADDRESS" in hex),
 ``route VALUE`` (sets http.route on it), ``end`` (detaches and ends it), ``fork`` (a child that
 starts a span and answers "child PID"; it lives until killed).
 
@@ -47,7 +47,9 @@ def steps() -> None:
     span = token = None
     for line in sys.stdin:
         command, _, argument = line.strip().partition(" ")
-        if command == "start":
+        if command == "ready":
+            print("ready", flush=True)
+        elif command == "start":
             span = tracer.start_span("GET " + argument, attributes={"http.route": argument})
             token = context.attach(trace.set_span_in_context(span))
             trace_id, span_id = ids(span)

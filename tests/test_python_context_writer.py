@@ -68,7 +68,8 @@ def sites(tmp_path_factory):
 
 
 def writer_env(extra: dict | None = None) -> dict:
-    return {**os.environ, "OTEL_PYTHON_CONTEXT": "pycollector_thread_context", "PYCOLLECTOR_CONTEXT_ATTRIBUTES": "http.route", **(extra or {})}
+    return {**os.environ, "OTEL_PYTHON_CONTEXT": "pycollector_thread_context", "PYCOLLECTOR_CONTEXT_ATTRIBUTES": "http.route",
+            "OTEL_SERVICE_NAME": "from-env", **(extra or {})}
 
 
 class App:
@@ -126,6 +127,24 @@ def test_the_process_context_is_the_sdks_resource_and_the_key_map(app):
     assert context.attributes["service.name"] == "writer-test" and context.attributes["service.version"] == "7"
     assert context.attributes["telemetry.sdk.language"] == "python"
     assert context.schema_version == "tlsdesc_v1_dev" and context.key_map == ("http.route",)
+
+
+def test_the_process_context_is_there_before_the_first_span_and_follows_the_sdk(sites):
+    """Published when the SDK loads its runtime context, from the environment (so a profiler
+    finds the process and its variable before any span); the tracer provider's resource
+    replaces it at the first span, by the update protocol."""
+    app = App(*sites("venv"))
+    try:
+        app.process.stdin.write("ready\n")
+        app.process.stdin.flush()
+        assert app.process.stdout.readline().strip() == "ready"
+        early = app.context()
+        assert early.attributes.get("service.name") == "from-env" and early.schema_version == "tlsdesc_v1_dev"
+        app.ask("start /first")
+        later = app.context()
+        assert later.attributes["service.name"] == "writer-test" and later.published_at_ns > early.published_at_ns
+    finally:
+        app.close()
 
 
 def test_the_thread_record_follows_the_span_and_its_route(app):

@@ -113,8 +113,15 @@ def test_a_python_services_samples_carry_the_spans_they_ran_in(collector):
                                env={**os.environ, "OTEL_PYTHON_CONTEXT": "pycollector_thread_context"})
     try:
         base = f"http://127.0.0.1:{service.stdout.readline().strip()}"
-        run_load(base, 1)  # (warm-up: the agent finds the process, its interpreter and its contexts)
+        # Warm-up: the agent finds the process, its interpreter and its contexts (at its first
+        # report after the SDK published them: samples before carry no span), then a report of
+        # load alone.
         messages = capture.consumer.messages
+        deadline = time.monotonic() + 30
+        while not any(view.link for message in messages for view in iter_samples(message) if view.resource.get("process.pid") == service.pid):
+            assert time.monotonic() < deadline, "no sample of the service linked to a span in 30 s"
+            run_load(base, 0.5)
+        run_load(base, 1.5)
         seen = len(messages)
         cpu = run_load(base, LOAD_SECONDS)
         requests.get(base + "/flush", timeout=10)

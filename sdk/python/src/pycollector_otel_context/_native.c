@@ -200,6 +200,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, 
 
 PyMODINIT_FUNC PyInit__native(void)
 {
+    /* The first access resolves the TLS descriptor: a reader finds the variable from now on,
+     * not only after this thread's first span. */
+    otel_thread_ctx_v1 = NULL;
     pthread_atfork(NULL, NULL, forget_region_in_child);
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "ATTRS_CAPACITY", ATTRS_CAPACITY) < 0) {

@@ -10,7 +10,8 @@ A thread changes span in three ways, each followed here:
   server span starts): ``Span.set_attribute(s)`` of the SDK records it again.
 
 The process context (the resource, and the key map that names the record's attributes) is
-published at the first record, and again when the tracer provider's resource changes.
+published when the runtime context is made (from the environment's resource), and again at the
+first record once the tracer provider has its resource, and whenever that changes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 from typing import Any, Iterable, Optional
+from urllib.parse import unquote
 
 from opentelemetry.context.context import Context  # (not the package: this loads while it imports)
 
@@ -36,6 +38,23 @@ def attribute_keys_from_env() -> tuple:
     if configured is None:
         return DEFAULT_ATTRIBUTE_KEYS
     return tuple(key.strip() for key in configured.split(",") if key.strip())
+
+
+_FROM_ENVIRONMENT = object()  # what was published: the environment's resource, no provider's yet
+
+
+def resource_from_environment() -> dict:
+    """The resource attributes the SDK's environment variables give (the SDK adds its own at
+    the first span)."""
+    attributes = {}
+    for pair in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip():
+            attributes[unquote(key.strip())] = unquote(value.strip())
+    service = os.environ.get("OTEL_SERVICE_NAME", "").strip()
+    if service:
+        attributes["service.name"] = service
+    return attributes
 
 
 trace: Any = None  # opentelemetry.trace, imported at the first record: it imports opentelemetry.context,
@@ -112,6 +131,15 @@ class Writer:
 
     # --------------------------------------------------------------------- the process context
 
+    def publish_from_environment(self) -> None:
+        """Publish at start-up what the environment says of the resource (OTEL_SERVICE_NAME,
+        OTEL_RESOURCE_ATTRIBUTES), so that a profiler finds the process and its variable before
+        the first span; the tracer provider's resource replaces it at the first span."""
+        with self._publish_lock:
+            if self._published is None:
+                self.publish(resource_from_environment())
+                self._published = _FROM_ENVIRONMENT
+
     def _publish_if_changed(self) -> None:
         resource = getattr(trace.get_tracer_provider(), "resource", None)
         if self._published is not None and (resource is None or resource is self._published):
@@ -119,8 +147,8 @@ class Writer:
         with self._publish_lock:
             if self._published is not None and (resource is None or resource is self._published):
                 return
-            self.publish(dict(resource.attributes) if resource is not None else {})
-            self._published = resource if resource is not None else True
+            self.publish(dict(resource.attributes) if resource is not None else resource_from_environment())
+            self._published = resource if resource is not None else _FROM_ENVIRONMENT
 
     def publish(self, resource_attributes: dict) -> int:
         """Publish the process context: these resource attributes, and how to read the records."""

@@ -25,6 +25,7 @@ class ThreadContextRuntimeContext(ContextVarsRuntimeContext):
     def __init__(self) -> None:
         super().__init__()
         WRITER.hook_asyncio(self._current_context)
+        WRITER.publish_from_environment()
 
     @classmethod
     def sharing(cls, runtime: ContextVarsRuntimeContext) -> "ThreadContextRuntimeContext":
@@ -33,6 +34,7 @@ class ThreadContextRuntimeContext(ContextVarsRuntimeContext):
         taken_over = cls.__new__(cls)
         taken_over._current_context = runtime._current_context
         WRITER.hook_asyncio(taken_over._current_context)
+        WRITER.publish_from_environment()
         return taken_over
 
     def attach(self, context: Context) -> "Token[Context]":
