@@ -165,6 +165,10 @@ def test_maps_refresh_after_dlopen_is_rate_limited(tmp_path):
         now[0] += 5.0
         m = table.find_mapping(child.pid, addr)
         assert m is not None and m.path == str(lib) and table.stats["maps_refreshes"] == 1
+        # After a refresh too: a miss (an address in no mapping) waits its interval again.
+        assert table.find_mapping(child.pid, 0x10) is None
+        now[0] += 1.0
+        assert table.find_mapping(child.pid, 0x10) is None and table.stats["maps_refreshes"] == 1
     finally:
         child.kill()
         child.wait()

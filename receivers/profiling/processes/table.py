@@ -271,10 +271,13 @@ class ProcessTable:
         if not self._same_incarnation(info):
             return None
         fresh = ProcessInfo(pid=tgid)
-        # An exiting process has no memory left before its /proc entry goes: its maps read empty,
-        # and its last samples still need the mappings it had.
+        read = self._read_maps(fresh, base)
+        # Read now, whatever came of it: the next miss waits its interval (this copied the default
+        # 0 before the read, and every miss of a process read its maps again: 14 a second for one
+        # Python process). An exiting process has no memory left before its /proc entry goes: its
+        # maps read empty, and its last samples still need the mappings it had.
         info.maps_read_at = fresh.maps_read_at
-        if self._read_maps(fresh, base) and fresh.mappings:
+        if read and fresh.mappings:
             # A new snapshot object, not the old one changed in place: watchers compare what they
             # held with what they are given (the unwind registry lets go of unmapped files).
             refreshed = dataclasses.replace(info, mappings=[], _starts=[], context_address=fresh.context_address)
