@@ -256,6 +256,7 @@ class ProfilingReceiver(Component):
             self._sampler.close()
             self._sampler = None
             self.symbolizer.close()
+            self.contexts.close()
 
     def _warn_about_settings(self) -> None:
         for key in self.config.legacy_keys_used:

@@ -28,6 +28,7 @@ from ..processes.files import open_mapped_file
 from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import ProcessInfo
 from ..processes.table import ProcessTable
+from ..symbols.loads import BackgroundLoads
 from .process_context import ContextError, ProcessContext, published_at, read_process_context
 from .thread_context import SCHEMAS, Definition, TlsLocation, locate, parse_attributes, read_definition
 
@@ -83,6 +84,8 @@ class ProcessContexts:
         self.processes = processes
         self.thread_contexts: ThreadContextSink | None = None  # set once the BPF program runs
         self._definitions: dict[tuple[str, int], Definition | None] = {}  # file identity -> its variable, if any
+        self._parses = BackgroundLoads("thread-context-files")  # (never waited for: see _parse)
+        self._locating = threading.RLock()  # (after close(), a parse runs inline, inside a locate)
         self.stats = {"processes_with_context": 0, "reads": 0, "updates": 0, "errors": 0, "attributes_dropped": 0,
                       "processes_with_thread_context": 0, "thread_context_errors": 0, "unknown_attribute_keys": 0}
         processes.watch(changed=self._changed, exited=self.forget)
@@ -179,49 +182,78 @@ class ProcessContexts:
 
     def _locate_thread_context(self, tgid: int, known: _Known) -> None:
         """Find the module that defines the thread context variable, and where it is in the
-        process's threads; tell the kernel. Not found yet (a descriptor not resolved): the next
-        refresh tries again."""
+        process's threads; tell the kernel. Files are parsed off the calling thread (the events
+        thread must not wait on a crafted file): the parse that finds the variable locates the
+        processes still missing it. Not found yet (a descriptor not resolved): the next look."""
         info = self.processes.lookup(tgid)
         if info is None or self.thread_contexts is None or known.memory is None:
             return
-        seen = set()
-        for mapping in info.mappings:
-            if not mapping.file_backed or mapping.identity in seen:
-                continue
-            seen.add(mapping.identity)
-            definition = self._definition(info, mapping)
-            if definition is None:
-                continue
-            ranges = [(m.start, m.end) for m in info.mappings if m.identity == mapping.identity]
-            try:
-                location = locate(definition, mapping, known.memory, main_program=mapping.path == info.exe_path, module_ranges=ranges)
-            except MemoryReadError as error:
-                self.stats["thread_context_errors"] += 1
-                log_once(self.log, ("thread-context", tgid, known.program), "info", "a thread context variable could not be "
-                         "located; samples of the process carry no span", pid=tgid, reason=str(error))
+        with self._locating:  # (the events, report and parsing threads all locate; one at a time)
+            if known.tls is not None:
                 return
-            if location is not None:
-                self.thread_contexts.set_thread_context(tgid, location.tp_offset, location.module, location.offset)
-                with self._lock:
-                    if self._known.get(tgid) is known:
-                        known.tls = location
-                        self.stats["processes_with_thread_context"] += 1
-            return
+            seen = set()
+            for mapping in info.mappings:
+                if not mapping.file_backed or mapping.identity in seen:
+                    continue
+                seen.add(mapping.identity)
+                definition = self._definition(info, mapping)
+                if definition is None:
+                    continue
+                ranges = [(m.start, m.end) for m in info.mappings if m.identity == mapping.identity]
+                try:
+                    location = locate(definition, mapping, known.memory, main_program=mapping.path == info.exe_path, module_ranges=ranges)
+                except MemoryReadError as error:
+                    self.stats["thread_context_errors"] += 1
+                    log_once(self.log, ("thread-context", tgid, known.program), "info", "a thread context variable could not be "
+                             "located; samples of the process carry no span", pid=tgid, reason=str(error))
+                    return
+                if location is not None:
+                    self.thread_contexts.set_thread_context(tgid, location.tp_offset, location.module, location.offset)
+                    with self._lock:
+                        if self._known.get(tgid) is known:
+                            known.tls = location
+                            self.stats["processes_with_thread_context"] += 1
+                return
 
     def _definition(self, info: ProcessInfo, mapping) -> Definition | None:
-        """What the mapped file says of the variable (parsed once per file)."""
-        if mapping.identity in self._definitions:
-            return self._definitions[mapping.identity]
-        definition = None
+        """What the mapped file says of the variable, parsed once per file: None while the
+        parse is under way."""
+        with self._lock:
+            if mapping.identity in self._definitions:
+                return self._definitions[mapping.identity]
+        try:
+            done, definition = self._parses.result(mapping.identity, lambda: self._parse(info, mapping), wait=False)
+        except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
+            done, definition = True, None
+            self.stats["thread_context_errors"] += 1
+        if done:
+            self._remember(mapping.identity, definition)
+        return definition if done else None
+
+    def _remember(self, identity, definition: Definition | None) -> None:
+        with self._lock:
+            if len(self._definitions) >= MAX_FILES_KNOWN:
+                self._definitions.clear()
+            self._definitions[identity] = definition
+
+    def _parse(self, info: ProcessInfo, mapping) -> Definition | None:
+        """On a parsing thread: the file's definition; one that has the variable is remembered
+        at once, and the processes waiting for it located."""
         fd = open_mapped_file(info, mapping)
-        if fd is not None:
-            try:
-                definition = read_definition(fd)
-            except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
-                self.stats["thread_context_errors"] += 1
-            finally:
-                os.close(fd)
-        if len(self._definitions) >= MAX_FILES_KNOWN:
-            self._definitions.clear()
-        self._definitions[mapping.identity] = definition
+        if fd is None:
+            return None
+        try:
+            definition = read_definition(fd)
+        finally:
+            os.close(fd)
+        if definition is not None:
+            self._remember(mapping.identity, definition)
+            with self._lock:
+                waiting = [(tgid, known) for tgid, known in self._known.items()
+                           if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS]
+            for tgid, known in waiting:
+                self._locate_thread_context(tgid, known)
         return definition
+
+    def close(self) -> None:
+        self._parses.close()

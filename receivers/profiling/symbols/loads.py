@@ -50,10 +50,10 @@ class BackgroundLoads:
         """A report starts: it may wait report_wait_s in all."""
         self._wait_left = self.report_wait_s
 
-    def result(self, key: Hashable, work: Callable[[], Any]) -> tuple[bool, Any]:
+    def result(self, key: Hashable, work: Callable[[], Any], *, wait: bool = True) -> tuple[bool, Any]:
         """(True, what ``work`` returned) once the job for ``key`` is done, starting it if it is
-        not under way; (False, None) while it is not, after waiting what this report may. The
-        job's exception, if it raised, is raised here."""
+        not under way; (False, None) while it is not, after waiting what this report may (not at
+        all with ``wait`` False). The job's exception, if it raised, is raised here."""
         with self._lock:
             if self._closed:  # (no threads any more: a caller after close() does the work itself)
                 return True, work()
@@ -64,7 +64,7 @@ class BackgroundLoads:
                 self.stats["loads"] += 1
                 self._ensure_worker()
                 self._lock.notify()
-        if not job.done.is_set() and self._wait_left > 0:
+        if wait and not job.done.is_set() and self._wait_left > 0:
             started = self._clock()
             job.done.wait(min(self.wait_s, self._wait_left))
             self._wait_left -= self._clock() - started
