@@ -174,7 +174,9 @@ def test_the_kernel_keeps_the_entries_of_a_pid_reused_between_two_scans(tmp_path
             mapped = {line.split()[0] for line in open(f"/proc/{pid}/maps")
                       if line.split()[1][2] == "x" and int(line.split("-")[0], 16) < 1 << 63}  # not [vsyscall]
             held = {f"{entry.mappings[i].start:x}-{entry.mappings[i].end:x}" for i in range(entry.count)}
-            assert held == mapped, (held, mapped)  # the successor's mappings, not the python's
+            # The successor's mappings, not the python's: all of them, or (announced by a sample
+            # at its exec, before ld.so mapped its libraries, and never sampled since) a part.
+            assert held and held <= mapped, (held, mapped)
             assert receiver.processes.lookup(pid).exe_path == os.path.realpath("/usr/bin/sleep")
         finally:
             successor.kill()
