@@ -9,15 +9,17 @@ steps: ``ready`` (answers "ready"), ``start ROUTE`` (a span, attached; answers "
 starts a span and answers "child PID"; it lives until killed).
 
 asyncio: tasks in spans of their own and one in none take turns on one loop, each checking at
-every turn that its thread's record holds its span (read back from the variable); prints
-"turns N mismatches M".
+every turn that its thread's record holds its span (read back from the variable), then a pool
+thread is checked clean after a job run in its caller's context; prints "turns N mismatches M".
 """
 
 import asyncio
+import contextvars
 import ctypes
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from opentelemetry import context, trace
 from opentelemetry.sdk.resources import Resource
@@ -86,9 +88,27 @@ async def in_no_span(turns: int, result: list) -> None:
         await asyncio.sleep(0)
 
 
+def job_in_span() -> None:
+    with tracer.start_as_current_span("job"):
+        pass
+
+
+async def pool_thread_left_clean(result: list) -> None:
+    """A job run in the caller's context (run_in_executor with a copied context, as
+    asyncio.to_thread does) must not leave the caller's span in the pool thread's record."""
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(1) as pool:
+        with tracer.start_as_current_span("caller"):
+            await loop.run_in_executor(pool, contextvars.copy_context().run, job_in_span)
+        leftover = await loop.run_in_executor(pool, my_record)  # the same thread's next job
+    result[0] += 1
+    result[1] += leftover is not None
+
+
 async def take_turns() -> list:
     result = [0, 0]
     await asyncio.gather(in_span("a", 300, result), in_no_span(300, result), in_span("b", 300, result))
+    await pool_thread_left_clean(result)
     return result
 
 

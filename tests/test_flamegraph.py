@@ -286,3 +286,18 @@ def test_a_process_is_named_by_its_executable_and_the_service_its_sdk_says_it_is
     assert process_key({"process.pid": 7, "process.executable.name": "python3.11", "service.name": "shop"}).name == "python3.11 (shop)"
     assert process_key({"process.pid": 7, "process.executable.name": "nginx"}).name == "nginx"
     assert process_key({"service.name": "remote"}) == ProcessKey(None, "remote", "")
+
+
+def test_a_span_whose_attributes_changed_while_it_ran_is_listed_once():
+    """http.route is set after a server span starts: its first samples carry no route."""
+    b = ProfilesBuilder()
+    scope = b.scope_profiles(b.resource_profiles({"process.pid": 50, "process.executable.name": "api"}))
+    profile = b.profile(scope, sample_type=CPU, period_type=("cpu", "nanoseconds"), period=PERIOD_NS)
+    stack = b.stack([b.location(lines=[(b.function("handler"), 0, 0)])])
+    link = b.link(bytes([1] * 16), bytes([2] * 8))
+    b.sample(profile, stack, [2], link_index=link)
+    b.sample(profile, stack, [7], attributes={"http.route": "/orders"}, link_index=link)
+    window = ProfileWindow(60)
+    window.add(b.data)
+    spans = page_data(window.totals(), 60, "host")["types"][0]["spans"]
+    assert [(span["span_id"], span["total"], span["attributes"]) for span in spans] == [("02" * 8, 9, {"http.route": "/orders"})]

@@ -191,4 +191,4 @@ def test_asyncio_tasks_each_see_their_own_span_at_every_turn(sites, version):
     assert result.returncode == 0, result.stderr
     words = result.stdout.split()
     turns, mismatches = int(words[1]), int(words[3])
-    assert turns == 900 and mismatches == 0, result.stdout
+    assert turns == 901 and mismatches == 0, result.stdout

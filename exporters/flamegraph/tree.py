@@ -70,12 +70,27 @@ def process_data(key: ProcessKey, by_span: ProcessStacks) -> dict[str, Any]:
 
 
 def top_spans(processes: dict[ProcessKey, ProcessStacks]) -> list[dict[str, Any]]:
-    """The spans with the most samples of this type, each with its call tree."""
-    spans = [(sum(stacks.values()), key, span, stacks) for key, by_span in processes.items() for span, stacks in by_span.items() if span.span_id]
-    spans.sort(key=lambda entry: (-entry[0], entry[2].span_id))
-    return [{"trace_id": span.trace_id, "span_id": span.span_id, "pid": key.pid, "name": key.name, "container": key.container,
-             "attributes": dict(span.attributes), "total": total, "stacks": call_tree(stacks)}
-            for total, key, span, stacks in spans[:MAX_SPANS_SHOWN]]
+    """The spans with the most samples of this type, each with its call tree. A span whose
+    attributes changed while it ran (http.route set after it started) is one span: its stacks
+    together, the attributes of its most samples over the others'."""
+    by_id: dict[tuple, list] = {}
+    for key, by_span in processes.items():
+        for span, stacks in by_span.items():
+            if span.span_id:
+                by_id.setdefault((key, span.trace_id, span.span_id), []).append((sum(stacks.values()), span.attributes, stacks))
+    spans = []
+    for (key, trace_id, span_id), variants in by_id.items():
+        variants.sort(key=lambda variant: variant[0])
+        stacks: collections.Counter = collections.Counter()
+        attributes: dict = {}
+        for _, variant_attributes, variant_stacks in variants:
+            stacks.update(variant_stacks)
+            attributes.update(variant_attributes)
+        spans.append((sum(stacks.values()), key, trace_id, span_id, attributes, stacks))
+    spans.sort(key=lambda entry: (-entry[0], entry[3]))
+    return [{"trace_id": trace_id, "span_id": span_id, "pid": key.pid, "name": key.name, "container": key.container,
+             "attributes": attributes, "total": total, "stacks": call_tree(stacks)}
+            for total, key, trace_id, span_id, attributes, stacks in spans[:MAX_SPANS_SHOWN]]
 
 
 def call_tree(stacks: dict[Stack, int]) -> list[dict[str, Any]]:

@@ -73,10 +73,8 @@ class ProfileWindow:
         self.window_seconds = window_seconds
         self._slice_seconds = max(MIN_SLICE_SECONDS, window_seconds / SLICES_PER_WINDOW)
         self._clock = clock
-        # (slice number, its totals, the spans it holds: (trace id, span id))
-        self._slices: collections.deque[tuple[int, Totals, set]] = collections.deque()
+        self._slices: collections.deque[_Slice] = collections.deque()
         self._lock = threading.Lock()
-        self.spans_cut = 0  # spans past a slice's cap, kept without their ids
 
     def add(self, data: profiles_pb2.ProfilesData) -> collections.Counter:
         """Count ``data``'s samples into the current slice; returns the value taken per sample
@@ -97,39 +95,56 @@ class ProfileWindow:
             taken[value_type] += value
         with self._lock:
             now_slice = int(self._clock() // self._slice_seconds)
-            if not self._slices or self._slices[-1][0] != now_slice:
-                self._slices.append((now_slice, _empty(), set()))
+            if not self._slices or self._slices[-1].number != now_slice:
+                self._slices.append(_Slice(now_slice))
             self._add_capped(self._slices[-1], counts)
             self._expire(now_slice)
         return taken
 
-    def _add_capped(self, slice_: tuple, counts: Totals) -> None:
+    @staticmethod
+    def _add_capped(slice_: "_Slice", counts: Totals) -> None:
         """Into the slice, a span past its MAX_SPANS_PER_SLICE kept under its attributes alone."""
-        _, target, span_ids = slice_
         for value_type, processes in counts.items():
             for key, by_span in processes.items():
                 for span, stacks in by_span.items():
-                    if span.span_id and (span.trace_id, span.span_id) not in span_ids:
-                        if len(span_ids) >= MAX_SPANS_PER_SLICE:
-                            self.spans_cut += 1
+                    if span.span_id and (span.trace_id, span.span_id) not in slice_.span_ids:
+                        if len(slice_.span_ids) >= MAX_SPANS_PER_SLICE:
+                            slice_.spans_cut += 1
                             span = SpanKey("", "", span.attributes)
                         else:
-                            span_ids.add((span.trace_id, span.span_id))
-                    target[value_type][key][span].update(stacks)
+                            slice_.span_ids.add((span.trace_id, span.span_id))
+                    slice_.totals[value_type][key][span].update(stacks)
+
+    @property
+    def spans_cut(self) -> int:
+        """Spans kept without their ids in the window's slices (a span cut in two slices, or for
+        two sample types, counts twice)."""
+        with self._lock:
+            return sum(slice_.spans_cut for slice_ in self._slices)
 
     def totals(self) -> Totals:
         """Stack values per sample type, process and span over the window, summed over its slices."""
         with self._lock:
             self._expire(int(self._clock() // self._slice_seconds))
             totals = _empty()
-            for _, counts, _ in self._slices:
-                _add_into(totals, counts)
+            for slice_ in self._slices:
+                _add_into(totals, slice_.totals)
         return {value_type: {key: dict(by_span) for key, by_span in processes.items()} for value_type, processes in totals.items()}
 
     def _expire(self, now_slice: int) -> None:
         oldest_kept = now_slice - int(self.window_seconds // self._slice_seconds) + 1
-        while self._slices and self._slices[0][0] < oldest_kept:
+        while self._slices and self._slices[0].number < oldest_kept:
             self._slices.popleft()
+
+
+class _Slice:
+    __slots__ = ("number", "totals", "span_ids", "spans_cut")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.totals: Totals = _empty()
+        self.span_ids: set[tuple[str, str]] = set()  # (trace id, span id) of the spans it keeps
+        self.spans_cut = 0  # spans past its cap, kept without their ids
 
 
 def _empty() -> Totals:

@@ -188,8 +188,11 @@
     const panel = document.getElementById("spans-panel");
     const spans = selectedSpans();
     panel.hidden = !type.spans || type.spans.length === 0;
-    const note = data.spans_cut ? " · " + data.spans_cut + " spans past the window's cap are counted without their ids" : "";
-    document.getElementById("spans-note").textContent = "(" + Math.min(spans.length, SPANS_LISTED) + " of " + spans.length + " listed in the window)" + note;
+    const cut = data.spans_cut ? " · " + data.spans_cut + " spans past the window's cap are counted without their ids" : "";
+    // Only the spans with the most samples come with the page: say so when the typed id finds none.
+    const unmatched = spanInput.value.trim() && spans.length === 0 ? " · no span among the " + (type.spans || []).length +
+      " with the most samples starts with that id" : "";
+    document.getElementById("spans-note").textContent = "(" + Math.min(spans.length, SPANS_LISTED) + " of " + spans.length + " listed in the window)" + unmatched + cut;
     const rows = spans.slice(0, SPANS_LISTED).map((span) => {
       const row = document.createElement("tr");
       const cells = [[FlameUnits.format(span.total, type), "value"], [percent(span.total, total), "value"], [span.trace_id, "id"], [span.span_id, "id"],

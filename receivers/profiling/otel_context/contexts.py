@@ -32,6 +32,7 @@ from ..symbols.loads import BackgroundLoads
 from .process_context import ContextError, ProcessContext, published_at, read_process_context
 from .thread_context import SCHEMAS, Definition, TlsLocation, locate, parse_attributes, read_definition
 
+_UNOPENED = object()  # a parse's result when the file could not be opened (not remembered)
 DEFAULT_RESCAN_S = 10.0
 FIRST_LOOK_S = 0.5
 MAX_FILES_KNOWN = 4096  # files whose thread context variable (or its absence) is remembered
@@ -118,7 +119,7 @@ class ProcessContexts:
                 self._drop(info.pid)
                 known = self._known[info.pid] = _Known(info.program, self._clock())
         if info.context_address is not None and info.context_address != known.address:
-            self._read(info.pid, known, info.context_address)
+            self._read(info.pid, known, info.context_address, locate_waits=False)  # (the events thread: never waits)
 
     def refresh(self, tgids: Iterable[int]) -> None:
         """Before a report of these processes: read again the contexts that changed; look again
@@ -159,7 +160,7 @@ class ProcessContexts:
             self.stats["updates"] += 1
             self._read(tgid, known, known.address)
 
-    def _read(self, tgid: int, known: _Known, address: int) -> None:
+    def _read(self, tgid: int, known: _Known, address: int, *, locate_waits: bool = True) -> None:
         try:
             if known.memory is None:
                 known.memory = ProcessMemory(tgid, self.proc)
@@ -178,17 +179,20 @@ class ProcessContexts:
                 self.stats["processes_with_context"] += 1
             known.address, known.context = address, context
         if known.tls is None and context.schema_version in SCHEMAS:
-            self._locate_thread_context(tgid, known)
+            self._locate_thread_context(tgid, known, wait=locate_waits)
 
-    def _locate_thread_context(self, tgid: int, known: _Known) -> None:
+    def _locate_thread_context(self, tgid: int, known: _Known, *, wait: bool = True) -> None:
         """Find the module that defines the thread context variable, and where it is in the
         process's threads; tell the kernel. Files are parsed off the calling thread (the events
         thread must not wait on a crafted file): the parse that finds the variable locates the
-        processes still missing it. Not found yet (a descriptor not resolved): the next look."""
+        processes still missing it. Not found yet (a descriptor not resolved): the next look.
+        ``wait`` False (the events thread): another thread locating already, this one leaves it."""
         info = self.processes.lookup(tgid)
         if info is None or self.thread_contexts is None or known.memory is None:
             return
-        with self._locating:  # (the events, report and parsing threads all locate; one at a time)
+        if not self._locating.acquire(blocking=wait):  # (events, report and parsing threads locate, one at a time)
+            return
+        try:
             if known.tls is not None:
                 return
             seen = set()
@@ -208,27 +212,33 @@ class ProcessContexts:
                              "located; samples of the process carry no span", pid=tgid, reason=str(error))
                     return
                 if location is not None:
-                    self.thread_contexts.set_thread_context(tgid, location.tp_offset, location.module, location.offset)
-                    with self._lock:
+                    with self._lock:  # (with _drop's check: an exec or exit meanwhile leaves no stale entry)
                         if self._known.get(tgid) is known:
+                            self.thread_contexts.set_thread_context(tgid, location.tp_offset, location.module, location.offset)
                             known.tls = location
                             self.stats["processes_with_thread_context"] += 1
                 return
+        finally:
+            self._locating.release()
 
     def _definition(self, info: ProcessInfo, mapping) -> Definition | None:
         """What the mapped file says of the variable, parsed once per file: None while the
         parse is under way."""
         with self._lock:
-            if mapping.identity in self._definitions:
-                return self._definitions[mapping.identity]
+            cached = mapping.identity in self._definitions
+            definition = self._definitions.get(mapping.identity)
+        if cached:
+            self._parses.discard(mapping.identity)  # (a job whose parse remembered its result itself)
+            return definition
         try:
             done, definition = self._parses.result(mapping.identity, lambda: self._parse(info, mapping), wait=False)
         except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
             done, definition = True, None
             self.stats["thread_context_errors"] += 1
-        if done:
-            self._remember(mapping.identity, definition)
-        return definition if done else None
+        if not done or definition is _UNOPENED:
+            return None  # (one the process could not open, gone say: another may, later)
+        self._remember(mapping.identity, definition)
+        return definition
 
     def _remember(self, identity, definition: Definition | None) -> None:
         with self._lock:
@@ -241,7 +251,7 @@ class ProcessContexts:
         at once, and the processes waiting for it located."""
         fd = open_mapped_file(info, mapping)
         if fd is None:
-            return None
+            return _UNOPENED
         try:
             definition = read_definition(fd)
         finally:
@@ -252,7 +262,12 @@ class ProcessContexts:
                 waiting = [(tgid, known) for tgid, known in self._known.items()
                            if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS]
             for tgid, known in waiting:
-                self._locate_thread_context(tgid, known)
+                try:
+                    self._locate_thread_context(tgid, known)
+                except Exception:  # noqa: BLE001 - one process's failure (a full map) is not the others'
+                    self.stats["thread_context_errors"] += 1
+                    log_once(self.log, ("thread-context-locate", tgid, known.program), "exception",
+                             "a thread context variable could not be located", pid=tgid)
         return definition
 
     def close(self) -> None:

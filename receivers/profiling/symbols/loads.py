@@ -69,7 +69,8 @@ class BackgroundLoads:
             job.done.wait(min(self.wait_s, self._wait_left))
             self._wait_left -= self._clock() - started
         if not job.done.is_set():
-            self.stats["loads_deferred"] += 1
+            if wait:
+                self.stats["loads_deferred"] += 1
             self._replace_stuck()
             return False, None
         with self._lock:
@@ -77,6 +78,13 @@ class BackgroundLoads:
         if job.error is not None:
             raise job.error
         return True, job.value
+
+    def discard(self, key: Hashable) -> None:
+        """Forget the finished job for ``key`` (its result taken another way)."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and job.done.is_set():
+                del self._jobs[key]
 
     def close(self) -> None:
         with self._lock:

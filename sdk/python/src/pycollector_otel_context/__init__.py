@@ -15,8 +15,9 @@ default ``http.route``) names the span attributes the records carry.
 from __future__ import annotations
 
 from ._writer import ATTRIBUTES_ENV, DEFAULT_ATTRIBUTE_KEYS, SCHEMA_VERSION
-from .runtime import WRITER, ThreadContextRuntimeContext
 
+# (.runtime is imported when needed, not here: with OTEL_PYTHON_CONTEXT set, importing this
+# package before OpenTelemetry would have the API load .runtime while this is half imported.)
 __all__ = ["enable", "enabled", "ATTRIBUTES_ENV", "DEFAULT_ATTRIBUTE_KEYS", "SCHEMA_VERSION"]
 
 
@@ -26,6 +27,9 @@ def enable() -> None:
     import opentelemetry.context as context_api
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 
+    from .runtime import WRITER, ThreadContextRuntimeContext
+
+    context_api.get_current()  # (API releases before 1.25 make the runtime context at its first use)
     runtime = context_api._RUNTIME_CONTEXT
     if not isinstance(runtime, ThreadContextRuntimeContext):
         if not isinstance(runtime, ContextVarsRuntimeContext):
@@ -37,5 +41,7 @@ def enable() -> None:
 
 def enabled() -> bool:
     import opentelemetry.context as context_api
+
+    from .runtime import ThreadContextRuntimeContext
 
     return isinstance(context_api._RUNTIME_CONTEXT, ThreadContextRuntimeContext)

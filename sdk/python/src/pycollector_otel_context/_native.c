@@ -171,6 +171,7 @@ static PyObject *publish(PyObject *self, PyObject *args)
     } else { /* an update: the time is 0 while it is under way, the new payload goes to the idle area */
         header = (struct process_ctx_header *)region;
         __atomic_store_n(&header->published_at_ns, 0, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* (a store alone is a release: later stores could pass it) */
         area = 1 - area;
         memcpy(region + PAYLOAD_AT(area), payload.buf, payload.len);
         header->payload_size = (uint32_t)payload.len;

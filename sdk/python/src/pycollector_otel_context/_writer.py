@@ -21,10 +21,13 @@ import threading
 from typing import Any, Iterable, Optional
 from urllib.parse import unquote
 
-from opentelemetry.context.context import Context  # (not the package: this loads while it imports)
+from typing import TYPE_CHECKING
 
 from . import _native
 from ._resource import encode_resource
+
+if TYPE_CHECKING:
+    from opentelemetry.context.context import Context
 
 SCHEMA_VERSION = "tlsdesc_v1_dev"  # threadlocal.schema_version: the record layout of OTEP 4947
 ATTRIBUTES_ENV = "PYCOLLECTOR_CONTEXT_ATTRIBUTES"  # span attributes a record carries, comma-separated
@@ -74,9 +77,21 @@ class Writer:
         if hasattr(os, "register_at_fork"):  # the region is not inherited (MADV_DONTFORK)
             os.register_at_fork(after_in_child=self._forget_publication)
 
-    def record(self, context: Optional[Context], *, force: bool = False) -> None:
+    def record(self, context: Optional["Context"], *, force: bool = False) -> None:
         """This thread now runs in ``context``'s span (or none). Never raises into the caller's
-        code: a failure is counted in ``errors`` and the record cleared."""
+        code (an attach, an event loop's callback): a failure is counted in ``errors`` and the
+        record cleared."""
+        try:
+            self._record(context, force)
+        except Exception:  # noqa: BLE001 - the application runs on; its profile loses a link
+            self.errors += 1
+            try:
+                _native.clear_span()
+                self._thread.span = None
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _record(self, context: Optional["Context"], force: bool) -> None:
         local = self._thread
         if context is getattr(local, "context", None) and not force:
             return  # (contexts are immutable: the same one, the same span; an event loop's turns)
@@ -89,12 +104,8 @@ class Writer:
             span = None  # (what get_current_span gives a context without a span)
         if span is getattr(local, "span", None) and not force:
             return  # (the same span attached again)
-        try:
-            self._write(span, local, force)
-        except Exception:  # noqa: BLE001 - the application runs on; its profile loses a link
-            self.errors += 1
-            _native.clear_span()
-            span = None
+        local.span = None  # (until written: a failure leaves the record cleared, and says so)
+        self._write(span, local, force)
         local.span = span
 
     def _write(self, span: Optional[Any], local: threading.local, force: bool) -> None:
@@ -131,6 +142,16 @@ class Writer:
 
     # --------------------------------------------------------------------- the process context
 
+    def start(self, current_context) -> None:
+        """When the runtime context is made: follow asyncio and thread pools, publish the
+        process context. Never raises: the application's OpenTelemetry must work without us."""
+        try:
+            self.hook_asyncio(current_context)
+            self.hook_thread_pools(current_context)
+            self.publish_from_environment()
+        except Exception:  # noqa: BLE001 - a refused mmap, a resource over 64 KiB...
+            self.errors += 1
+
     def publish_from_environment(self) -> None:
         """Publish at start-up what the environment says of the resource (OTEL_SERVICE_NAME,
         OTEL_RESOURCE_ATTRIBUTES), so that a profiler finds the process and its variable before
@@ -158,8 +179,18 @@ class Writer:
         return _native.publish(encode_resource(attributes))
 
     def _forget_publication(self) -> None:
+        """In a forked child: the parent's region is not mapped here; publish our own now (a
+        prefork worker may serve for long before its first new span)."""
         self._published = None
         self._publish_lock = threading.Lock()
+        self._hooks_lock = threading.Lock()
+        try:
+            if trace is not None:
+                self._publish_if_changed()
+            else:
+                self.publish_from_environment()
+        except Exception:  # noqa: BLE001
+            self.errors += 1
 
     # --------------------------------------------------------------------- hooks
 
@@ -191,6 +222,27 @@ class Writer:
         if self.keys:
             Span.set_attribute = wrap(Span.set_attribute)
             Span.set_attributes = wrap(Span.set_attributes)
+
+    def hook_thread_pools(self, current_context) -> None:
+        """A pool thread runs jobs in contexts copied from their submitters (asyncio.to_thread,
+        run_in_executor with a context): the span a job left in the record must not stay there
+        while the thread waits for the next one."""
+        from concurrent.futures import thread
+
+        original = thread._WorkItem.run
+        if getattr(original, "_pycollector_context", False):
+            return
+        writer = self
+
+        def run(item, *args, **kwargs):
+            try:
+                return original(item, *args, **kwargs)
+            finally:
+                writer.record(current_context.get())  # (the pool thread's own context)
+
+        run._pycollector_context = True
+        run.__wrapped__ = original
+        thread._WorkItem.run = run
 
     def hook_asyncio(self, current_context) -> None:
         """Record the span of each event loop callback's context (``current_context``: the

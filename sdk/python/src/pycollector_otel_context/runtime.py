@@ -24,8 +24,7 @@ WRITER = Writer(attribute_keys_from_env())
 class ThreadContextRuntimeContext(ContextVarsRuntimeContext):
     def __init__(self) -> None:
         super().__init__()
-        WRITER.hook_asyncio(self._current_context)
-        WRITER.publish_from_environment()
+        WRITER.start(self._current_context)
 
     @classmethod
     def sharing(cls, runtime: ContextVarsRuntimeContext) -> "ThreadContextRuntimeContext":
@@ -33,8 +32,7 @@ class ThreadContextRuntimeContext(ContextVarsRuntimeContext):
         still detach)."""
         taken_over = cls.__new__(cls)
         taken_over._current_context = runtime._current_context
-        WRITER.hook_asyncio(taken_over._current_context)
-        WRITER.publish_from_environment()
+        WRITER.start(taken_over._current_context)
         return taken_over
 
     def attach(self, context: Context) -> "Token[Context]":
