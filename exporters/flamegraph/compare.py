@@ -1,0 +1,197 @@
+"""Two profiles compared function by function: what now costs more, and what less (issue 27).
+
+Each side is a set of stacks (root first, function names) with values. A function's *self*
+share is the part of its side's total spent with it as the leaf; its *total* share, the part
+with it anywhere on the stack (counted once per stack, however deep it recurses). Shares are
+normalized by each side's total, so two windows of different lengths compare fairly.
+
+A change is flagged as noise when it is smaller than twice the standard error of a difference of
+two proportions drawn from samples of the two sides' sizes (only where the values count samples:
+off-CPU nanoseconds have no sample count to judge by).
+
+Readers: pprof files (ours, or any `go tool pprof` can read: gzipped or not) and OTLP profile
+files (the `file` exporter's JSON lines or protobuf).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gzip
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+# A stack, root first, of function names; a side: stack -> value.
+Stack = tuple[str, ...]
+
+
+@dataclasses.dataclass
+class Side:
+    total: int
+    samples: int | None  # how many samples the values count (None: values are not counts)
+    self_values: collections.Counter
+    total_values: collections.Counter
+
+    @classmethod
+    def of(cls, stacks: Iterable[tuple[Stack, int]], counts_samples: bool = True) -> "Side":
+        self_values: collections.Counter = collections.Counter()
+        total_values: collections.Counter = collections.Counter()
+        total = 0
+        for stack, value in stacks:
+            if not stack or value <= 0:
+                continue
+            total += value
+            self_values[stack[-1]] += value
+            for function in set(stack):
+                total_values[function] += value
+        return cls(total, total if counts_samples else None, self_values, total_values)
+
+    def self_share(self, function: str) -> float:
+        return self.self_values[function] / self.total if self.total else 0.0
+
+    def total_share(self, function: str) -> float:
+        return self.total_values[function] / self.total if self.total else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    function: str
+    base_self: float
+    after_self: float
+    base_total: float
+    after_total: float
+    noise: bool  # the self change is within the sampling noise of the two sides' counts
+
+    @property
+    def self_change(self) -> float:
+        return self.after_self - self.base_self
+
+    @property
+    def total_change(self) -> float:
+        return self.after_total - self.base_total
+
+
+def compare(base: Side, after: Side) -> list[Change]:
+    """Every function of either side, the largest self increase first, the largest decrease last."""
+    changes = []
+    for function in set(base.total_values) | set(after.total_values):
+        base_self, after_self = base.self_share(function), after.self_share(function)
+        changes.append(Change(function, base_self, after_self, base.total_share(function), after.total_share(function),
+                              _within_noise(base_self, after_self, base.samples, after.samples)))
+    changes.sort(key=lambda change: (-change.self_change, -change.total_change, change.function))
+    return changes
+
+
+def _within_noise(p1: float, p2: float, n1: int | None, n2: int | None) -> bool:
+    if not n1 or not n2:
+        return False
+    error = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+    return abs(p2 - p1) < 2 * error
+
+
+# -- readers ------------------------------------------------------------------------------------
+
+
+def read_stacks(path: str | Path, sample_type: str | None = None) -> tuple[list[tuple[Stack, int]], str, bool]:
+    """(stacks, the sample type read, whether its values count samples) of a pprof or OTLP file."""
+    data = Path(path).read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    stripped = data.lstrip()
+    if stripped[:1] == b"{":
+        return _otlp_json_stacks(stripped, sample_type)
+    try:
+        return _pprof_stacks(data, sample_type)
+    except ValueError:
+        return _otlp_proto_stacks(data, sample_type)
+
+
+def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, int]], str, bool]:
+    from google.protobuf.message import DecodeError
+
+    from exporters.pprof.profile_proto import Profile
+
+    profile = Profile()
+    try:
+        profile.ParseFromString(data)
+    except DecodeError as error:
+        raise ValueError(f"not a pprof profile: {error}") from error
+    if not profile.sample_type or not profile.string_table:
+        raise ValueError("not a pprof profile: no sample type")
+    strings = profile.string_table
+    types = [strings[value_type.type] for value_type in profile.sample_type]
+    if wanted is not None:
+        if wanted not in types:
+            raise ValueError(f"no sample type {wanted!r} (it has {', '.join(types)})")
+        index = types.index(wanted)
+    elif profile.default_sample_type:
+        index = types.index(strings[profile.default_sample_type])
+    else:
+        index = len(types) - 1  # (what go tool pprof shows by default)
+    functions = {function.id: strings[function.name] for function in profile.function}
+    locations = {}
+    for location in profile.location:
+        # Inlined frames: the first line is the innermost; the stack reads them outermost first.
+        names = [functions.get(line.function_id, "") for line in reversed(location.line)]
+        locations[location.id] = tuple(name or f"0x{location.address:x}" for name in names) or (f"0x{location.address:x}",)
+    stacks = []
+    for sample in profile.sample:
+        frames: list[str] = []
+        for location_id in reversed(sample.location_id):  # (leaf first in the file)
+            frames.extend(locations.get(location_id, ("?",)))
+        stacks.append((tuple(frames), sample.value[index]))
+    unit = strings[profile.sample_type[index].unit]
+    return stacks, types[index], unit == "count"
+
+
+def _otlp_stacks(message, wanted: str | None) -> tuple[list[tuple[Stack, int]], str, bool]:
+    from pycollector.pdata import iter_samples, sample_type
+
+    by_type: dict[tuple[str, str], list] = collections.defaultdict(list)
+    current, value_type = None, None
+    for view in iter_samples(message):
+        if view.profile is not current:
+            current, value_type = view.profile, sample_type(message, view.profile)
+        by_type[value_type].append((tuple(frame.function or "?" for frame in reversed(view.frames)), sum(view.values)))
+    if not by_type:
+        raise ValueError("no samples")
+    if wanted is None:
+        chosen = next((value_type for value_type in by_type if value_type[0] == "samples"), next(iter(by_type)))
+    else:
+        chosen = next((value_type for value_type in by_type if value_type[0] == wanted), None)
+        if chosen is None:
+            raise ValueError(f"no sample type {wanted!r} (it has {', '.join(name for name, _ in by_type)})")
+    return by_type[chosen], chosen[0], chosen[1] == "count"
+
+
+def _otlp_proto_stacks(data: bytes, wanted: str | None):
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.profiles.v1development import profiles_pb2
+
+    message = profiles_pb2.ProfilesData()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as error:
+        raise ValueError(f"neither a pprof nor an OTLP profile: {error}") from error
+    return _otlp_stacks(message, wanted)
+
+
+def _otlp_json_stacks(data: bytes, wanted: str | None):
+    """The file exporter's JSON: one ProfilesData a line; all lines together."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.profiles.v1development import profiles_pb2
+
+    stacks: list = []
+    chosen = None
+    counts = True
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        message = json_format.Parse(line, profiles_pb2.ProfilesData(), ignore_unknown_fields=True)
+        line_stacks, chosen_type, counts = _otlp_stacks(message, wanted or chosen)
+        chosen = chosen or chosen_type
+        stacks.extend(line_stacks)
+    if chosen is None:
+        raise ValueError("no samples")
+    return stacks, chosen, counts

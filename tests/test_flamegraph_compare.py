@@ -1,0 +1,67 @@
+"""Two profiles compared function by function (exporters/flamegraph/compare.py), checked against
+`go tool pprof -top -normalize -diff_base` on files go's pprof wrote itself."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from pycollector.pdata import ProfilesBuilder
+
+from exporters.flamegraph.compare import Side, compare, read_stacks
+from exporters.pprof.convert import to_pprof
+
+PERIOD_NS = 10_000_000
+UNIT_NS = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9, "min": 60e9, "h": 3600e9}
+
+
+def profile(shares: dict[str, int]) -> bytes:
+    """A pprof file: main -> each function, that many samples; and main itself 10."""
+    b = ProfilesBuilder()
+    scope = b.scope_profiles(b.resource_profiles({"process.pid": 1, "process.executable.name": "app"}))
+    prof = b.profile(scope, sample_type=("samples", "count"), period_type=("cpu", "nanoseconds"), period=PERIOD_NS)
+    main = b.location(lines=[(b.function("main"), 0, 0)])
+    for function, samples in {**shares, "main": 10}.items():
+        stack = [main] if function == "main" else [b.location(lines=[(b.function(function), 0, 0)]), main]
+        b.sample(prof, b.stack(stack), [samples])
+    (pprof,) = to_pprof(b.data, merged=True)
+    return gzip.compress(pprof.profile.SerializeToString())
+
+
+def test_shares_are_normalized_and_a_change_within_the_noise_is_flagged():
+    base = Side.of([(("main", "hot"), 20), (("main", "cold"), 80)])
+    after = Side.of([(("main", "hot"), 600), (("main", "cold"), 400)])  # ten times the samples
+    changes = compare(base, after)
+    assert changes[0].function == "hot" and changes[0].self_change == pytest.approx(0.4)
+    assert changes[-1].function == "cold" and changes[-1].self_change == pytest.approx(-0.4)
+    assert changes[0].base_total == pytest.approx(0.2) and not changes[0].noise
+    small = compare(Side.of([(("a",), 50), (("b",), 50)]), Side.of([(("a",), 52), (("b",), 48)]))
+    assert all(change.noise for change in small)
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="go tool pprof is not installed (scripts/setup.sh installs golang-go)")
+def test_the_top_changes_are_go_tool_pprofs(tmp_path):
+    ours = {"base": profile({"parse": 20, "render": 60, "send": 10}), "after": profile({"parse": 70, "render": 15, "send": 12})}
+    written = {}
+    for name, data in ours.items():
+        (tmp_path / f"ours-{name}.pb.gz").write_bytes(data)
+        written[name] = tmp_path / f"go-{name}.pb.gz"
+        with open(written[name], "wb") as out:  # written by go's pprof, not by us
+            subprocess.run(["go", "tool", "pprof", "-proto", str(tmp_path / f"ours-{name}.pb.gz")], stdout=out, check=True, capture_output=False,
+                           stderr=subprocess.DEVNULL)
+    sides = [Side.of(read_stacks(written[name])[0]) for name in ("base", "after")]
+    changes = compare(*sides)
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-normalize", "-diff_base", str(written["base"]), str(written["after"])],
+                         capture_output=True, text=True, check=True).stdout
+    flat = {}
+    for line in top.splitlines():  # "  -459.81ms 45.98% 45.98%  -459.81ms 45.98%  render"
+        match = re.match(r"\s*(-?[\d.]+)(ns|us|ms|s|min|h)?\s+[\d.]+%\s+\S+%\s+\S+\s+\S+%\s+(\S+)$", line)
+        if match:
+            flat[match.group(3)] = float(match.group(1)) * UNIT_NS[match.group(2) or "ns"]
+    by_go = sorted(flat, key=lambda function: -flat[function])
+    assert changes[0].function == by_go[0] == "parse", (top, changes[:3])
+    assert changes[-1].function == by_go[-1] == "render", (top, changes[-3:])
