@@ -191,3 +191,27 @@ def test_detailed_shows_the_trace_and_span_a_sample_ran_in():
     builder.sample(profile, builder.stack([work]), [3], attributes={"thread.id": 10}, link_index=builder.link(bytes(range(16)), bytes(range(8))))
     text = render("detailed", builder.data)
     assert f"    Sample #0  values=[3]  trace_id={bytes(range(16)).hex()} span_id={bytes(range(8)).hex()}  thread.id=10" in text
+
+
+def test_normal_names_a_python_process_functions_in_python():
+    """Its native leaf says only the interpreter; the Python list names the functions, by file
+    and the line most samples were at, one row whatever line each sample was on."""
+    builder = ProfilesBuilder()
+    libpython = builder.mapping(0x1000, 0x9000, 0, "/usr/lib/libpython3.11.so", attributes={})
+    eval_loop = builder.location(libpython, 0x1100, [(builder.function("_PyEval_EvalFrameDefault"), 0, 0)], {"profile.frame.type": "native"})
+
+    def python(function, line):
+        return builder.location(lines=[(builder.function(function, filename="/srv/known_split.py"), line, 0)], attributes={"profile.frame.type": "cpython"})
+
+    main = python("main", 34)
+    app = builder.profile(builder.scope_profiles(builder.resource_profiles({"process.pid": 7, "process.executable.name": "python3.11"})), period=10_309_278)
+    builder.sample(app, builder.stack([eval_loop, python("spin_heavy", 16), main]), [50])
+    builder.sample(app, builder.stack([eval_loop, python("spin_heavy", 17), main]), [25])
+    builder.sample(app, builder.stack([eval_loop, python("spin_light", 21), main]), [20])
+    builder.sample(app, builder.stack([eval_loop]), [5])
+    lines = render("normal", builder.data).splitlines()
+    assert lines[2].split()[:3] == ["100", "100.0%", "_PyEval_EvalFrameDefault"]
+    python_at = lines.index("    Python functions (the innermost Python frame of each sample):")
+    assert lines[python_at + 1].split() == ["75", "75.0%", "spin_heavy", "(known_split.py:16)"]
+    assert lines[python_at + 2].split() == ["20", "20.0%", "spin_light", "(known_split.py:21)"]
+    assert lines[python_at + 3].split() == ["5", "5.0%", "(no", "Python", "frame)"]

@@ -135,6 +135,7 @@ def _render_profiles(data: Any, config: DebugConfig) -> str:
                     lines.extend(_sample_lines(views))
                 else:
                     lines.extend(_top_functions(views, config.top_functions, sample_type(data, profile)))
+                    lines.extend(_top_language_functions(views, config.top_functions, sample_type(data, profile)))
     return "\n".join(lines)
 
 
@@ -187,6 +188,40 @@ def _top_functions(views: list, limit: int, value_type: tuple[str, str]) -> list
     if len(self_values) > limit:
         rest = total - sum(value for _, value in self_values.most_common(limit))
         lines.append(f"    {format_value(rest, unit):>8}  {100 * rest / total:5.1f}%  ({len(self_values) - limit} more functions)")
+    return lines
+
+
+# Frame types of code an interpreter or a JIT runs, and how its developers call the language.
+LANGUAGES = {"cpython": "Python", "jvm": "Java", "v8js": "JavaScript"}
+NATIVE_KINDS = frozenset({"", "native", "kernel"})
+
+
+def _top_language_functions(views: list, limit: int, value_type: tuple[str, str]) -> list[str]:
+    """For a process that runs interpreted or JIT code: its functions as its developer reads
+    them, the innermost frame of that language in each sample (Python ``function file:line``),
+    heaviest first, with their share of the profile's total: where the native leaf says
+    ``_PyEval_EvalFrameDefault``, this says ``spin_heavy (known_split.py:16)``. A function is one
+    row whatever line it was on, named with the line most of its samples were at."""
+    kinds = sorted({frame.frame_type for view in views for frame in view.frames} - NATIVE_KINDS)
+    unit = value_type[1]
+    total = sum(sample_value(view) for view in views) or 1
+    lines = []
+    for kind in kinds:
+        values: collections.Counter = collections.Counter()
+        at_line: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+        for view in views:
+            frame = next((frame for frame in view.frames if frame.frame_type == kind), None)
+            if frame is not None:
+                function = (frame.function or f"0x{frame.address:x}", frame.filename)
+                values[function] += sample_value(view)
+                at_line[function][frame.line] += sample_value(view)
+        lines.append(f"    {LANGUAGES.get(kind, kind)} functions (the innermost {LANGUAGES.get(kind, kind)} frame of each sample):")
+        for (function, filename), value in values.most_common(limit):
+            name = with_source_line(function, filename, at_line[(function, filename)].most_common(1)[0][0])
+            lines.append(f"    {format_value(value, unit):>8}  {100 * value / total:5.1f}%  {name}")
+        outside = total - sum(values.values())
+        if outside > 0:
+            lines.append(f"    {format_value(outside, unit):>8}  {100 * outside / total:5.1f}%  (no {LANGUAGES.get(kind, kind)} frame)")
     return lines
 
 
