@@ -44,7 +44,30 @@ def _parser() -> argparse.ArgumentParser:
         "--mode", type=str.lower, choices=("redacted", "unredacted"), default="redacted",
         help="redacted (default): opaque values (header values, tokens, passwords, keys) print as [REDACTED]; unredacted: as they are",
     )
+    # Commands components bring (`pycollector diff`, from the flame graph exporter), found as
+    # components are: by entry point, so the engine imports no component.
+    for command in plugin_commands().values():
+        command.add_arguments(commands.add_parser(command.name, help=command.help))
     return parser
+
+
+COMMANDS_GROUP = "pycollector.commands"
+
+
+def plugin_commands() -> dict:
+    """{name: command} of the installed distributions' ``pycollector.commands`` entry points:
+    objects with ``name``, ``help``, ``add_arguments(parser)`` and ``run(args) -> int``."""
+    from importlib.metadata import entry_points
+
+    found = {}
+    for entry_point in entry_points(group=COMMANDS_GROUP):
+        try:
+            command = entry_point.load()
+        except Exception as error:  # noqa: BLE001 - a broken plugin must not take the CLI down
+            print(f"pycollector: command {entry_point.name!r} could not be loaded: {error}", file=sys.stderr)
+            continue
+        found[command.name] = command
+    return found
 
 
 def _merge_flags(args: argparse.Namespace) -> None:
@@ -61,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _check_feature_gates(args.feature_gates, log)
     if args.command == "components":
         return _components()
+    commands = plugin_commands()
+    if args.command in commands:
+        return commands[args.command].run(args)
     if not args.config:
         print("pycollector: no config given; use --config FILE (e.g. --config configs/default.yaml)", file=sys.stderr)
         return 2

@@ -65,3 +65,18 @@ def test_the_top_changes_are_go_tool_pprofs(tmp_path):
     by_go = sorted(flat, key=lambda function: -flat[function])
     assert changes[0].function == by_go[0] == "parse", (top, changes[:3])
     assert changes[-1].function == by_go[-1] == "render", (top, changes[-3:])
+
+
+def test_pycollector_diff_prints_the_top_changes_each_way(tmp_path, cli):
+    base, after = tmp_path / "base.pb.gz", tmp_path / "after.pb.gz"
+    base.write_bytes(profile({"parse": 20, "render": 60, "send": 10}))
+    after.write_bytes(profile({"parse": 70, "render": 15, "send": 12}))
+    result = cli("diff", str(base), str(after))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    more, less = lines.index("costs more"), lines.index("costs less")
+    assert lines[more + 1].split()[-1] == "parse" and lines[more + 1].split()[0] == "+45.4%", result.stdout
+    assert lines[less + 1].split()[-1] == "render" and lines[less + 1].split()[0] == "-46.0%", result.stdout
+    assert lines[0].startswith("base: 100") and "after: 107" in lines[0]
+    missing = cli("diff", str(base), str(tmp_path / "nowhere.pb.gz"))
+    assert missing.returncode == 1 and "nowhere.pb.gz" in missing.stderr

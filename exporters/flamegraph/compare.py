@@ -93,18 +93,20 @@ def _within_noise(p1: float, p2: float, n1: int | None, n2: int | None) -> bool:
 # -- readers ------------------------------------------------------------------------------------
 
 
-def read_stacks(path: str | Path, sample_type: str | None = None) -> tuple[list[tuple[Stack, int]], str, bool]:
-    """(stacks, the sample type read, whether its values count samples) of a pprof or OTLP file."""
+def read_stacks(path: str | Path, sample_type: str | None = None, process: str | None = None) -> tuple[list[tuple[Stack, int]], str, bool]:
+    """(stacks, the sample type read, whether its values count samples) of a pprof or OTLP file;
+    ``process`` keeps an OTLP file's samples of one process (its pid, executable name or
+    service.name)."""
     data = Path(path).read_bytes()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
     stripped = data.lstrip()
     if stripped[:1] == b"{":
-        return _otlp_json_stacks(stripped, sample_type)
+        return _otlp_json_stacks(stripped, sample_type, process)
     try:
         return _pprof_stacks(data, sample_type)
     except ValueError:
-        return _otlp_proto_stacks(data, sample_type)
+        return _otlp_proto_stacks(data, sample_type, process)
 
 
 def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, int]], str, bool]:
@@ -145,12 +147,18 @@ def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, in
     return stacks, types[index], unit == "count"
 
 
-def _otlp_stacks(message, wanted: str | None) -> tuple[list[tuple[Stack, int]], str, bool]:
+def _of_process(resource: dict, process: str | None) -> bool:
+    return process is None or process in (str(resource.get("process.pid")), resource.get("process.executable.name"), resource.get("service.name"))
+
+
+def _otlp_stacks(message, wanted: str | None, process: str | None = None) -> tuple[list[tuple[Stack, int]], str, bool]:
     from pycollector.pdata import iter_samples, sample_type
 
     by_type: dict[tuple[str, str], list] = collections.defaultdict(list)
     current, value_type = None, None
     for view in iter_samples(message):
+        if not _of_process(view.resource, process):
+            continue
         if view.profile is not current:
             current, value_type = view.profile, sample_type(message, view.profile)
         by_type[value_type].append((tuple(frame.function or "?" for frame in reversed(view.frames)), sum(view.values)))
@@ -165,7 +173,7 @@ def _otlp_stacks(message, wanted: str | None) -> tuple[list[tuple[Stack, int]], 
     return by_type[chosen], chosen[0], chosen[1] == "count"
 
 
-def _otlp_proto_stacks(data: bytes, wanted: str | None):
+def _otlp_proto_stacks(data: bytes, wanted: str | None, process: str | None = None):
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.profiles.v1development import profiles_pb2
 
@@ -174,10 +182,10 @@ def _otlp_proto_stacks(data: bytes, wanted: str | None):
         message.ParseFromString(data)
     except DecodeError as error:
         raise ValueError(f"neither a pprof nor an OTLP profile: {error}") from error
-    return _otlp_stacks(message, wanted)
+    return _otlp_stacks(message, wanted, process)
 
 
-def _otlp_json_stacks(data: bytes, wanted: str | None):
+def _otlp_json_stacks(data: bytes, wanted: str | None, process: str | None = None):
     """The file exporter's JSON: one ProfilesData a line; all lines together."""
     from google.protobuf import json_format
     from opentelemetry.proto.profiles.v1development import profiles_pb2
@@ -189,7 +197,10 @@ def _otlp_json_stacks(data: bytes, wanted: str | None):
         if not line.strip():
             continue
         message = json_format.Parse(line, profiles_pb2.ProfilesData(), ignore_unknown_fields=True)
-        line_stacks, chosen_type, counts = _otlp_stacks(message, wanted or chosen)
+        try:
+            line_stacks, chosen_type, counts = _otlp_stacks(message, wanted or chosen, process)
+        except ValueError:
+            continue  # (a line with no samples of that process or type)
         chosen = chosen or chosen_type
         stacks.extend(line_stacks)
     if chosen is None:
