@@ -80,3 +80,21 @@ def test_pycollector_diff_prints_the_top_changes_each_way(tmp_path, cli):
     assert lines[0].startswith("base: 100") and "after: 107" in lines[0]
     missing = cli("diff", str(base), str(tmp_path / "nowhere.pb.gz"))
     assert missing.returncode == 1 and "nowhere.pb.gz" in missing.stderr
+
+
+@pytest.mark.parametrize("encoding", ["json", "proto"])
+def test_otlp_files_the_file_exporter_writes_are_read_and_filtered_by_process(tmp_path, encoding):
+    from exporters.file.encoding import frame
+
+    b = ProfilesBuilder()
+    for pid, name, function in ((1, "app", "parse"), (2, "db", "query")):
+        scope = b.scope_profiles(b.resource_profiles({"process.pid": pid, "process.executable.name": name}))
+        prof = b.profile(scope, sample_type=("samples", "count"), period_type=("cpu", "nanoseconds"), period=PERIOD_NS)
+        b.sample(prof, b.stack([b.location(lines=[(b.function(function), 0, 0)]), b.location(lines=[(b.function("main"), 0, 0)])]), [pid * 10])
+    path = tmp_path / f"profiles.{encoding}"
+    path.write_bytes(frame(b.data, encoding) * 2)  # two messages, as two exports write
+    stacks, value_type, counts = read_stacks(path, process="db")
+    assert (value_type, counts) == ("samples", True)
+    assert stacks == [(("main", "query"), 20), (("main", "query"), 20)]
+    with pytest.raises(ValueError, match="no samples of process 'web'"):
+        read_stacks(path, process="web")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 from google.protobuf.message import Message
 
@@ -25,3 +26,21 @@ def frame(message: Message, format: str, profiles_layout: profiles_wire.Layout =
         return payload + b"\n"
     return _LENGTH.pack(len(payload)) + payload
 
+
+
+def unframe(content: bytes, format: str) -> Iterator[bytes]:
+    """The messages of a file ``frame`` wrote (uncompressed), one by one. ValueError for a proto
+    file that ends inside a frame."""
+    if format == "json":
+        yield from (line for line in content.splitlines() if line.strip())
+        return
+    position = 0
+    while position < len(content):
+        if position + _LENGTH.size > len(content):
+            raise ValueError(f"a frame's length cut at byte {position}")
+        (length,) = _LENGTH.unpack_from(content, position)
+        position += _LENGTH.size
+        if position + length > len(content):
+            raise ValueError(f"a frame of {length} bytes cut at byte {len(content)}")
+        yield content[position:position + length]
+        position += length

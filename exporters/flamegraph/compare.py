@@ -94,19 +94,42 @@ def _within_noise(p1: float, p2: float, n1: int | None, n2: int | None) -> bool:
 
 
 def read_stacks(path: str | Path, sample_type: str | None = None, process: str | None = None) -> tuple[list[tuple[Stack, int]], str, bool]:
-    """(stacks, the sample type read, whether its values count samples) of a pprof or OTLP file;
-    ``process`` keeps an OTLP file's samples of one process (its pid, executable name or
-    service.name)."""
+    """(stacks, the sample type read, whether its values count samples) of a pprof or OTLP file
+    (gzip or zstd compressed or not); ``process`` keeps an OTLP file's samples of one process
+    (its pid, executable name or service.name)."""
     data = Path(path).read_bytes()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    stripped = data.lstrip()
-    if stripped[:1] == b"{":
-        return _otlp_json_stacks(stripped, sample_type, process)
+    elif data[:4] == b"\x28\xb5\x2f\xfd":  # (the file exporter's compression: zstd)
+        import zstandard
+
+        data = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
+    if data.lstrip()[:1] == b"{":
+        return _otlp_stacks(_otlp_messages(data, "json"), sample_type, process)
     try:
         return _pprof_stacks(data, sample_type)
     except ValueError:
-        return _otlp_proto_stacks(data, sample_type, process)
+        pass
+    try:
+        messages = _otlp_messages(data, "proto")
+    except ValueError:  # (not framed: one message, as an OTLP/HTTP body is)
+        messages = [_decode_otlp(data, "proto")]
+    return _otlp_stacks(messages, sample_type, process)
+
+
+def _otlp_messages(data: bytes, encoding: str) -> list:
+    """The ProfilesData of a file the file exporter wrote, in whatever layout it wrote them."""
+    from exporters.file.encoding import unframe
+
+    return [_decode_otlp(body, encoding) for body in unframe(data, encoding)]
+
+
+def _decode_otlp(body: bytes, encoding: str):
+    from opentelemetry.proto.profiles.v1development import profiles_pb2
+
+    from pycollector.otlp.profiles_wire.codec import decode
+
+    return decode(body, encoding, profiles_pb2.ProfilesData).message
 
 
 def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, int]], str, bool]:
@@ -151,19 +174,20 @@ def _of_process(resource: dict, process: str | None) -> bool:
     return process is None or process in (str(resource.get("process.pid")), resource.get("process.executable.name"), resource.get("service.name"))
 
 
-def _otlp_stacks(message, wanted: str | None, process: str | None = None) -> tuple[list[tuple[Stack, int]], str, bool]:
+def _otlp_stacks(messages: list, wanted: str | None, process: str | None) -> tuple[list[tuple[Stack, int]], str, bool]:
     from pycollector.pdata import iter_samples, sample_type
 
     by_type: dict[tuple[str, str], list] = collections.defaultdict(list)
-    current, value_type = None, None
-    for view in iter_samples(message):
-        if not _of_process(view.resource, process):
-            continue
-        if view.profile is not current:
-            current, value_type = view.profile, sample_type(message, view.profile)
-        by_type[value_type].append((tuple(frame.function or "?" for frame in reversed(view.frames)), sum(view.values)))
+    for message in messages:
+        current, value_type = None, None
+        for view in iter_samples(message):
+            if not _of_process(view.resource, process):
+                continue
+            if view.profile is not current:
+                current, value_type = view.profile, sample_type(message, view.profile)
+            by_type[value_type].append((tuple(frame.function or "?" for frame in reversed(view.frames)), sum(view.values)))
     if not by_type:
-        raise ValueError("no samples")
+        raise ValueError("no samples" + (f" of process {process!r}" if process else ""))
     if wanted is None:
         chosen = next((value_type for value_type in by_type if value_type[0] == "samples"), next(iter(by_type)))
     else:
@@ -171,38 +195,3 @@ def _otlp_stacks(message, wanted: str | None, process: str | None = None) -> tup
         if chosen is None:
             raise ValueError(f"no sample type {wanted!r} (it has {', '.join(name for name, _ in by_type)})")
     return by_type[chosen], chosen[0], chosen[1] == "count"
-
-
-def _otlp_proto_stacks(data: bytes, wanted: str | None, process: str | None = None):
-    from google.protobuf.message import DecodeError
-    from opentelemetry.proto.profiles.v1development import profiles_pb2
-
-    message = profiles_pb2.ProfilesData()
-    try:
-        message.ParseFromString(data)
-    except DecodeError as error:
-        raise ValueError(f"neither a pprof nor an OTLP profile: {error}") from error
-    return _otlp_stacks(message, wanted, process)
-
-
-def _otlp_json_stacks(data: bytes, wanted: str | None, process: str | None = None):
-    """The file exporter's JSON: one ProfilesData a line; all lines together."""
-    from google.protobuf import json_format
-    from opentelemetry.proto.profiles.v1development import profiles_pb2
-
-    stacks: list = []
-    chosen = None
-    counts = True
-    for line in data.splitlines():
-        if not line.strip():
-            continue
-        message = json_format.Parse(line, profiles_pb2.ProfilesData(), ignore_unknown_fields=True)
-        try:
-            line_stacks, chosen_type, counts = _otlp_stacks(message, wanted or chosen, process)
-        except ValueError:
-            continue  # (a line with no samples of that process or type)
-        chosen = chosen or chosen_type
-        stacks.extend(line_stacks)
-    if chosen is None:
-        raise ValueError("no samples")
-    return stacks, chosen, counts
