@@ -8,6 +8,7 @@ service.name, and an update shows in later reports.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import struct
@@ -242,16 +243,11 @@ def test_samples_carry_the_span_their_thread_ran_in(service_and_capture, writers
     argv = writers[model]
     late = model.endswith("after the maps were read")
     payload = resource(service__name="spans", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
-    process = subprocess.Popen([argv[0], "30", *argv[1:]], stdout=subprocess.PIPE, text=True,
-                               env={"OTEL_CTX_PAYLOAD": payload.hex(), **({"OTEL_CTX_DLOPEN_LATE": "1"} if late else {})})
-    try:
-        process.stdout.readline()  # its first record attached
+    with _running(([argv[0], "30", *argv[1:]], {"OTEL_CTX_PAYLOAD": payload.hex(), **({"OTEL_CTX_DLOPEN_LATE": "1"} if late else {})})) as (process,):
         messages = capture.consumer.messages
         if late:  # its first samples were taken before the writer was there
             capture.consumer.wait_for(lambda _: _spans_by_leaf(messages, process.pid).get("warm_up"), timeout=10)  # seen before
-        seen = _linked_from(capture, process.pid)
-        capture.consumer.wait_for(lambda _: _spans_by_leaf(messages[seen:], process.pid).get("spin_light"), timeout=20)
-        time.sleep(3)
+        seen = _once_linked(capture, [process], seconds=3)
         spans = _spans_by_leaf(messages[seen:], process.pid)
         heavy, light = spans.get("spin_heavy", {}), spans.get("spin_light", {})
         assert sum(heavy.values()) > 50, spans
@@ -261,9 +257,31 @@ def test_samples_carry_the_span_their_thread_ran_in(service_and_capture, writers
         routes = _routes_by_leaf(messages[seen:], process.pid)  # the record's attribute, named by the key map
         assert routes["spin_heavy"].get("/heavy", 0) / sum(routes["spin_heavy"].values()) > 0.95, routes
         assert routes["spin_light"].get("/light", 0) / sum(routes["spin_light"].values()) > 0.9, routes
+
+
+@contextlib.contextmanager
+def _running(*programs: tuple[list[str], dict]):
+    """The test writers (argv, environment), each past its first record (it printed its line);
+    killed when done."""
+    processes = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) for argv, env in programs]
+    try:
+        for process in processes:
+            process.stdout.readline()
+        yield processes
     finally:
-        process.kill()
-        process.wait()
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def _once_linked(capture, linked: list, seconds: float, also: tuple = ()) -> int:
+    """How many messages there are once each of ``linked`` has a sample linked to a span;
+    returns when those after hold spin_light samples of them and of ``also``, ``seconds`` later."""
+    messages = capture.consumer.messages
+    seen = max(_linked_from(capture, process.pid) for process in linked)
+    capture.consumer.wait_for(lambda _: all(_spans_by_leaf(messages[seen:], process.pid).get("spin_light") for process in (*linked, *also)), timeout=20)
+    time.sleep(seconds)
+    return seen
 
 
 def _linked_from(capture, pid: int, timeout: float = 15) -> int:
@@ -322,26 +340,15 @@ def test_a_publisher_of_garbage_costs_only_its_own_links(service_and_capture, wr
     good_payload = resource(service__name="good", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
     counters = receiver_of(service)._sampler.counters
     errors = counters()["thread_ctx_read_errors"]
-    hostile = subprocess.Popen([writers["local-exec"][0], "30"], stdout=subprocess.PIPE, text=True,
-                               env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_GARBAGE": "pointer"})
-    good = subprocess.Popen([writers["tlsdesc, static"][0], "30"], stdout=subprocess.PIPE, text=True, env={"OTEL_CTX_PAYLOAD": good_payload.hex()})
-    try:
-        hostile.stdout.readline()
-        good.stdout.readline()
+    with _running(([writers["local-exec"][0], "30"], {"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_GARBAGE": "pointer"}),
+                  ([writers["tlsdesc, static"][0], "30"], {"OTEL_CTX_PAYLOAD": good_payload.hex()})) as (hostile, good):
         messages = capture.consumer.messages
-        seen = max(_linked_from(capture, hostile.pid), _linked_from(capture, good.pid))
-        capture.consumer.wait_for(lambda _: _spans_by_leaf(messages[seen:], hostile.pid).get("spin_light")
-                                  and _spans_by_leaf(messages[seen:], good.pid).get("spin_light"), timeout=20)
-        time.sleep(3)
+        seen = _once_linked(capture, [hostile, good], seconds=3)
         bad, fine = _spans_by_leaf(messages[seen:], hostile.pid), _spans_by_leaf(messages[seen:], good.pid)
         assert set(bad["spin_heavy"]) == {None}, bad  # pointed into unmapped memory: no span
         assert bad["spin_light"].get((TRACE, LIGHT_SPAN), 0) / sum(bad["spin_light"].values()) > 0.9, bad
         assert fine["spin_heavy"].get((TRACE, HEAVY_SPAN), 0) / sum(fine["spin_heavy"].values()) > 0.95, fine
         assert counters()["thread_ctx_read_errors"] > errors
-    finally:
-        for process in (hostile, good):
-            process.kill()
-            process.wait()
 
 
 @pytest.mark.bpf
@@ -353,18 +360,10 @@ def test_a_publisher_of_wrong_sizes_costs_only_what_it_lied_about(service_and_ca
     payload = resource(service__name="liar", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
     counters, contexts = receiver_of(service)._sampler.counters, receiver_of(service).contexts
     cut, errors = counters()["thread_ctx_attrs_cut"], contexts.stats["errors"]
-    big_record = subprocess.Popen([writers["local-exec"][0], "30"], stdout=subprocess.PIPE, text=True,
-                                  env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_GARBAGE": "size"})
-    big_header = subprocess.Popen([writers["local-exec"][0], "30"], stdout=subprocess.PIPE, text=True,
-                                  env={"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_LIE_SIZE": "1"})
-    try:
-        big_record.stdout.readline()
-        big_header.stdout.readline()
+    with _running(([writers["local-exec"][0], "30"], {"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_GARBAGE": "size"}),
+                  ([writers["local-exec"][0], "30"], {"OTEL_CTX_PAYLOAD": payload.hex(), "OTEL_CTX_LIE_SIZE": "1"})) as (big_record, big_header):
         messages = capture.consumer.messages
-        seen = _linked_from(capture, big_record.pid)
-        capture.consumer.wait_for(lambda _: _spans_by_leaf(messages[seen:], big_record.pid).get("spin_light")
-                                  and _spans_by_leaf(messages[seen:], big_header.pid).get("spin_light"), timeout=20)
-        time.sleep(2)
+        seen = _once_linked(capture, [big_record], seconds=2, also=(big_header,))
         record_spans = _spans_by_leaf(messages[seen:], big_record.pid)
         assert record_spans["spin_heavy"].get((TRACE, HEAVY_SPAN), 0) / sum(record_spans["spin_heavy"].values()) > 0.9, record_spans
         assert counters()["thread_ctx_attrs_cut"] > cut
@@ -373,10 +372,6 @@ def test_a_publisher_of_wrong_sizes_costs_only_what_it_lied_about(service_and_ca
         assert set(header_spans["spin_heavy"]) == {None}, header_spans  # no context read: no variable looked for
         assert contexts.stats["errors"] > errors
         assert all(r.get("service.name") != "liar" for r in resources_of(messages[seen:], big_header.pid))
-    finally:
-        for process in (big_record, big_header):
-            process.kill()
-            process.wait()
 
 
 @pytest.mark.bpf

@@ -53,12 +53,14 @@ class _Known:
         self.look_delay = FIRST_LOOK_S
 
     def missing(self) -> bool:
-        """A context not read yet, or one that says the process shares thread contexts while the
-        variable was not found yet (a descriptor resolves on its first use; the module that
-        defines it may be dlopen()ed after the maps were read)."""
-        if self.context is None:
-            return True
-        return self.tls is None and self.context.schema_version in SCHEMAS
+        """A context not read yet, or a thread context variable not found yet."""
+        return self.context is None or self.awaits_variable()
+
+    def awaits_variable(self) -> bool:
+        """Its context says it shares thread contexts, and the variable was not found yet (a
+        descriptor resolves on its first use; the module that defines it may be dlopen()ed
+        after the maps were read, or still being parsed)."""
+        return self.tls is None and self.context is not None and self.context.schema_version in SCHEMAS
 
     def looked(self, now: float, longest: float) -> None:
         self.look_delay = min(self.look_delay * 2, longest)
@@ -135,7 +137,7 @@ class ProcessContexts:
             if known.missing() and now >= known.look_at:
                 known.looked(now, self.rescan_s)
                 self.processes.refresh_maps(tgid, rate_limited=False)  # _changed reads a context found
-                if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS:
+                if known.awaits_variable():
                     self._locate_thread_context(tgid, known)
 
     def forget(self, tgid: int) -> None:
@@ -178,7 +180,7 @@ class ProcessContexts:
             if known.context is None:
                 self.stats["processes_with_context"] += 1
             known.address, known.context = address, context
-        if known.tls is None and context.schema_version in SCHEMAS:
+        if known.awaits_variable():
             self._locate_thread_context(tgid, known, wait=locate_waits)
 
     def _locate_thread_context(self, tgid: int, known: _Known, *, wait: bool = True) -> None:
@@ -259,8 +261,7 @@ class ProcessContexts:
         if definition is not None:
             self._remember(mapping.identity, definition)
             with self._lock:
-                waiting = [(tgid, known) for tgid, known in self._known.items()
-                           if known.tls is None and known.context is not None and known.context.schema_version in SCHEMAS]
+                waiting = [(tgid, known) for tgid, known in self._known.items() if known.awaits_variable()]
             for tgid, known in waiting:
                 try:
                     self._locate_thread_context(tgid, known)
