@@ -75,18 +75,11 @@ def build(workdir: Path) -> Path:
 
 
 def _payload() -> str:
-    from opentelemetry.proto.common.v1 import common_pb2
-    from opentelemetry.proto.resource.v1 import resource_pb2
+    """The publisher's process context: the resource as the Python writer (sdk/python) encodes it."""
+    from pycollector_otel_context._resource import encode_resource
 
-    def pair(key, value):
-        if isinstance(value, list):
-            any_value = common_pb2.AnyValue(array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(string_value=v) for v in value]))
-        else:
-            any_value = common_pb2.AnyValue(string_value=value)
-        return common_pb2.KeyValue(key=key, value=any_value)
-
-    return resource_pb2.Resource(attributes=[pair("service.name", "bench"), pair("threadlocal.schema_version", "tlsdesc_v1_dev"),
-                                             pair("threadlocal.attribute_key_map", ["http.route"])]).SerializeToString().hex()
+    return encode_resource({"service.name": "bench", "threadlocal.schema_version": "tlsdesc_v1_dev",
+                            "threadlocal.attribute_key_map": ["http.route"]}).hex()
 
 
 def run_bpf_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSink) -> list[Run]:
