@@ -49,21 +49,36 @@ class Frames(HTMLParser):
         super().__init__()
         self.widths: dict[str, float] = {}  # the widest frame of each name
         self.totals: dict[str, float] = collections.defaultdict(float)  # all its frames together
+        self.fills: dict[str, str] = {}  # the colour of the widest frame of each name
+        self.titles: dict[str, str] = {}  # and its tooltip
         self.details = ""
         self._in_details = False
+        self._frame: str | None = None  # the frame whose rect and title come next
+        self._in_title = False
         self.feed(dom)
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         if tag == "g" and "name" in attrs:
             width = float(attrs.get("width", 0))
+            widest = width >= self.widths.get(attrs["name"], 0.0)
             self.widths[attrs["name"]] = max(self.widths.get(attrs["name"], 0.0), width)
             self.totals[attrs["name"]] += width
+            self._frame = attrs["name"] if widest else None
+        elif tag == "rect" and self._frame is not None:
+            self.fills[self._frame] = attrs.get("fill", "")
+        self._in_title = tag == "title" and self._frame is not None
         self._in_details = attrs.get("id") == "details"
 
     def handle_data(self, data):
         if self._in_details:
             self.details += data
+        if self._in_title:
+            self.titles[self._frame] = self.titles.get(self._frame, "") + data
+
+    def handle_endtag(self, tag):
+        if tag == "title":
+            self._in_title = False
 
 
 def chromium(url: str, work: Path, *action: str) -> tuple[str, list[str]]:

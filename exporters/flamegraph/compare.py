@@ -87,7 +87,7 @@ def _within_noise(p1: float, p2: float, n1: int | None, n2: int | None) -> bool:
     if not n1 or not n2:
         return False
     error = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    return abs(p2 - p1) < 2 * error
+    return abs(p2 - p1) <= 2 * error
 
 
 # -- readers ------------------------------------------------------------------------------------

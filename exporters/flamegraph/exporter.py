@@ -64,4 +64,5 @@ class FlamegraphExporter(Component):
         return Response(404, b'{"error":"not found; the flame graph is at /"}')
 
     def _data(self) -> dict:
-        return page_data(self.window.totals(), self.config.window, self.host_name, self.window.spans_cut)
+        return page_data(self.window.totals(), self.config.window, self.host_name, self.window.spans_cut,
+                         self.window.segments(), self.window.resources())

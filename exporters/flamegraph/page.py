@@ -17,7 +17,7 @@ ASSETS = HERE / "assets"
 VENDOR = HERE / "vendor"
 # The renderer's files, as scripts/setup.sh installs them.
 VENDOR_FILES = {"/*D3*/": "d3.min.js", "/*D3_FLAMEGRAPH*/": "d3-flamegraph.umd.min.js"}
-ASSET_FILES = {"/*UNITS_JS*/": "units.js", "/*PAGE_JS*/": "page.js", "/*PAGE_CSS*/": "page.css"}
+ASSET_FILES = {"/*UNITS_JS*/": "units.js", "/*COMPARE_JS*/": "compare.js", "/*PAGE_JS*/": "page.js", "/*PAGE_CSS*/": "page.css"}
 
 
 class RendererMissing(Exception):

@@ -8,15 +8,23 @@ behind it.
 
     {"host", "window_seconds", "generated_unix", "spans_cut",
      "types": [{"id": "samples", "type": "samples", "unit": "count", "total",
-                "processes": [{"pid", "name", "container", "total", "stacks",
+                "processes": [{"pid", "name", "container", "resource", "total", "stacks",
                                "groups": [{"attributes", "total", "stacks"}, ...]}, ...],
                 "spans": [{"trace_id", "span_id", "pid", "name", "container", "attributes",
-                           "total", "stacks"}, ...]}, ...]}
+                           "total", "stacks"}, ...],
+                "segments": [{"start_unix", "end_unix",
+                              "processes": [[process index, [[stack index, value], ...]], ...]}, ...]}, ...],
+     "frames": [[name, libtype], ...], "stacks": [[frame index, ...], ...]}
 
 ``total`` is in the type's unit: samples for CPU, nanoseconds for off-CPU time. ``groups`` (only
 for a process whose samples carry span attributes) splits its stacks by those attributes
 (``http.route``...), for the page's attribute filter. ``spans`` are the type's MAX_SPANS_SHOWN
 spans with the most samples in the window, each with its own call tree.
+
+For comparisons: ``resource`` is the process's resource attributes (``comparable_attributes``),
+and ``segments`` the window in time steps, each with the stacks per process (an index into the
+type's ``processes``) as indexes into the document's ``stacks`` (root first, indexes into
+``frames``). Stacks as a table rather than trees: a stack seen in every segment is sent once.
 """
 
 from __future__ import annotations
@@ -27,18 +35,22 @@ from typing import Any
 
 from pycollector.pdata import CPU_SAMPLES
 
-from exporters.flamegraph.window import ProcessKey, ProcessStacks, SampleType, Stack, Totals, merged
+from exporters.flamegraph.window import ProcessKey, ProcessStacks, SampleType, Segment, Stack, Totals, merged
 
 MAX_SPANS_SHOWN = 100
 
 
-def page_data(totals: Totals, window_seconds: float, host: str, spans_cut: int = 0) -> dict[str, Any]:
+def page_data(totals: Totals, window_seconds: float, host: str, spans_cut: int = 0, segments: list[Segment] = (),
+              resources: dict[ProcessKey, dict[str, str]] | None = None) -> dict[str, Any]:
     ordered = sorted(totals, key=lambda value_type: (value_type != CPU_SAMPLES, value_type))
     ids = type_ids(ordered)
+    table = StackTable()
     types = []
     for value_type in ordered:
-        processes = [process_data(key, stacks) for key, stacks in totals[value_type].items()]
-        processes.sort(key=lambda process: (-process["total"], process["name"]))
+        keyed = [(key, process_data(key, stacks, (resources or {}).get(key, {}))) for key, stacks in totals[value_type].items()]
+        keyed.sort(key=lambda entry: (-entry[1]["total"], entry[1]["name"]))
+        index = {key: position for position, (key, _) in enumerate(keyed)}
+        processes = [process for _, process in keyed]
         types.append({
             "id": ids[value_type],
             "type": value_type[0],
@@ -46,8 +58,43 @@ def page_data(totals: Totals, window_seconds: float, host: str, spans_cut: int =
             "total": sum(process["total"] for process in processes),
             "processes": processes,
             "spans": top_spans(totals[value_type]),
+            "segments": [segment_data(segment, value_type, index, table) for segment in segments if segment.totals.get(value_type)],
         })
-    return {"host": host, "window_seconds": window_seconds, "generated_unix": time.time(), "spans_cut": spans_cut, "types": types}
+    return {"host": host, "window_seconds": window_seconds, "generated_unix": time.time(), "spans_cut": spans_cut, "types": types,
+            "frames": table.frames, "stacks": table.stacks}
+
+
+class StackTable:
+    """Frames and stacks numbered as they are first met, for the document's ``frames`` and
+    ``stacks``."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, str]] = []
+        self.stacks: list[list[int]] = []
+        self._frame_ids: dict[tuple[str, str], int] = {}
+        self._stack_ids: dict[Stack, int] = {}
+
+    def stack_id(self, stack: Stack) -> int:
+        found = self._stack_ids.get(stack)
+        if found is None:
+            found = self._stack_ids[stack] = len(self.stacks)
+            self.stacks.append([self._frame_id(frame) for frame in stack])
+        return found
+
+    def _frame_id(self, frame: tuple[str, str]) -> int:
+        found = self._frame_ids.get(frame)
+        if found is None:
+            found = self._frame_ids[frame] = len(self.frames)
+            self.frames.append(frame)
+        return found
+
+
+def segment_data(segment: Segment, value_type: SampleType, process_index: dict[ProcessKey, int], table: StackTable) -> dict[str, Any]:
+    """One time segment of a type: each process's stacks (processes that left the window's totals
+    are not in it: a segment is never wider than the window)."""
+    processes = [[process_index[key], [[table.stack_id(stack), value] for stack, value in stacks.items()]]
+                 for key, stacks in segment.totals[value_type].items() if key in process_index]
+    return {"start_unix": segment.start_unix, "end_unix": segment.end_unix, "processes": processes}
 
 
 def type_ids(value_types: list[SampleType]) -> dict[SampleType, str]:
@@ -57,9 +104,10 @@ def type_ids(value_types: list[SampleType]) -> dict[SampleType, str]:
     return {(type_, unit): type_ if type_ and names[type_] == 1 else f"{type_}/{unit}" for type_, unit in value_types}
 
 
-def process_data(key: ProcessKey, by_span: ProcessStacks) -> dict[str, Any]:
+def process_data(key: ProcessKey, by_span: ProcessStacks, resource: dict[str, str] | None = None) -> dict[str, Any]:
     stacks = merged(by_span)
-    data = {"pid": key.pid, "name": key.name, "container": key.container, "total": sum(stacks.values()), "stacks": call_tree(stacks)}
+    data = {"pid": key.pid, "name": key.name, "container": key.container, "resource": resource or {},
+            "total": sum(stacks.values()), "stacks": call_tree(stacks)}
     groups: dict[tuple, collections.Counter] = collections.defaultdict(collections.Counter)
     for span, span_stacks in by_span.items():
         groups[span.attributes].update(span_stacks)

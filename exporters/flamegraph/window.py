@@ -12,6 +12,10 @@ Within a process, stacks are kept per span (`SpanKey`: the trace and span a samp
 and its span attributes such as ``http.route``), so the page can show one span, one trace or one
 route. A slice keeps at most MAX_SPANS_PER_SLICE spans; the samples of spans past that keep their
 attributes but not their ids (counted in ``spans_cut``, which the page shows).
+
+For comparisons (the page's diff flame graph) the window also gives its samples in time segments
+(``segments``: a few slices each, so two time ranges can be compared) and each process's resource
+attributes (``resources``: service.version, container, pod..., so two versions can be).
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ from exporters.profiles import FrameNames, sample_value
 SLICES_PER_WINDOW = 60
 MIN_SLICE_SECONDS = 1.0
 MAX_SPANS_PER_SLICE = 2000  # a busy service ends thousands of spans a second; their stacks add up
+SEGMENTS_PER_WINDOW = 12  # the steps in which the page picks time ranges to compare
+MAX_RESOURCE_VALUE = 200  # characters of a resource attribute's value kept for comparisons
+# Resource attributes that name one process, not a kind of process: comparing by them means nothing.
+PER_PROCESS_ATTRIBUTES = frozenset({"process.pid", "process.parent_pid", "process.command_line", "process.command_args"})
 
 # A profile's (type, unit), e.g. ("samples", "count") or ("off_cpu", "nanoseconds").
 SampleType = tuple[str, str]
@@ -68,6 +76,15 @@ def merged(stacks_by_span: ProcessStacks) -> collections.Counter:
     return total
 
 
+class Segment(NamedTuple):
+    """A stretch of the window: wall-clock seconds it covers, and its stack values per sample
+    type and process (spans merged)."""
+
+    start_unix: float
+    end_unix: float
+    totals: dict[SampleType, dict[ProcessKey, collections.Counter]]
+
+
 class ProfileWindow:
     def __init__(self, window_seconds: float, clock: Callable[[], float] = time.monotonic):
         self.window_seconds = window_seconds
@@ -84,6 +101,8 @@ class ProfileWindow:
         taken: collections.Counter = collections.Counter()
         current_profile, of_type = None, None
         spans: dict[tuple, SpanKey] = {}
+        resources: dict[ProcessKey, dict[str, str]] = {}
+        last_resource = None
         for view in iter_samples(data):
             if view.profile is not current_profile:  # samples come profile by profile
                 current_profile = view.profile
@@ -91,6 +110,9 @@ class ProfileWindow:
                 of_type = counts[value_type]
             value = sample_value(view)
             span = _span_key(view, spans)
+            if view.resource is not last_resource:
+                last_resource = view.resource
+                resources[process_key(view.resource)] = comparable_attributes(view.resource)
             of_type[process_key(view.resource)][span][stack_of(view.frames, names.of_stack(view.sample.stack_index))] += value
             taken[value_type] += value
         with self._lock:
@@ -98,6 +120,7 @@ class ProfileWindow:
             if not self._slices or self._slices[-1].number != now_slice:
                 self._slices.append(_Slice(now_slice))
             self._add_capped(self._slices[-1], counts)
+            self._slices[-1].resources.update(resources)
             self._expire(now_slice)
         return taken
 
@@ -131,6 +154,33 @@ class ProfileWindow:
                 _add_into(totals, slice_.totals)
         return {value_type: {key: dict(by_span) for key, by_span in processes.items()} for value_type, processes in totals.items()}
 
+    def segments(self) -> list[Segment]:
+        """The window in SEGMENTS_PER_WINDOW steps, oldest first (only those with samples). A
+        segment is a fixed run of slices, so a segment keeps its start from one call to the next."""
+        per_segment = max(1, round(self.window_seconds / self._slice_seconds / SEGMENTS_PER_WINDOW))
+        wall_now, now = time.time(), self._clock()
+        by_number: dict[int, dict] = {}
+        with self._lock:
+            self._expire(int(now // self._slice_seconds))
+            for slice_ in self._slices:
+                into = by_number.setdefault(slice_.number // per_segment, collections.defaultdict(lambda: collections.defaultdict(collections.Counter)))
+                for value_type, processes in slice_.totals.items():
+                    for key, by_span in processes.items():
+                        for stacks in by_span.values():
+                            into[value_type][key].update(stacks)
+        seconds = per_segment * self._slice_seconds
+        return [Segment(wall_now - (now - number * seconds), wall_now - (now - (number + 1) * seconds),
+                        {value_type: dict(processes) for value_type, processes in totals.items()})
+                for number, totals in sorted(by_number.items())]
+
+    def resources(self) -> dict[ProcessKey, dict[str, str]]:
+        """Each process's resource attributes as it last reported them in the window."""
+        with self._lock:
+            latest: dict[ProcessKey, dict[str, str]] = {}
+            for slice_ in self._slices:
+                latest.update(slice_.resources)
+        return latest
+
     def _expire(self, now_slice: int) -> None:
         oldest_kept = now_slice - int(self.window_seconds // self._slice_seconds) + 1
         while self._slices and self._slices[0].number < oldest_kept:
@@ -138,13 +188,14 @@ class ProfileWindow:
 
 
 class _Slice:
-    __slots__ = ("number", "totals", "span_ids", "spans_cut")
+    __slots__ = ("number", "totals", "span_ids", "spans_cut", "resources")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.totals: Totals = _empty()
         self.span_ids: set[tuple[str, str]] = set()  # (trace id, span id) of the spans it keeps
         self.spans_cut = 0  # spans past its cap, kept without their ids
+        self.resources: dict[ProcessKey, dict[str, str]] = {}  # as each process last reported them
 
 
 def _empty() -> Totals:
@@ -180,6 +231,14 @@ def process_key(resource: dict) -> ProcessKey:
     if executable and service and service != executable:
         name = f"{executable} ({service})"
     return ProcessKey(pid if isinstance(pid, int) else None, str(name), str(resource.get("container.id", "")))
+
+
+def comparable_attributes(resource: dict) -> dict[str, str]:
+    """The resource attributes two sets of processes can be compared by (service.version,
+    container.id, k8s.pod.name...): scalar values, as text of bounded length, but those that
+    name one process (its pid, its command line)."""
+    return {key: str(value)[:MAX_RESOURCE_VALUE] for key, value in resource.items()
+            if key not in PER_PROCESS_ATTRIBUTES and isinstance(value, (str, int, float, bool))}
 
 
 def stack_of(frames: list[Frame], names: tuple[str, ...]) -> Stack:

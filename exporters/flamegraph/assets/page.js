@@ -7,6 +7,14 @@
 // there is CPU data). Samples linked to spans can be narrowed to one span attribute's value
 // (attr), or to the spans whose trace or span id starts with what is typed (span); the spans with
 // the most samples are listed above the graph, a click showing one.
+//
+// Compare draws a diff flame graph (compare.js computes it): the comparison's call tree, each
+// frame coloured by how its share of the total changed against the baseline, and a table of the
+// functions whose share grew and shrank most. The baseline and the comparison are two time ranges
+// of the window (#compare=time&bfrom=&bto=&afrom=&ato=, unix seconds), two values of a resource
+// attribute (#compare=resource&key=service.version&base=1.4&after=1.5), or a pinned view and what
+// came after it (#compare=pin&pin=unix seconds; the view pinned lives in the tab's session storage). Time ranges come from
+// the window's segments, which carry no spans: the attribute and span filters do not apply to them.
 (function () {
   "use strict";
 
@@ -30,6 +38,18 @@
   const details = document.getElementById("details");
   const chartElement = document.getElementById("chart");
   const autoRefresh = document.getElementById("auto-refresh");
+  const compareSelect = document.getElementById("compare");
+  const baseFrom = document.getElementById("base-from");
+  const baseTo = document.getElementById("base-to");
+  const afterFrom = document.getElementById("after-from");
+  const afterTo = document.getElementById("after-to");
+  const resourceKey = document.getElementById("resource-key");
+  const baseValue = document.getElementById("base-value");
+  const afterValue = document.getElementById("after-value");
+  const DIFF_ROWS = 10;  // functions listed each way
+  const PIN_STORAGE = "pycollector-flamegraph-pin";
+  let pinned = readPin();  // {type, at, tree}: the baseline "pin this view" took
+  let pinAt = 0;  // the pin's moment, unix seconds, as the link gives it
 
   function processId(process) {
     return process.pid === null ? process.name : String(process.pid);
@@ -46,8 +66,13 @@
 
   function readFragment() {
     const params = new URLSearchParams(location.hash.slice(1));
+    // A saved diff (pycollector diff -o) opens on its comparison unless the link asks otherwise.
+    const preset = params.has("compare") ? {} : data.compare || {};
+    const value = (name, presetName) => params.get(name) || preset[presetName || name] || "";
     return { type: params.get("type") || "", process: params.get("process") || ALL, container: params.get("container") || ALL,
-             attribute: params.get("attr") || ALL, span: params.get("span") || "", search: params.get("search") || "" };
+             attribute: params.get("attr") || ALL, span: params.get("span") || "", search: params.get("search") || "",
+             compare: value("compare", "mode"), bfrom: value("bfrom"), bto: value("bto"), afrom: value("afrom"), ato: value("ato"),
+             key: value("key"), base: value("base"), after: value("after"), pin: Number(params.get("pin")) || 0 };
   }
 
   function writeFragment() {
@@ -58,6 +83,13 @@
     if (attributeSelect.value) params.set("attr", attributeSelect.value);
     if (spanInput.value) params.set("span", spanInput.value);
     if (searchInput.value) params.set("search", searchInput.value);
+    if (compareSelect.value) {
+      params.set("compare", compareSelect.value);
+      const fields = compareSelect.value === "time" ? { bfrom: baseFrom, bto: baseTo, afrom: afterFrom, ato: afterTo }
+        : compareSelect.value === "resource" ? { key: resourceKey, base: baseValue, after: afterValue } : {};
+      for (const [name, element] of Object.entries(fields)) if (element.value) params.set(name, element.value);
+      if (compareSelect.value === "pin" && pinAt) params.set("pin", String(pinAt));
+    }
     history.replaceState(null, "", "#" + params.toString());
   }
 
@@ -96,6 +128,234 @@
       containerSelect.append(option(container, container.slice(0, 12), wanted.container));
     }
     fillAttributeSelect(wanted);
+    fillCompareControls(wanted);
+  }
+
+  // -- comparison -------------------------------------------------------------------------------
+
+  function clock(unix) {
+    return new Date(unix * 1000).toLocaleTimeString();
+  }
+
+  // A select's options from [value, text] pairs, keeping `wanted` when it is one of them, else
+  // choosing `fallback`.
+  function fillOptions(select, pairs, wanted, fallback) {
+    const chosen = pairs.some(([value]) => value === wanted) ? wanted : fallback;
+    select.replaceChildren(...pairs.map(([value, text]) => option(value, text, chosen)));
+  }
+
+  // Time ranges are picked in the window's segments; by default the older half is the baseline and
+  // the newer half the comparison. Resource attributes are those with two values or more among the
+  // type's processes, service.version first.
+  function fillCompareControls(wanted) {
+    const type = selectedType();
+    compareSelect.value = wanted.compare || "";
+    const segments = type.segments || [];
+    const starts = segments.map((segment) => [String(Math.floor(segment.start_unix)), "from " + clock(segment.start_unix)]);
+    const ends = segments.map((segment) => [String(Math.ceil(segment.end_unix)), clock(segment.end_unix)]);
+    const half = Math.max(1, Math.floor(segments.length / 2));
+    const at = (list, index) => (list[Math.min(index, list.length - 1)] || [""])[0];
+    fillOptions(baseFrom, starts, wanted.bfrom, at(starts, 0));
+    fillOptions(baseTo, ends, wanted.bto, at(ends, half - 1));
+    fillOptions(afterFrom, starts, wanted.afrom, at(starts, half));
+    fillOptions(afterTo, ends, wanted.ato, at(ends, ends.length - 1));
+    const values = resourceValues();
+    const keys = [...values.keys()].filter((key) => values.get(key).size > 1)
+      .sort((a, b) => (b === "service.version") - (a === "service.version") || (a < b ? -1 : 1));
+    fillOptions(resourceKey, keys.map((key) => [key, key]), wanted.key, keys[0] || "");
+    fillResourceValues(wanted, values);
+  }
+
+  function fillResourceValues(wanted, values) {
+    const sorted = [...(values.get(resourceKey.value) || [])].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    const pairs = sorted.map((value) => [value, value]);
+    fillOptions(baseValue, pairs, wanted.base, sorted[0] || "");
+    fillOptions(afterValue, pairs, wanted.after, sorted[sorted.length - 1] || "");
+  }
+
+  // Each resource attribute of the type's processes, with the values they have.
+  function resourceValues() {
+    const values = new Map();
+    for (const process of selectedType().processes) {
+      for (const [key, value] of Object.entries(process.resource || {})) {
+        if (!values.has(key)) values.set(key, new Set());
+        values.get(key).add(value);
+      }
+    }
+    return values;
+  }
+
+  function wantedCompare() {
+    return { compare: compareSelect.value, bfrom: baseFrom.value, bto: baseTo.value, afrom: afterFrom.value, ato: afterTo.value,
+             key: resourceKey.value, base: baseValue.value, after: afterValue.value };
+  }
+
+  // The selected processes' samples in the segments within [from, to] (unix seconds; a second of
+  // slack, as the options are whole seconds), as one call tree.
+  function segmentsTree(from, to) {
+    const type = selectedType();
+    const wanted = new Set(selectedProcesses().map((process) => type.processes.indexOf(process)));
+    const pairs = [];
+    for (const segment of type.segments || []) {
+      if (segment.start_unix < from - 1 || segment.end_unix > to + 1) continue;
+      for (const [index, stacks] of segment.processes) {
+        if (wanted.has(index)) for (const pair of stacks) pairs.push(pair);
+      }
+    }
+    return FlameCompare.treeOf(pairs, data.frames || [], data.stacks || []);
+  }
+
+  // The processes' graphs (under the span filters) as one tree with no process level: the two
+  // sides are different processes when they are two versions.
+  function processesTree(processes) {
+    return FlameCompare.mergeTrees([[], ...processes.map((process) => processNode(process).children)]);
+  }
+
+  // [baseline, comparison], each {tree, label}; a side is null when there is nothing to compare yet.
+  function compareSides() {
+    const mode = compareSelect.value;
+    if (mode === "time") {
+      return [{ tree: segmentsTree(+baseFrom.value, +baseTo.value), label: clock(+baseFrom.value) + "–" + clock(+baseTo.value) },
+              { tree: segmentsTree(+afterFrom.value, +afterTo.value), label: clock(+afterFrom.value) + "–" + clock(+afterTo.value) }];
+    }
+    if (mode === "resource") {
+      const key = resourceKey.value;
+      const side = (value) => ({ tree: processesTree(selectedProcesses().filter((process) => (process.resource || {})[key] === value)),
+                                 label: key + "=" + value });
+      return [side(baseValue.value), side(afterValue.value)];
+    }
+    // The pin's moment is in the link (pin=unix seconds): what the window still holds before it is
+    // the baseline, unless this tab pinned it and kept the view as it was then.
+    const at = pinAt || (pinned && pinned.type === selectedType().id ? pinned.at : 0);
+    if (!at) return [null, null];
+    const kept = pinned && pinned.at === at && pinned.type === selectedType().id;
+    return [{ tree: kept ? pinned.tree : segmentsTree(-Infinity, at), label: "pinned at " + clock(at) },
+            { tree: segmentsTree(at, Infinity), label: "since " + clock(at) }];
+  }
+
+  function treeTotal(children) {
+    return children.reduce((sum, node) => sum + node.value, 0);
+  }
+
+  function readPin() {
+    try {
+      return JSON.parse(sessionStorage.getItem(PIN_STORAGE) || "null");
+    } catch (error) {
+      return null;  // (storage refused, as for a file opened with strict settings)
+    }
+  }
+
+  // The selected processes over the whole window becomes the baseline; what comes later, the comparison.
+  function pinView() {
+    pinned = { type: selectedType().id, at: Math.floor(data.generated_unix), tree: segmentsTree(-Infinity, Infinity) };
+    pinAt = pinned.at;
+    try {
+      sessionStorage.setItem(PIN_STORAGE, JSON.stringify(pinned));
+    } catch (error) {
+      // kept in memory only
+    }
+    compareSelect.value = "pin";
+    showCompareControls();
+    writeFragment();
+    render();
+  }
+
+  function showCompareControls() {
+    const mode = compareSelect.value;
+    document.getElementById("compare-time").hidden = mode !== "time";
+    document.getElementById("compare-resource").hidden = mode !== "resource";
+    const spansApply = mode !== "time" && mode !== "pin";
+    attributeSelect.disabled = spansApply ? false : true;
+    spanInput.disabled = spansApply ? false : true;
+  }
+
+  // A frame's tooltip and details line: its share on each side and the change.
+  function diffLabel(type, baseTotal, afterTotal) {
+    return (node) => {
+      const after = node.data.value / afterTotal;
+      const base = (node.data.base || 0) / baseTotal;
+      const change = 100 * (after - base);
+      return node.data.name + " — comparison " + (100 * after).toFixed(1) + "% (" + FlameUnits.phrase(node.data.value, type) + "), baseline " +
+        (100 * base).toFixed(1) + "%, " + (change >= 0 ? "+" : "") + change.toFixed(1) + " pts";
+    };
+  }
+
+  function points(fraction, signed) {
+    const text = (100 * fraction).toFixed(1);
+    return (signed && fraction > 0 ? "+" : "") + text + (signed ? " pts" : "%");
+  }
+
+  function diffRow(row) {
+    const element = document.createElement("tr");
+    element.dataset.function = row.function;
+    element.dataset.selfChange = row.selfChange;
+    const direction = row.noise ? "noise" : row.selfChange > 0 ? "more" : "less";
+    const cells = [[row.function, ""], [points(row.selfChange, true) + (row.noise ? " ~" : ""), "value " + direction],
+                   [points(row.baseSelf), "value"], [points(row.afterSelf), "value"], [points(row.totalChange, true), "value"],
+                   [points(row.baseTotal), "value"], [points(row.afterTotal), "value"]];
+    for (const [text, kind] of cells) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      if (kind) cell.className = kind;
+      element.append(cell);
+    }
+    return element;
+  }
+
+  function heading(text) {
+    const row = document.createElement("tr");
+    row.className = "heading";
+    const cell = document.createElement("td");
+    cell.colSpan = 7;
+    cell.textContent = text;
+    row.append(cell);
+    return row;
+  }
+
+  function renderDiffTable(result) {
+    const more = result.rows.filter((row) => row.selfChange > 0).slice(0, DIFF_ROWS);
+    const less = result.rows.filter((row) => row.selfChange < 0).reverse().slice(0, DIFF_ROWS);
+    document.getElementById("diff-more").replaceChildren(heading("Costs more"), ...more.map(diffRow));
+    document.getElementById("diff-less").replaceChildren(heading("Costs less"), ...less.map(diffRow));
+  }
+
+  // The diff flame graph: drawn on the comparison's shape, coloured by the change of each frame's
+  // share; returns false when a side is empty (then there is nothing to draw).
+  function renderDiff(type) {
+    const [base, after] = compareSides();
+    const note = document.getElementById("diff-note");
+    document.getElementById("diff-panel").hidden = false;
+    const empty = document.getElementById("empty");
+    if (!base || !after) {
+      note.textContent = "";
+      empty.textContent = "Pin a view first: it becomes the baseline, and what comes later the comparison.";
+      empty.hidden = false;
+      renderDiffTable({ rows: [] });
+      return;
+    }
+    const baseTotal = treeTotal(base.tree);
+    const afterTotal = treeTotal(after.tree);
+    const counts = type.unit === "count";
+    note.textContent = "(baseline " + base.label + ": " + FlameUnits.phrase(baseTotal, type) + " · comparison " + after.label + ": " +
+      FlameUnits.phrase(afterTotal, type) + " · shares of each side's own total" + (counts ? " · ~ within the sampling noise of these counts" : "") + ")";
+    document.getElementById("summary").textContent = data.host + " · diff · " + FlameUnits.phrase(afterTotal, type) + " against " + FlameUnits.phrase(baseTotal, type);
+    renderDiffTable(FlameCompare.changes(base.tree, after.tree, counts));
+    if (!baseTotal || !afterTotal) {
+      empty.textContent = (baseTotal ? "The comparison" : "The baseline") + " has no " + FlameUnits.describe(type).noun + " (yet).";
+      empty.hidden = false;
+      return;
+    }
+    empty.hidden = true;
+    const children = FlameCompare.annotate(FlameCompare.mergeTrees([[], after.tree]), base.tree);
+    const scale = FlameCompare.scaleOf(children, baseTotal, afterTotal);
+    document.getElementById("diff-legend").hidden = false;
+    document.getElementById("diff-scale-text").textContent = "(−" + (100 * scale).toFixed(1) + " to +" + (100 * scale).toFixed(1) + " pts of the total)";
+    const root = { name: "comparison", value: afterTotal, base: baseTotal, libtype: "", children: children };
+    chart = newChart(type)
+      .setColorMapper((node) => FlameCompare.colour(FlameCompare.nodeChange(node.data, baseTotal, afterTotal), scale))
+      .setLabelHandler(diffLabel(type, baseTotal, afterTotal));
+    d3.select(chartElement).datum(root).call(chart);
+    search();
   }
 
   // Every span attribute value the type's samples carry ("http.route=/checkout"), for the filter.
@@ -145,25 +405,6 @@
     });
   }
 
-  // Call trees side by side, as one: the same frame under the same caller adds up.
-  function mergeTrees(trees) {
-    if (trees.length === 1) return trees[0];
-    const root = new Map();
-    const pending = trees.map((children) => [root, children]);
-    while (pending.length) {
-      const [into, children] = pending.pop();
-      for (const node of children) {
-        const key = node.libtype + "\u0000" + node.name;
-        let merged = into.get(key);
-        if (!merged) into.set(key, merged = { name: node.name, value: 0, libtype: node.libtype, children: new Map() });
-        merged.value += node.value;
-        pending.push([merged.children, node.children]);
-      }
-    }
-    const asLists = (map) => [...map.values()].map((node) => ({ name: node.name, value: node.value, libtype: node.libtype, children: asLists(node.children) }));
-    return asLists(root);
-  }
-
   // A process's graph under the span filters: the spans typed, else the attribute's groups, else all.
   function processNode(process) {
     let parts = [process];
@@ -174,7 +415,7 @@
       parts = (process.groups || []).filter((group) => carries(group.attributes, wantedAttribute()));
     }
     const value = parts.reduce((sum, part) => sum + part.total, 0);
-    return { name: processLabel(process), value: value, children: mergeTrees(parts.map((part) => part.stacks)) };
+    return { name: processLabel(process), value: value, children: FlameCompare.mergeTrees(parts.map((part) => part.stacks)) };
   }
 
   // One process is its own root; several hang under "all", one child per process.
@@ -250,23 +491,11 @@
     return Boolean(term) && node.data.name.toLowerCase().includes(term.toLowerCase());
   }
 
-  function render() {
-    const type = selectedType();
-    const nodes = selectedProcesses().map(processNode).filter((node) => node.value > 0);
-    const described = FlameUnits.describe(type);
-    document.getElementById("title").textContent = described.label + " flame graph";
-    document.title = described.label + " flame graph · pycollector";
-    document.getElementById("summary").textContent = summary(nodes, type);
-    renderSpans(type, selectedProcesses().reduce((sum, p) => sum + p.total, 0));
-    const empty = document.getElementById("empty");
-    empty.textContent = described.empty;
-    empty.hidden = nodes.length > 0;
-    chartElement.replaceChildren();
-    if (nodes.length === 0) return;
-    // A fresh chart each time: d3-flame-graph fixes its height on the first render. Root on
-    // top (an icicle, as Grafana and Pyroscope draw it): the processes and the hot paths stay in
-    // view however deep the deepest stack goes.
-    chart = flamegraph.default()
+  // A fresh chart each time: d3-flame-graph fixes its height on the first render. Root on top (an
+  // icicle, as Grafana and Pyroscope draw it): the processes and the hot paths stay in view however
+  // deep the deepest stack goes.
+  function newChart(type) {
+    return flamegraph.default()
       .inverted(true)
       .width(Math.max(chartElement.clientWidth, 600))
       .cellHeight(18)
@@ -278,6 +507,29 @@
       .setLabelHandler(frameLabel(type))
       .setSearchHandler(searchSummary(type))
       .onClick(() => { if (autoRefresh) autoRefresh.checked = false; });  // keep a zoomed view still
+  }
+
+  function render() {
+    const type = selectedType();
+    const described = FlameUnits.describe(type);
+    document.getElementById("title").textContent = described.label + (compareSelect.value ? " diff flame graph" : " flame graph");
+    document.title = document.getElementById("title").textContent + " · pycollector";
+    renderSpans(type, selectedProcesses().reduce((sum, p) => sum + p.total, 0));
+    chartElement.replaceChildren();
+    chart = null;
+    document.getElementById("diff-legend").hidden = true;
+    if (compareSelect.value) {
+      renderDiff(type);
+      return;
+    }
+    document.getElementById("diff-panel").hidden = true;
+    const nodes = selectedProcesses().map(processNode).filter((node) => node.value > 0);
+    document.getElementById("summary").textContent = summary(nodes, type);
+    const empty = document.getElementById("empty");
+    empty.textContent = described.empty;
+    empty.hidden = nodes.length > 0;
+    if (nodes.length === 0) return;
+    chart = newChart(type);
     d3.select(chartElement).datum(rootFor(nodes)).call(chart);
     search();
   }
@@ -295,7 +547,7 @@
     const response = await fetch("data.json", { cache: "no-store" });
     if (!response.ok) throw new Error("data.json: HTTP " + response.status);
     data = await response.json();
-    fillSelects({ type: wantedType, process: processSelect.value, container: containerSelect.value, attribute: attributeSelect.value });
+    fillSelects({ type: wantedType, process: processSelect.value, container: containerSelect.value, attribute: attributeSelect.value, ...wantedCompare() });
     render();
   }
 
@@ -307,13 +559,14 @@
   // The type asked for (by the link, or chosen since): a link to off-CPU time opened before any
   // arrived shows CPU samples meanwhile, and off-CPU time once a refresh brings some.
   let wantedType = initial.type;
+  pinAt = initial.pin;
   fillSelects(initial);
   searchInput.value = initial.search;
   spanInput.value = initial.span;
   // Another type has other processes: keep the process and container only where they still exist.
   typeSelect.addEventListener("change", () => {
     wantedType = typeSelect.value;
-    fillProcessSelects({ process: processSelect.value, container: containerSelect.value, attribute: attributeSelect.value });
+    fillProcessSelects({ process: processSelect.value, container: containerSelect.value, attribute: attributeSelect.value, ...wantedCompare() });
     writeFragment();
     render();
   });
@@ -322,6 +575,11 @@
   attributeSelect.addEventListener("change", () => { writeFragment(); render(); });
   spanInput.addEventListener("input", () => { writeFragment(); render(); });
   searchInput.addEventListener("input", () => { writeFragment(); search(); });
+  const compareChanged = () => { showCompareControls(); writeFragment(); render(); };
+  for (const element of [compareSelect, baseFrom, baseTo, afterFrom, afterTo, baseValue, afterValue]) element.addEventListener("change", compareChanged);
+  resourceKey.addEventListener("change", () => { fillResourceValues({}, resourceValues()); compareChanged(); });
+  document.getElementById("pin").addEventListener("click", pinView);
+  showCompareControls();
   render();
 
   if (live) {

@@ -1,0 +1,249 @@
+"""The flame graph page's comparison (issue 27), on data built by hand: the window's time segments
+and resource attributes, the shares compare.js computes (node, no browser), and the diff drawn in
+headless Chromium: choosing a baseline and a comparison (two service.version values, two time
+ranges, a pinned view) draws the comparison's shape coloured by the sign of each change, and the
+table's first rows are the largest changes each way. Screenshots are printed with their paths."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from pycollector.pdata import ProfilesBuilder
+
+from exporters.flamegraph.page import PageTemplate, missing_vendor_files
+from exporters.flamegraph.tree import page_data
+from exporters.flamegraph.window import ProcessKey, ProfileWindow
+from tests.test_flamegraph import FakeClock
+from tests.test_flamegraph_browser import CHROMIUM, Frames, chromium
+
+COMPARE_JS = Path(__file__).parent.parent / "exporters" / "flamegraph" / "assets" / "compare.js"
+CPU = ("samples", "count")
+
+
+def service_profiles(processes: list[tuple[dict, list[tuple[list[tuple[str, str]], int]]]]):
+    """One resource per process (its attributes given), its stacks root first as (function, frame type)."""
+    b = ProfilesBuilder()
+    for attributes, stacks in processes:
+        scope = b.scope_profiles(b.resource_profiles(attributes))
+        profile = b.profile(scope, sample_type=CPU, period_type=("cpu", "nanoseconds"), period=10_000_000)
+        for frames, value in stacks:
+            locations = [b.location(lines=[(b.function(function), 0, 0)], attributes={"profile.frame.type": kind}) for function, kind in reversed(frames)]
+            b.sample(profile, b.stack(locations), [value])
+    return b.data
+
+
+def version(number: str, pid: int, heavy: int, light: int):
+    """A Python service whose `heavy` share runs in `hot` and the rest in `cold`, each of them
+    ending in the interpreter's C code, as the profiling receiver sees a Python process."""
+    attributes = {"process.pid": pid, "process.executable.name": "python3.11", "service.name": "shop", "service.version": number}
+    root = [("_start", "native"), ("main", "cpython"), ("serve", "cpython")]
+    return attributes, [(root + [("hot", "cpython"), ("_PyEval_EvalFrameDefault", "native")], heavy),
+                        (root + [("cold", "cpython"), ("_PyEval_EvalFrameDefault", "native")], light - light // 4),
+                        (root + [("cold", "cpython"), ("PyLong_Add", "native")], light // 4)]
+
+
+# -- the window: segments and resources ----------------------------------------------------------
+
+
+def test_the_window_gives_its_samples_in_time_segments_and_each_processs_resource():
+    clock = FakeClock()
+    window = ProfileWindow(60, clock=clock)  # 1 s slices, 5 s segments
+    window.add(service_profiles([version("1", 10, 20, 80)]))
+    clock.now += 30
+    window.add(service_profiles([version("2", 20, 60, 40)]))
+    segments = window.segments()
+    assert len(segments) == 2 and 29 <= segments[1].start_unix - segments[0].start_unix <= 31
+    assert all(segment.end_unix - segment.start_unix == pytest.approx(5) for segment in segments)
+    assert [set(key.pid for key in segment.totals[CPU]) for segment in segments] == [{10}, {20}]
+    resources = window.resources()
+    assert resources[ProcessKey(10, "python3.11 (shop)", "")]["service.version"] == "1"
+    assert "process.pid" not in resources[ProcessKey(20, "python3.11 (shop)", "")]
+    data = page_data(window.totals(), 60, "host", 0, segments, resources)
+    type_ = data["types"][0]
+    assert [process["resource"]["service.version"] for process in type_["processes"]] == ["1", "2"]  # heaviest first (equal: by name, then as inserted)
+    assert len(type_["segments"]) == 2
+    # A segment's stacks are indexes into the document's stack table, itself indexes into frames.
+    index, pairs = type_["segments"][1]["processes"][0]
+    assert type_["processes"][index]["pid"] == 20
+    names = [[data["frames"][frame][0] for frame in data["stacks"][stack]] for stack, _ in pairs]
+    assert ["_start", "main", "serve", "hot", "_PyEval_EvalFrameDefault"] in names
+    clock.now += 40  # the first version's samples leave the window, and its segment with them
+    assert [set(key.pid for key in segment.totals[CPU]) for segment in window.segments()] == [{20}]
+
+
+# -- compare.js, under node ----------------------------------------------------------------------
+
+
+def run_compare(script: str):
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    program = f"const C = require({json.dumps(str(COMPARE_JS))});\nconsole.log(JSON.stringify((() => {{ {script} }})()));"
+    return json.loads(subprocess.run(["node", "-e", program], capture_output=True, text=True, check=True).stdout)
+
+
+TREE_OF = """
+const frames = [["main", "cpython"], ["hot (app.py:3)", "cpython"], ["hot (app.py:4)", "cpython"], ["eval", "native"], ["cold (app.py:9)", "cpython"], ["memcpy", "native"]];
+const stacks = [[0, 1, 3], [0, 2, 3], [0, 4, 3], [0, 4, 5], [5]];
+"""
+
+
+def test_self_goes_to_the_innermost_frame_of_the_programs_language_and_total_counts_once_per_stack():
+    tally = run_compare(TREE_OF + """
+        const t = C.tally(C.treeOf([[0, 10], [1, 5], [2, 4], [3, 1], [4, 7]], frames, stacks));
+        return { total: t.total, self: Object.fromEntries(t.self), totals: Object.fromEntries(t.totals) };
+    """)
+    # hot on two lines is one function; eval below hot is hot's self; memcpy with no Python frame is its own.
+    assert tally["self"] == {"hot (app.py)": 15, "cold (app.py)": 5, "memcpy": 7}
+    assert tally["total"] == 27
+    assert tally["totals"]["main"] == 20 and tally["totals"]["eval"] == 19 and tally["totals"]["memcpy"] == 8
+
+
+def test_changes_are_shares_of_each_sides_own_total_with_the_noise_flagged():
+    result = run_compare(TREE_OF + """
+        const base = C.treeOf([[0, 20], [2, 80]], frames, stacks);      // hot 20%
+        const after = C.treeOf([[0, 600], [2, 400]], frames, stacks);   // hot 60%, ten times the samples
+        const small = C.changes(C.treeOf([[0, 50], [2, 50]], frames, stacks), C.treeOf([[0, 52], [2, 48]], frames, stacks), true);
+        return { big: C.changes(base, after, true), small: small.rows.map((row) => row.noise), offCpu: C.changes(base, after, false).rows.map((row) => row.noise) };
+    """)
+    first, last = result["big"]["rows"][0], result["big"]["rows"][-1]
+    assert first["function"] == "hot (app.py)" and first["selfChange"] == pytest.approx(0.4) and not first["noise"]
+    assert last["function"] == "cold (app.py)" and last["selfChange"] == pytest.approx(-0.4)
+    assert result["big"]["baseTotal"] == 100 and result["big"]["afterTotal"] == 1000
+    assert all(result["small"]) and not any(result["offCpu"])
+
+
+def test_colours_follow_the_sign_of_the_change_and_saturate_at_the_scale():
+    colours = run_compare("return [C.colour(0.2, 0.4), C.colour(-0.4, 0.4), C.colour(0, 0.4), C.colour(0.8, 0.4)];")
+    rgb = [tuple(int(part) for part in re.findall(r"\d+", colour)) for colour in colours]
+    assert rgb[0][0] > rgb[0][2] and rgb[1][2] > rgb[1][0] and rgb[2] == (224, 224, 224)
+    assert rgb[3] == (214, 39, 40)  # past the scale: the most saturated red
+
+
+# -- the page in Chromium ------------------------------------------------------------------------
+
+
+class DiffTable(HTMLParser):
+    """The diff table's rows: (function, self change) per row, costs more then costs less."""
+
+    def __init__(self, dom: str):
+        super().__init__()
+        self.more: list[tuple[str, float]] = []
+        self.less: list[tuple[str, float]] = []
+        self.note = ""
+        self._body = None
+        self._in_note = False
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tbody" and attrs.get("id") in ("diff-more", "diff-less"):
+            self._body = self.more if attrs["id"] == "diff-more" else self.less
+        elif tag == "tr" and "data-function" in attrs and self._body is not None:
+            self._body.append((attrs["data-function"], float(attrs["data-self-change"])))
+        self._in_note = attrs.get("id") == "diff-note"
+
+    def handle_endtag(self, tag):
+        if tag == "tbody":
+            self._body = None
+        if tag == "span":
+            self._in_note = False
+
+    def handle_data(self, data):
+        if self._in_note:
+            self.note += data
+
+
+@pytest.fixture(scope="module")
+def saved_page(tmp_path_factory):
+    """A page as the exporter saves it: version 1 (hot 20%) for 30 s, then version 2 (hot 60%)."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
+    if missing_vendor_files():
+        pytest.skip("the flame graph renderer is not installed (scripts/setup.sh)")
+    clock = FakeClock()
+    window = ProfileWindow(60, clock=clock)
+    for _ in range(6):
+        window.add(service_profiles([version("1.4", 10, 20, 80)]))
+        clock.now += 5
+    for _ in range(6):
+        window.add(service_profiles([version("1.5", 20, 60, 40)]))
+        clock.now += 5
+    clock.now -= 5
+    work = tmp_path_factory.mktemp("flamegraph-diff")
+    page = work / "diff.html"
+    data = page_data(window.totals(), 60, "testhost", 0, window.segments(), window.resources())
+    page.write_bytes(PageTemplate().render(data, live=False))
+    return {"uri": page.as_uri(), "work": work, "data": data}
+
+
+def diff_dom(saved_page, fragment: str, screenshot: str | None = None) -> tuple[Frames, DiffTable]:
+    url = saved_page["uri"] + "#" + fragment
+    dom, console = chromium(url, saved_page["work"], "--dump-dom")
+    assert console == [], console
+    if screenshot:
+        path = saved_page["work"] / screenshot
+        _, console = chromium(url, saved_page["work"], f"--screenshot={path}")
+        assert console == [] and path.stat().st_size > 10_000
+        print(f"screenshot: {path}")
+    return Frames(dom), DiffTable(dom)
+
+
+def red_or_blue(fill: str) -> str:
+    red, _, blue = (int(part) for part in re.findall(r"\d+", fill))
+    return "red" if red > blue else "blue" if blue > red else "grey"
+
+
+def test_two_service_versions_draw_the_diff_and_list_the_changes(saved_page):
+    frames, table = diff_dom(saved_page, "compare=resource&key=service.version&base=1.4&after=1.5", "diff-versions.png")
+    assert table.more[0][0] == "hot" and table.more[0][1] == pytest.approx(0.4, abs=0.001), table.more
+    assert table.less[0][0] == "cold" and table.less[0][1] == pytest.approx(-0.4, abs=0.001), table.less
+    # Drawn on the comparison's shape; hot's frame grew (red), cold's shrank (blue), the root did not.
+    assert {"comparison", "hot", "cold", "serve"} <= set(frames.widths)
+    assert red_or_blue(frames.fills["hot"]) == "red" and red_or_blue(frames.fills["cold"]) == "blue", frames.fills
+    assert red_or_blue(frames.fills["comparison"]) == "grey"
+    assert "baseline" in frames.titles["hot"] and "+40.0 pts" in frames.titles["hot"], frames.titles["hot"]
+    assert "600 samples" in table.note and "120 samples" in table.note or "1.4" in table.note, table.note
+
+
+def test_two_time_ranges_draw_the_same_diff(saved_page):
+    segments = saved_page["data"]["types"][0]["segments"]
+    assert len(segments) >= 4
+    first, last = segments[0], segments[-1]
+    fragment = (f"compare=time&bfrom={int(first['start_unix'])}&bto={int(first['end_unix']) + 1}"
+                f"&afrom={int(last['start_unix'])}&ato={int(last['end_unix']) + 1}")
+    frames, table = diff_dom(saved_page, fragment, "diff-time.png")
+    assert table.more[0][0] == "hot" and table.more[0][1] == pytest.approx(0.4, abs=0.001), table.more
+    assert table.less[0][0] == "cold"
+    assert red_or_blue(frames.fills["hot"]) == "red" and red_or_blue(frames.fills["cold"]) == "blue"
+
+
+def test_the_default_time_ranges_are_the_older_and_the_newer_half(saved_page):
+    _, table = diff_dom(saved_page, "compare=time")
+    assert table.more[0][0] == "hot" and table.less[0][0] == "cold"
+
+
+def test_the_same_side_twice_is_all_grey_and_lists_no_change(saved_page):
+    frames, table = diff_dom(saved_page, "compare=resource&key=service.version&base=1.5&after=1.5")
+    assert table.more == [] and table.less == []
+    assert {red_or_blue(fill) for fill in frames.fills.values()} == {"grey"}
+
+
+def test_a_pinned_moment_compares_what_came_before_it_with_what_came_after(saved_page):
+    segments = saved_page["data"]["types"][0]["segments"]
+    middle = next(segment for segment in segments if segment["start_unix"] >= segments[0]["start_unix"] + 29)
+    frames, table = diff_dom(saved_page, f"compare=pin&pin={int(middle['start_unix'])}")
+    assert table.more[0][0] == "hot" and table.more[0][1] == pytest.approx(0.4, abs=0.001), table.more
+    assert red_or_blue(frames.fills["hot"]) == "red" and "pinned at" in table.note
+
+
+def test_a_pin_without_a_pinned_view_says_how_to_pin(saved_page):
+    dom, console = chromium(saved_page["uri"] + "#compare=pin", saved_page["work"], "--dump-dom")
+    assert console == []
+    assert "Pin a view first" in dom
