@@ -32,14 +32,18 @@ def profile(shares: dict[str, int]) -> bytes:
     return gzip.compress(pprof.profile.SerializeToString())
 
 
+def native(*names: str) -> tuple:
+    return tuple((name, "native") for name in names)
+
+
 def test_shares_are_normalized_and_a_change_within_the_noise_is_flagged():
-    base = Side.of([(("main", "hot"), 20), (("main", "cold"), 80)])
-    after = Side.of([(("main", "hot"), 600), (("main", "cold"), 400)])  # ten times the samples
+    base = Side.of([(native("main", "hot"), 20), (native("main", "cold"), 80)])
+    after = Side.of([(native("main", "hot"), 600), (native("main", "cold"), 400)])  # ten times the samples
     changes = compare(base, after)
     assert changes[0].function == "hot" and changes[0].self_change == pytest.approx(0.4)
     assert changes[-1].function == "cold" and changes[-1].self_change == pytest.approx(-0.4)
     assert changes[0].base_total == pytest.approx(0.2) and not changes[0].noise
-    small = compare(Side.of([(("a",), 50), (("b",), 50)]), Side.of([(("a",), 52), (("b",), 48)]))
+    small = compare(Side.of([(native("a"), 50), (native("b"), 50)]), Side.of([(native("a"), 52), (native("b"), 48)]))
     assert all(change.noise for change in small)
 
 
@@ -94,7 +98,66 @@ def test_otlp_files_the_file_exporter_writes_are_read_and_filtered_by_process(tm
     path = tmp_path / f"profiles.{encoding}"
     path.write_bytes(frame(b.data, encoding) * 2)  # two messages, as two exports write
     stacks, value_type, counts = read_stacks(path, process="db")
-    assert (value_type, counts) == ("samples", True)
-    assert stacks == [(("main", "query"), 20), (("main", "query"), 20)]
+    assert (value_type, counts) == (("samples", "count"), True)
+    assert stacks == [((("main", ""), ("query", "")), 20)] * 2  # (no frame type given)
     with pytest.raises(ValueError, match="no samples of process 'web'"):
         read_stacks(path, process="web")
+
+
+def versions_file(tmp_path, encoding="json"):
+    """One OTLP file holding two versions of a Python service that ran in turn: version 1 spends
+    20% in `hot`, version 2 60% (the rest in `cold`), each Python frame ending in the interpreter's C code."""
+    from exporters.file.encoding import frame
+
+    path = tmp_path / f"versions.{encoding}"
+    with open(path, "wb") as out:
+        for number, pid, hot, cold in (("1", 10, 20, 80), ("2", 20, 60, 40)):
+            b = ProfilesBuilder()
+            scope = b.scope_profiles(b.resource_profiles({"process.pid": pid, "process.executable.name": "python3.11",
+                                                          "service.name": "shop", "service.version": number}))
+            prof = b.profile(scope, sample_type=("samples", "count"), period_type=("cpu", "nanoseconds"), period=PERIOD_NS)
+
+            def python(function, line):
+                return b.location(lines=[(b.function(function, filename="/srv/app.py"), line, 0)], attributes={"profile.frame.type": "cpython"})
+
+            evaluate = b.location(lines=[(b.function("_PyEval_EvalFrameDefault"), 0, 0)], attributes={"profile.frame.type": "native"})
+            for function, samples in (("hot", hot), ("cold", cold)):
+                for line in (3, 4):  # one function on two lines is one row
+                    b.sample(prof, b.stack([evaluate, python(function, line), python("main", 9)]), [samples // 2])
+            out.write(frame(b.data, encoding))
+    return path
+
+
+def test_a_python_functions_self_is_its_innermost_python_frame_and_sides_are_chosen_by_resource(tmp_path, cli):
+    path = versions_file(tmp_path)
+    result = cli("diff", str(path), str(path), "--base-where", "service.version=1", "--after-where", "service.version=2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    more, less = lines.index("costs more"), lines.index("costs less")
+    # Not _PyEval_EvalFrameDefault: the language's function, in its file, one row for both lines.
+    assert lines[more + 1].split()[0] == "+40.0%" and lines[more + 1].endswith("hot (app.py)"), result.stdout
+    assert lines[less + 1].split()[0] == "-40.0%" and lines[less + 1].endswith("cold (app.py)"), result.stdout
+    assert lines[0].startswith("base: 100 samples") and "after: 100 samples" in lines[0]
+    nothing = cli("diff", str(path), str(path), "--where", "service.version=3")
+    assert nothing.returncode == 1 and "no samples with service.version=3" in nothing.stderr
+    bad = cli("diff", str(path), str(path), "--where", "service.version")
+    assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr
+
+
+def test_diff_writes_a_page_that_opens_on_the_comparison(tmp_path, cli):
+    from tests.test_flamegraph_browser import CHROMIUM, chromium
+    from tests.test_flamegraph_diff import DiffTable
+
+    from exporters.flamegraph.page import missing_vendor_files
+
+    if CHROMIUM is None or missing_vendor_files():
+        pytest.skip("chromium or the flame graph renderer is not installed (scripts/setup.sh)")
+    path = versions_file(tmp_path, "proto")
+    page = tmp_path / "diff.html"
+    result = cli("diff", str(path), str(path), "--base-where", "service.version=1", "--after-where", "service.version=2", "-o", str(page))
+    assert result.returncode == 0 and f"wrote {page}" in result.stdout, result.stderr
+    dom, console = chromium(page.as_uri(), tmp_path, "--dump-dom")
+    assert console == [], console
+    table = DiffTable(dom)
+    assert table.more[0][0] == "hot (app.py)" and table.more[0][1] == pytest.approx(0.4), table.more
+    assert table.less[0][0] == "cold (app.py)" and "base: versions.proto service.version=1" in table.note, table.note

@@ -7,6 +7,7 @@ table's first rows are the largest changes each way. Screenshots are printed wit
 from __future__ import annotations
 
 import json
+import urllib.request
 import re
 import shutil
 import subprocess
@@ -247,3 +248,91 @@ def test_a_pin_without_a_pinned_view_says_how_to_pin(saved_page):
     dom, console = chromium(saved_page["uri"] + "#compare=pin", saved_page["work"], "--dump-dom")
     assert console == []
     assert "Pin a view first" in dom
+
+
+# -- with real BPF: two versions of a Python service, in turn under the receiver -----------------
+
+VERSIONED = Path(__file__).parent / "testdata" / "flamegraph" / "versioned_split.py"
+VERSION_SECONDS = 6
+HOT_SHARES = {"1": 0.2, "2": 0.6}
+
+
+@pytest.fixture(scope="module")
+def two_versions(tmp_path_factory):
+    """The profiling receiver feeding the flame graph page and a file while version 1 (20% in hot)
+    ran, then version 2 (60%)."""
+    import os
+    import sys
+    import time
+
+    from pycollector.config.validate import build_plan
+    from pycollector.service import Service
+    from pycollector.testing import registry_with
+
+    from tests.conftest import bpf_unavailable_reason
+
+    pytest.importorskip("pycollector_otel_context", reason="the writer is installed by `make setup` (pip install ./sdk/python)")
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    work = tmp_path_factory.mktemp("flamegraph-versions")
+    profiles_file = work / "profiles.json"
+    config = {
+        "receivers": {"profiling": {"samples_per_second": 97, "reporter_interval": "1s"}},
+        "exporters": {"flamegraph": {"endpoint": "localhost:0"}, "file": {"path": str(profiles_file)}},
+        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["flamegraph", "file"]}},
+                    "telemetry": {"metrics": {"level": "none"}}},
+    }
+    service = Service(build_plan(config, registry_with()))
+    service.start()
+    try:
+        cpu_seconds = {}
+        for number, share in HOT_SHARES.items():
+            env = {**os.environ, "OTEL_SERVICE_NAME": "shop", "OTEL_RESOURCE_ATTRIBUTES": f"service.version={number}"}
+            workload = subprocess.Popen([sys.executable, str(VERSIONED), str(VERSION_SECONDS), str(share)], env=env)
+            _, status, usage = os.wait4(workload.pid, 0)
+            assert status == 0
+            cpu_seconds[number] = usage.ru_utime + usage.ru_stime
+        time.sleep(2.5)  # the last interval reaches the window, and the file
+        exporter = next(node.component for node in service.graph.nodes.values() if node.key.kind == "exporters" and node.key.id == "flamegraph")
+        page = work / "versions.html"
+        with urllib.request.urlopen(exporter.url + "flamegraph.html", timeout=10) as response:
+            page.write_bytes(response.read())
+        yield {"url": exporter.url, "page": page, "file": profiles_file, "work": work, "cpu_seconds": cpu_seconds}
+    finally:
+        service.shutdown()
+
+
+HOT, COLD = "hot (versioned_split.py)", "cold (versioned_split.py)"
+TRUE_CHANGE = HOT_SHARES["2"] - HOT_SHARES["1"]
+
+
+@pytest.mark.bpf
+def test_the_page_puts_the_function_that_grew_first_with_its_change(two_versions):
+    url = two_versions["url"] + "#compare=resource&key=service.version&base=1&after=2"
+    dom, console = chromium(url, two_versions["work"], "--dump-dom")
+    assert console == [], console
+    table, frames = DiffTable(dom), Frames(dom)
+    print(f"page: {table.more[:2]} / {table.less[:2]}; {table.note}; CPU seconds {two_versions['cpu_seconds']}")
+    assert table.more[0][0] == HOT and abs(table.more[0][1] - TRUE_CHANGE) <= 0.05, table.more
+    assert table.less[0][0] == COLD, table.less
+    hot_frame = next(name for name in frames.fills if name.startswith("hot (versioned_split.py:"))
+    cold_frame = next(name for name in frames.fills if name.startswith("cold (versioned_split.py:"))
+    assert red_or_blue(frames.fills[hot_frame]) == "red" and red_or_blue(frames.fills[cold_frame]) == "blue"
+    screenshot = two_versions["work"] / "versions-diff.png"
+    _, console = chromium(url, two_versions["work"], f"--screenshot={screenshot}")
+    assert console == [] and screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")
+
+
+@pytest.mark.bpf
+def test_pycollector_diff_puts_the_function_that_grew_first_with_its_change(two_versions, cli):
+    path = str(two_versions["file"])
+    result = cli("diff", path, path, "--base-where", "service.version=1", "--after-where", "service.version=2")
+    assert result.returncode == 0, result.stderr
+    print(result.stdout)
+    lines = result.stdout.splitlines()
+    first_more, first_less = lines[lines.index("costs more") + 1], lines[lines.index("costs less") + 1]
+    assert first_more.endswith(HOT) and abs(float(first_more.split()[0].rstrip("%~")) / 100 - TRUE_CHANGE) <= 0.05, result.stdout
+    assert first_less.endswith(COLD), result.stdout

@@ -1,9 +1,12 @@
 """Two profiles compared function by function: what now costs more, and what less (issue 27).
 
-Each side is a set of stacks (root first, function names) with values. A function's *self*
-share is the part of its side's total spent with it as the leaf; its *total* share, the part
-with it anywhere on the stack (counted once per stack, however deep it recurses). Shares are
-normalized by each side's total, so two windows of different lengths compare fairly.
+Each side is a set of stacks (root first, (function, frame type) per frame) with values. A
+function's *self* share is the part of its side's total spent with it as the innermost frame of
+the program's language (a Python process's samples end in the interpreter's C code, and its
+developer reads ``spin_heavy (app.py)``, not ``_PyEval_EvalFrameDefault``), else as the leaf; its
+*total* share, the part with it anywhere on the stack (counted once per stack, however deep it
+recurses). Shares are normalized by each side's total, so two windows of different lengths
+compare fairly. The page's compare.js counts the same way.
 
 A change is flagged as noise when it is smaller than twice the standard error of a difference of
 two proportions drawn from samples of the two sides' sizes (only where the values count samples:
@@ -19,11 +22,18 @@ import collections
 import dataclasses
 import gzip
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
-# A stack, root first, of function names; a side: stack -> value.
-Stack = tuple[str, ...]
+# A frame: its function's name (a language frame's with its file: ``spin_heavy (app.py)``) and
+# its frame type (``native``, ``kernel``, ``cpython``...; "" where the file does not say).
+Frame = tuple[str, str]
+# A stack, root first; a side: stack -> value.
+Stack = tuple[Frame, ...]
+# Frame types of code an interpreter or a JIT runs (as the profiling receiver marks them).
+LANGUAGE_TYPES = frozenset({"cpython", "jvm", "v8js"})
+_LINE_SUFFIX = re.compile(r":\d+\)$")
 
 
 @dataclasses.dataclass
@@ -42,8 +52,8 @@ class Side:
             if not stack or value <= 0:
                 continue
             total += value
-            self_values[stack[-1]] += value
-            for function in set(stack):
+            self_values[self_owner(stack)] += value
+            for function in {name for name, _ in stack}:
                 total_values[function] += value
         return cls(total, total if counts_samples else None, self_values, total_values)
 
@@ -52,6 +62,14 @@ class Side:
 
     def total_share(self, function: str) -> float:
         return self.total_values[function] / self.total if self.total else 0.0
+
+
+def self_owner(stack: Stack) -> str:
+    """Whose self time a stack is: its innermost frame of the program's language, else its leaf."""
+    for name, kind in reversed(stack):
+        if kind in LANGUAGE_TYPES:
+            return name
+    return stack[-1][0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +111,12 @@ def _within_noise(p1: float, p2: float, n1: int | None, n2: int | None) -> bool:
 # -- readers ------------------------------------------------------------------------------------
 
 
-def read_stacks(path: str | Path, sample_type: str | None = None, process: str | None = None) -> tuple[list[tuple[Stack, int]], str, bool]:
-    """(stacks, the sample type read, whether its values count samples) of a pprof or OTLP file
-    (gzip or zstd compressed or not); ``process`` keeps an OTLP file's samples of one process
-    (its pid, executable name or service.name)."""
+def read_stacks(path: str | Path, sample_type: str | None = None, process: str | None = None,
+                where: dict[str, str] | None = None) -> tuple[list[tuple[Stack, int]], tuple[str, str], bool]:
+    """(stacks, the sample type read as (type, unit), whether its values count samples) of a pprof
+    or OTLP file (gzip or zstd compressed or not). For an OTLP file, ``process`` keeps the samples
+    of one process (its pid, executable name or service.name), ``where`` those whose resource has
+    these attribute values (``{"service.version": "1.4"}``)."""
     data = Path(path).read_bytes()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
@@ -105,16 +125,20 @@ def read_stacks(path: str | Path, sample_type: str | None = None, process: str |
 
         data = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
     if data.lstrip()[:1] == b"{":
-        return _otlp_stacks(_otlp_messages(data, "json"), sample_type, process)
+        return _otlp_stacks(_otlp_messages(data, "json"), sample_type, process, where or {})
     try:
-        return _pprof_stacks(data, sample_type)
+        stacks, value_type, counts = _pprof_stacks(data, sample_type)
     except ValueError:
         pass
+    else:
+        if process is not None or where:
+            raise ValueError("a pprof file has no processes or resource attributes to filter by (--process and --where are for OTLP files)")
+        return stacks, value_type, counts
     try:
         messages = _otlp_messages(data, "proto")
     except ValueError:  # (not framed: one message, as an OTLP/HTTP body is)
         messages = [_decode_otlp(data, "proto")]
-    return _otlp_stacks(messages, sample_type, process)
+    return _otlp_stacks(messages, sample_type, process, where or {})
 
 
 def _otlp_messages(data: bytes, encoding: str) -> list:
@@ -132,7 +156,7 @@ def _decode_otlp(body: bytes, encoding: str):
     return decode(body, encoding, profiles_pb2.ProfilesData).message
 
 
-def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, int]], str, bool]:
+def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, int]], tuple[str, str], bool]:
     from google.protobuf.message import DecodeError
 
     from exporters.pprof.profile_proto import Profile
@@ -159,39 +183,54 @@ def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, in
     for location in profile.location:
         # Inlined frames: the first line is the innermost; the stack reads them outermost first.
         names = [functions.get(line.function_id, "") for line in reversed(location.line)]
-        locations[location.id] = tuple(name or f"0x{location.address:x}" for name in names) or (f"0x{location.address:x}",)
+        address = f"0x{location.address:x}"
+        locations[location.id] = tuple((name or address, "") for name in names) or ((address, ""),)
     stacks = []
     for sample in profile.sample:
-        frames: list[str] = []
+        frames: list[Frame] = []
         for location_id in reversed(sample.location_id):  # (leaf first in the file)
-            frames.extend(locations.get(location_id, ("?",)))
+            frames.extend(locations.get(location_id, (("?", ""),)))
         stacks.append((tuple(frames), sample.value[index]))
     unit = strings[profile.sample_type[index].unit]
-    return stacks, types[index], unit == "count"
+    return stacks, (types[index], unit), unit == "count"
 
 
-def _of_process(resource: dict, process: str | None) -> bool:
-    return process is None or process in (str(resource.get("process.pid")), resource.get("process.executable.name"), resource.get("service.name"))
+def _selected(resource: dict, process: str | None, where: dict[str, str]) -> bool:
+    if process is not None and process not in (str(resource.get("process.pid")), resource.get("process.executable.name"), resource.get("service.name")):
+        return False
+    return all(str(resource.get(key)) == value for key, value in where.items())
 
 
-def _otlp_stacks(messages: list, wanted: str | None, process: str | None) -> tuple[list[tuple[Stack, int]], str, bool]:
+def function_name(name: str, frame_type: str) -> str:
+    """How a function is listed: a language frame without its line, so a function is one row
+    whichever line its samples were on (``spin_heavy (app.py:16)`` -> ``spin_heavy (app.py)``)."""
+    return _LINE_SUFFIX.sub(")", name) if frame_type in LANGUAGE_TYPES else name
+
+
+def _otlp_stacks(messages: list, wanted: str | None, process: str | None, where: dict[str, str]) -> tuple[list[tuple[Stack, int]], tuple[str, str], bool]:
     from pycollector.pdata import iter_samples, sample_type
+
+    from exporters.profiles import FrameNames, sample_value
 
     by_type: dict[tuple[str, str], list] = collections.defaultdict(list)
     for message in messages:
         current, value_type = None, None
+        names = FrameNames(message.dictionary)  # (the flame graph's names: a frame with no symbol by its file and address)
         for view in iter_samples(message):
-            if not _of_process(view.resource, process):
+            if not _selected(view.resource, process, where):
                 continue
             if view.profile is not current:
                 current, value_type = view.profile, sample_type(message, view.profile)
-            by_type[value_type].append((tuple(frame.function or "?" for frame in reversed(view.frames)), sum(view.values)))
+            frames = zip(reversed(names.of_stack(view.sample.stack_index)), reversed(view.frames))
+            by_type[value_type].append((tuple((function_name(name, frame.frame_type), frame.frame_type) for name, frame in frames), sample_value(view)))
     if not by_type:
-        raise ValueError("no samples" + (f" of process {process!r}" if process else ""))
+        chosen_by = [f"of process {process!r}"] if process else []
+        chosen_by += [f"with {key}={value}" for key, value in (where or {}).items()]
+        raise ValueError(" ".join(["no samples", *chosen_by]))
     if wanted is None:
         chosen = next((value_type for value_type in by_type if value_type[0] == "samples"), next(iter(by_type)))
     else:
         chosen = next((value_type for value_type in by_type if value_type[0] == wanted), None)
         if chosen is None:
             raise ValueError(f"no sample type {wanted!r} (it has {', '.join(name for name, _ in by_type)})")
-    return by_type[chosen], chosen[0], chosen[1] == "count"
+    return by_type[chosen], chosen, chosen[1] == "count"

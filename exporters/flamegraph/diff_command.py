@@ -2,15 +2,31 @@
 
 BASE and AFTER are pprof files (ours, or any `go tool pprof` reads) or OTLP profile files (the
 `file` exporter's JSON lines or protobuf). Shares are each side's own (a longer window does not
-weigh more); a change within the sampling noise of the two sides' counts is marked ``~``.
+weigh more); a change within the sampling noise of the two sides' counts is marked ``~``. For a
+process with Python, Java or JavaScript frames a function's self time is its innermost frame of
+that language (as the page counts it). ``-o diff.html`` writes the diff flame graph as a page that
+opens anywhere: the flame graph page, opened on the comparison of the two files.
+
+One OTLP file holding both sides (two versions that ran in turn under one collector) is compared
+with itself: ``pycollector diff f.json f.json --base-where service.version=1 --after-where
+service.version=2``.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
+from pathlib import Path
 
-from exporters.flamegraph.compare import Side, compare, read_stacks
+from exporters.flamegraph.compare import Change, Side, compare, read_stacks
+
+
+def _attribute(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE (a resource attribute, e.g. service.version=1.4)")
+    return key, value
 
 
 class DiffCommand:
@@ -22,30 +38,81 @@ class DiffCommand:
         parser.add_argument("after", metavar="AFTER", help="the profile after")
         parser.add_argument("--type", default=None, help="sample type (default: CPU samples, or the file's default)")
         parser.add_argument("--process", default=None, help="OTLP files: one process's samples (pid, executable name or service.name)")
+        parser.add_argument("--where", type=_attribute, action="append", default=[], metavar="KEY=VALUE",
+                            help="OTLP files: samples whose resource has this attribute value, both sides (repeatable)")
+        parser.add_argument("--base-where", type=_attribute, action="append", default=[], metavar="KEY=VALUE", help="the same, for BASE only")
+        parser.add_argument("--after-where", type=_attribute, action="append", default=[], metavar="KEY=VALUE", help="the same, for AFTER only")
         parser.add_argument("--top", type=int, default=10, help="functions listed each way (default 10)")
+        parser.add_argument("-o", "--output", default=None, metavar="FILE.html", help="also write the diff flame graph as a self-contained page")
 
     def run(self, args: argparse.Namespace) -> int:
-        sides = []
-        for path in (args.base, args.after):
+        sides, stacks_of = [], []
+        for path, own_where in ((args.base, args.base_where), (args.after, args.after_where)):
             try:
-                stacks, value_type, counts = read_stacks(path, args.type, args.process)
+                stacks, value_type, counts = read_stacks(path, args.type, args.process, dict(args.where + own_where))
             except (OSError, ValueError) as error:
                 print(f"pycollector diff: {path}: {error}", file=sys.stderr)
                 return 1
             sides.append(Side.of(stacks, counts))
+            stacks_of.append(stacks)
         base, after = sides
         changes = compare(base, after)
-        print(f"base: {base.total} ({args.base})   after: {after.total} ({args.after})   type: {value_type}")
-        print(f"{'self Δ':>8} {'base':>7} {'after':>7} {'total Δ':>8}  function   (~: within sampling noise)")
+        unit = "samples" if counts else value_type[1]
+        print(f"base: {base.total} {unit} ({args.base})   after: {after.total} {unit} ({args.after})   type: {value_type[0]}")
+        print(f"{'self Δ':>8} {'base':>7} {'after':>7} {'total Δ':>8}  function   (shares of each side's total; ~: within sampling noise)")
         increases = [change for change in changes if change.self_change > 0][: args.top]
         decreases = [change for change in reversed(changes) if change.self_change < 0][: args.top]
         for title, rows in (("costs more", increases), ("costs less", decreases)):
             print(title)
             for change in rows:
-                mark = "~" if change.noise else " "
-                print(f"{100 * change.self_change:+7.1f}%{mark}{100 * change.base_self:6.1f}% {100 * change.after_self:6.1f}% "
-                      f"{100 * change.total_change:+7.1f}%  {change.function}")
+                print(_row(change))
+        if args.output:
+            try:
+                _write_page(Path(args.output), stacks_of, value_type, (_side_name("base", args.base, args.base_where),
+                                                                       _side_name("after", args.after, args.after_where)))
+            except (OSError, RuntimeError) as error:
+                print(f"pycollector diff: {args.output}: {error}", file=sys.stderr)
+                return 1
+            print(f"wrote {args.output}")
         return 0
+
+
+def _row(change: Change) -> str:
+    mark = "~" if change.noise else " "
+    return (f"{100 * change.self_change:+7.1f}%{mark}{100 * change.base_self:6.1f}% {100 * change.after_self:6.1f}% "
+            f"{100 * change.total_change:+7.1f}%  {change.function}")
+
+
+def _side_name(side: str, path: str, where: list[tuple[str, str]]) -> str:
+    """How the page names a side: ``base: v1.json service.version=1``."""
+    return " ".join([f"{side}: {Path(path).name}", *(f"{key}={value}" for key, value in where)])
+
+
+def _write_page(output: Path, stacks_of: list, value_type: tuple[str, str], names: tuple[str, str]) -> None:
+    """The flame graph page with the two sides as two processes told apart by a `profile`
+    attribute, opened on their comparison."""
+    import collections
+
+    from exporters.flamegraph.page import PageTemplate, RendererMissing
+    from exporters.flamegraph.tree import page_data
+    from exporters.flamegraph.window import NO_SPAN, ProcessKey
+
+    totals: dict = {value_type: {}}
+    resources = {}
+    for name, stacks in zip(names, stacks_of):
+        key = ProcessKey(None, name, "")
+        counter: collections.Counter = collections.Counter()
+        for stack, value in stacks:
+            counter[stack] += value
+        totals[value_type][key] = {NO_SPAN: counter}
+        resources[key] = {"profile": name}
+    data = page_data(totals, 0, socket.gethostname(), resources=resources)
+    data["compare"] = {"mode": "resource", "key": "profile", "base": names[0], "after": names[1]}
+    try:
+        template = PageTemplate()
+    except RendererMissing as error:
+        raise RuntimeError(str(error)) from error
+    output.write_bytes(template.render(data, live=False))
 
 
 command = DiffCommand()
