@@ -1,12 +1,22 @@
 """The debug exporter's three verbosities, read as a person reads them."""
 
+import collections
 import io
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from pycollector.pdata import ProfilesBuilder
 from pycollector.testing import TestHost, make_settings, sample_data
 
 from exporters.debug.config import DebugConfig
 from exporters.debug.exporter import DebugExporter
+from tests.conftest import REPO, WORKLOADS
 
 
 def two_process_profile():
@@ -215,3 +225,65 @@ def test_normal_names_a_python_process_functions_in_python():
     assert lines[python_at + 1].split() == ["75", "75.0%", "spin_heavy", "(known_split.py:16)"]
     assert lines[python_at + 2].split() == ["20", "20.0%", "spin_light", "(known_split.py:21)"]
     assert lines[python_at + 3].split() == ["5", "5.0%", "(no", "Python", "frame)"]
+
+
+DEBIAN_PYTHON = Path("/usr/bin/python3.11")
+KNOWN_SPLIT_SECONDS = 5
+
+
+@pytest.mark.bpf
+@pytest.mark.skipif(not DEBIAN_PYTHON.exists(), reason="Debian's python3.11 is not installed")
+def test_the_console_names_a_python_process_hottest_function_in_python(tmp_path):
+    """`pycollector` with the debug exporter, as a user runs it, while known_split.py runs under
+    Debian's python3.11 (stripped: its native leaves read `(no symbol)`): each report of the
+    process lists spin_heavy with its file and line first among Python functions, and over the run
+    its share is spin_heavy's (3/4 of the work) within 5 points."""
+    config = tmp_path / "debug.yaml"
+    config.write_text(
+        "receivers: {profiling: {samples_per_second: 97, reporter_interval: 1s}}\n"
+        # One batch for the whole run, printed at shutdown: the process's reports together.
+        "processors: {batch: {timeout: 120s, send_batch_size: 0}}\n"
+        "exporters: {debug: {verbosity: normal}}\n"
+        "service: {telemetry: {metrics: {level: none}}, pipelines: {profiles: {receivers: [profiling], processors: [batch], exporters: [debug]}}}\n")
+    collector = subprocess.Popen([str(Path(sys.executable).parent / "pycollector"), "--config", str(config)], cwd=REPO,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in collector.stderr:
+            if "pycollector started" in line:
+                break
+        workload = subprocess.Popen([str(DEBIAN_PYTHON), str(WORKLOADS / "known_split.py"), str(KNOWN_SPLIT_SECONDS)], stdout=subprocess.DEVNULL)
+        assert workload.wait(timeout=60) == 0
+        time.sleep(2)  # its last report
+    finally:
+        collector.send_signal(signal.SIGINT)
+    output = collector.communicate(timeout=60)[1]
+    python_functions = _python_functions_per_report(output, workload.pid)
+    assert len(python_functions) >= 3, output[-3000:]
+    total: collections.Counter = collections.Counter()
+    for report in python_functions:
+        if sum(report.values()) >= 50:  # (a report of the first or last moments has too few samples to judge)
+            assert max(report, key=report.get).startswith("spin_heavy (known_split.py:"), report
+        for name, value in report.items():
+            total[name.split(" (")[0]] += value
+    share = total["spin_heavy"] / sum(total.values())
+    print(f"spin_heavy {share:.3f} of {sum(total.values())} samples over {len(python_functions)} reports")
+    assert abs(share - 0.75) <= 0.05, total
+
+
+def _python_functions_per_report(output: str, pid: int) -> list[dict[str, int]]:
+    """Each report of process ``pid``: its Python functions' values."""
+    reports = []
+    for section in re.split(r"(?m)^ResourceProfiles #\d+ ", output)[1:]:
+        if f"process.pid={pid} " not in section.splitlines()[0]:
+            continue
+        listing = section.split("Python functions (the innermost Python frame of each sample):\n", 1)
+        if len(listing) < 2:
+            continue
+        report = {}
+        for line in listing[1].splitlines():
+            match = re.match(r"\s+(\d+)\s+[\d.]+%\s+(.+)$", line)
+            if not match:
+                break
+            report[match.group(2)] = int(match.group(1))
+        reports.append(report)
+    return reports
