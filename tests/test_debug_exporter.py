@@ -158,9 +158,9 @@ def test_sampling_limits_prints_per_second():
 
 
 def test_other_signals_print_their_resources():
-    for signal in ("traces", "metrics", "logs"):
-        assert "service.name=conformance" in render("normal", sample_data(signal))
-        assert "service.name" in render("detailed", sample_data(signal))
+    for signal_name in ("traces", "metrics", "logs"):
+        assert "service.name=conformance" in render("normal", sample_data(signal_name))
+        assert "service.name" in render("detailed", sample_data(signal_name))
 
 
 # What a sampled process may call itself or its functions: an OSC that retitles the terminal, a
