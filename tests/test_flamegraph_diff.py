@@ -336,3 +336,40 @@ def test_pycollector_diff_puts_the_function_that_grew_first_with_its_change(two_
     first_more, first_less = lines[lines.index("costs more") + 1], lines[lines.index("costs less") + 1]
     assert first_more.endswith(HOT) and abs(float(first_more.split()[0].rstrip("%~")) / 100 - TRUE_CHANGE) <= 0.05, result.stdout
     assert first_less.endswith(COLD), result.stdout
+
+
+@pytest.fixture(scope="module")
+def off_cpu_page(tmp_path_factory):
+    """Off-CPU time of two versions: version 1 waits 1 s in `read` of each 4, version 2 3 s of 4."""
+    if CHROMIUM is None or missing_vendor_files():
+        pytest.skip("chromium or the flame graph renderer is not installed (scripts/setup.sh)")
+    b = ProfilesBuilder()
+    for number, pid, read_ns, sleep_ns in (("1", 10, 1_000_000_000, 3_000_000_000), ("2", 20, 3_000_000_000, 1_000_000_000)):
+        scope = b.scope_profiles(b.resource_profiles({"process.pid": pid, "process.executable.name": "app", "service.version": number}))
+        profile = b.profile(scope, sample_type=("off_cpu", "nanoseconds"))
+        for function, value in (("read", read_ns), ("sleep", sleep_ns)):
+            frames = [b.location(lines=[(b.function(name), 0, 0)], attributes={"profile.frame.type": kind})
+                      for name, kind in (("__schedule", "kernel"), (function, "native"), ("main", "native"))]
+            b.sample(profile, b.stack(frames), [value])
+    window = ProfileWindow(60)
+    window.add(b.data)
+    work = tmp_path_factory.mktemp("flamegraph-diff-off-cpu")
+    page = work / "off-cpu.html"
+    page.write_bytes(PageTemplate().render(page_data(window.totals(), 60, "testhost", 0, window.segments(), window.resources()), live=False))
+    return {"uri": page.as_uri(), "work": work}
+
+
+def test_off_cpu_time_diffs_in_its_own_unit_with_no_noise_judged(off_cpu_page):
+    frames, table = diff_dom(off_cpu_page, "type=off_cpu&compare=resource&key=service.version&base=1&after=2")
+    # Self is the leaf, the scheduler: both sides 100%. Total: read's share went 25% -> 75%.
+    assert "4.00 s off-CPU time" in table.note and "sampling noise" not in table.note, table.note
+    assert red_or_blue(frames.fills["read"]) == "red" and red_or_blue(frames.fills["sleep"]) == "blue"
+    assert "+50.0 pts" in frames.titles["read"], frames.titles["read"]
+
+
+def test_the_process_filter_and_search_still_act_on_the_diff(saved_page):
+    # Only version 1.5's process: the baseline (1.4) has nothing left to compare with.
+    dom, console = chromium(saved_page["uri"] + "#process=20&compare=resource&key=service.version&base=1.4&after=1.5", saved_page["work"], "--dump-dom")
+    assert console == [] and "The baseline has no samples (yet)." in dom
+    frames, _ = diff_dom(saved_page, "compare=resource&key=service.version&base=1.4&after=1.5&search=hot")
+    assert frames.details.startswith("search: 360 of 600 total samples"), frames.details
