@@ -133,6 +133,7 @@ class Profiler:
         proc.returncode = os.waitstatus_to_exitcode(status)
         assert proc.returncode == 0, argv
         time.sleep(0.05)  # let the poll thread finish with the last events
+        self.last_usage = usage  # (its user and system CPU time, a peer's measure of where it ran)
         return self.sampler.collect(), proc.pid, usage.ru_utime + usage.ru_stime
 
 
@@ -193,7 +194,11 @@ def test_syscall_heavy_workload_has_kernel_frames(profiler, tmp_path):
     in_kernel = [s for s in mine if s.kernel_addrs]
     kernel_samples = sum(s.count for s in in_kernel)
     assert total >= 0.9 * HZ * cpu_s - 3, (total, cpu_s)
-    assert kernel_samples >= 0.5 * total, (kernel_samples, total)
+    # The share of samples in the kernel is the share of its CPU time the kernel accounted as
+    # system time (how much that is depends on the machine and its load: about half here).
+    system_share = profiler.last_usage.ru_stime / cpu_s
+    print(f"in the kernel: {kernel_samples}/{total} samples, system time {system_share:.3f} of its CPU time")
+    assert system_share > 0.2 and abs(kernel_samples / total - system_share) <= share_tolerance(total, system_share, floor=0.08), (kernel_samples, total, system_share)
     names: collections.Counter = collections.Counter()
     named = 0
     for s in in_kernel:
