@@ -12,6 +12,7 @@ import yaml
 from pycollector import logs
 from pycollector.component import KINDS, StartError
 from pycollector.config import ConfigError, load
+from pycollector.config.providers import SCHEMES
 from pycollector.config.redact import redacted
 from pycollector.config.types import UNREDACTED
 from pycollector.config.validate import Plan, build_plan
@@ -23,9 +24,11 @@ KNOWN_FEATURE_GATES = {"service.profilesSupport": "profiles pipelines (always en
 
 def _common_flags() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", action="append", default=None, metavar="FILE", help="YAML config file; repeat to deep-merge several (later wins)")
+    common.add_argument("--config", action="append", default=None, metavar="URI",
+                        help="YAML config: a file, or file:PATH, env:VAR, yaml:TEXT, http(s)://URL; repeat to deep-merge several (later wins)")
     common.add_argument("--set", action="append", default=None, metavar="KEY=VALUE", help="override one value, e.g. --set exporters::debug::verbosity=detailed")
-    common.add_argument("--feature-gates", action="append", default=None, metavar="GATES", help="comma-separated gates, e.g. service.profilesSupport (accepted for compatibility)")
+    common.add_argument("--feature-gates", action="append", default=None, metavar="GATES",
+                        help="comma-separated gates, e.g. service.profilesSupport; an unknown gate is an error, as in the Go collector")
     common.add_argument("--log-format", choices=("console", "json"), default=None, help="console for people (default), json for machines")
     common.add_argument("--log-level", choices=("debug", "info", "warn", "error"), default=None)
     return common
@@ -34,6 +37,8 @@ def _common_flags() -> argparse.ArgumentParser:
 def _parser() -> argparse.ArgumentParser:
     common = _common_flags()
     parser = argparse.ArgumentParser(prog="pycollector", parents=[common], description="Run telemetry pipelines declared like the OpenTelemetry Collector's.")
+    # As the Go collector's: "<command> version <version>" on stdout.
+    parser.add_argument("--version", "-v", action="version", version=f"pycollector version {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("validate", parents=[common], help="check the config and build the pipeline graph without starting anything")
     commands.add_parser("components", parents=[common], help="list every installed component factory")
@@ -81,7 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _merge_flags(args)
     logs.configure(args.log_format or "console", args.log_level or "info")
     log = logs.get_logger(component="cli")
-    _check_feature_gates(args.feature_gates, log)
+    unknown = _check_feature_gates(args.feature_gates, log)
+    if unknown:
+        # The Go collector's words, so scripts that match them keep working.
+        print(f'Error: invalid argument "{unknown[0]}" for "--feature-gates" flag: no such feature gate "{unknown[1]}". '
+              f"valid gates: [{' '.join(sorted(KNOWN_FEATURE_GATES))}]", file=sys.stderr)
+        return 1
     if args.command == "components":
         return _components()
     commands = plugin_commands()
@@ -149,39 +159,80 @@ def _run(plan: Plan) -> int:
     return 0
 
 
-def _check_feature_gates(values: list[str], log) -> None:
+def _check_feature_gates(values: list[str], log) -> tuple[str, str] | None:
+    """(the flag's value, the gate) of the first unknown gate, else None; known gates asked to be
+    switched off are warned about (their feature is always on here)."""
     for value in values:
         for gate in filter(None, (part.strip() for part in value.split(","))):
             name = gate.lstrip("+-")
             if name not in KNOWN_FEATURE_GATES:
-                log.warning("unknown feature gate; ignored", gate=name, known=", ".join(KNOWN_FEATURE_GATES))
-            elif gate.startswith("-"):
+                return value, name
+            if gate.startswith("-"):
                 log.warning("feature gate cannot be disabled here", gate=name, reason=KNOWN_FEATURE_GATES[name])
+    return None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pycollector")
+    except PackageNotFoundError:  # (run from a source tree that was never installed)
+        return "unknown"
+
+
+# What `components` prints each kind's stability under, as the Go collector names them (which
+# leaves profiles out; here they are printed too, as most of our components are profiles-only).
+STABILITY_KEYS = {
+    "receivers": ("logs", "metrics", "traces", "profiles"),
+    "processors": ("logs", "metrics", "traces", "profiles"),
+    "exporters": ("logs", "metrics", "traces", "profiles"),
+    "connectors": tuple(f"{a}-to-{b}" for a in ("logs", "metrics", "traces") for b in ("logs", "metrics", "traces")) + ("profiles-to-profiles",),
+    "extensions": ("extension",),
+}
 
 
 def _components() -> int:
+    """Every installed component, in the Go collector's `components` YAML: build info, each kind's
+    components by type (deprecated names left out, as Go leaves them out) with the distribution
+    that brings them and their stability per signal, and the config providers."""
     registry = Registry()
-    rows = [("KIND", "TYPE", "ALIASES", "SIGNALS", "DISTRIBUTION")]
+    document: dict = {"buildinfo": {"command": "pycollector", "description": "OpenTelemetry-Collector-style telemetry pipeline (continuous eBPF profiling)",
+                                    "version": _version()}}
     broken = []
     for kind in KINDS:
-        types: dict[str, dict] = {}
+        by_type: dict[str, dict] = {}
         for info in registry.plugins(kind):
             try:
                 factory = registry.load(kind, info.name).factory
             except PluginError as error:
                 broken.append(f"{kind}::{info.name}: {error}")
                 continue
-            row = types.setdefault(factory.type, {"aliases": set(factory.aliases), "signals": factory.signals, "dist": info.distribution})
-            if info.name != factory.type:
-                row["aliases"].add(info.name)
-        for type_, row in sorted(types.items()):
-            rows.append((kind[:-1], type_, ", ".join(sorted(row["aliases"])) or "-", ", ".join(sorted(row["signals"])), row["dist"]))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+            by_type.setdefault(factory.type, {"name": factory.type, "module": info.distribution,
+                                              "stability": _stability(kind, factory)})
+        document[kind] = [by_type[type_] for type_ in sorted(by_type)]
+    document["providers"] = [{"scheme": scheme, "module": f"pycollector {_version()}"} for scheme in sorted(SCHEMES)]
+    print(yaml.dump(document, Dumper=_GoStyleDumper, sort_keys=False, width=1000, allow_unicode=True), end="")
     for line in broken:
         print(f"broken plugin: {line}", file=sys.stderr)
     return 0
+
+
+def _stability(kind: str, factory) -> dict[str, str]:
+    level = factory.stability
+    if kind == "extensions":
+        return {"extension": level}
+    if kind == "connectors":
+        return {key: level if key.split("-to-")[0] == key.split("-to-")[1] and key.split("-to-")[0] in factory.signals else "Undefined"
+                for key in STABILITY_KEYS[kind]}
+    return {key: level if key in factory.signals else "Undefined" for key in STABILITY_KEYS[kind]}
+
+
+class _GoStyleDumper(yaml.SafeDumper):
+    """Lists indented under their key, as Go's YAML library writes them."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
 
 
 def _printable(config: dict, plan: Plan, with_defaults: bool, unredacted: bool) -> dict:

@@ -10,6 +10,7 @@ The factory says what it is and builds components::
     factory.type          "otlp_grpc"          the name configs use
     factory.aliases       ("otlp",)            deprecated names that still work (logged once)
     factory.signals       {"profiles", ...}    pipelines it may appear in
+    factory.stability     "Alpha"              as the Go collector grades components (default Development)
     factory.config_model  a pydantic model: every key, its type, its default, its validation
     factory.create(settings, config, next_consumer) -> component
 
@@ -141,6 +142,9 @@ class Factory:
     type: ClassVar[str]
     aliases: ClassVar[tuple[str, ...]] = ()
     signals: ClassVar[frozenset[str]] = frozenset(SIGNALS)
+    # As the Go collector grades components (`pycollector components` prints it): Development,
+    # Alpha, Beta, Stable, Deprecated, Unmaintained.
+    stability: ClassVar[str] = "Development"
     config_model: ClassVar[type[pydantic.BaseModel]] = ComponentConfig
     mutates_data: ClassVar[bool] = False
 

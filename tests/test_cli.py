@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO, run_cli
 
@@ -41,10 +42,17 @@ def test_missing_component_lists_the_known_types(tmp_path):
 def test_components_lists_builtins_and_the_third_party_plugin():
     result = run_cli("components")
     assert result.returncode == 0, result.stderr
-    rows = {tuple(line.split()[:2]): line for line in result.stdout.splitlines()[1:]}
-    assert "pycollector-example-exporter" in rows[("exporter", "sample_counts")]
-    assert "pycollector 0.1.0" in rows[("exporter", "debug")]
-    assert "profiles" in rows[("receiver", "profiling")]
+    # The Go collector's YAML: each kind's components by type, with the module that brings them.
+    document = yaml.safe_load(result.stdout)
+    exporters = {entry["name"]: entry for entry in document["exporters"]}
+    assert exporters["sample_counts"]["module"].startswith("pycollector-example-exporter ")
+    assert exporters["debug"]["module"] == "pycollector 0.1.0"
+    assert "otlp" not in exporters and "otlp_grpc" in exporters  # (deprecated names left out, as Go does)
+    receivers = {entry["name"]: entry for entry in document["receivers"]}
+    assert receivers["profiling"]["stability"]["profiles"] != "Undefined" and receivers["profiling"]["stability"]["traces"] == "Undefined"
+    assert {"nop", "otlp"} <= set(receivers) and document["buildinfo"]["command"] == "pycollector"
+    assert [provider["scheme"] for provider in document["providers"]] == ["env", "file", "http", "https", "yaml"]
+    assert document["extensions"][0]["stability"].keys() == {"extension"}
 
 
 def test_print_config_shows_merged_and_expanded_values(tmp_path):

@@ -89,7 +89,7 @@ def test_go_durations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["5", 5, "5x", "1m3", "abc", True, [1]])
+@pytest.mark.parametrize("text", ["5", 5.5, "5x", "1m3", "abc", True, [1]])  # (a bare integer is nanoseconds, as in Go)
 def test_durations_without_units_or_garbage_are_refused(text):
     with pytest.raises(ValueError):
         parse_duration(text)

@@ -58,7 +58,7 @@ def _plan(processor_config: dict):
         ({"pod_association": [{"sources": [{"from": "resource_attribute", "name": n} for n in "abcde"]}]}, "at most 4 items"),
         ({"pod_association": [{"sources": [{"from": "resource_attribute"}]}]}, "needs the attribute's name"),
         ({"filter": {"fields": [{"key": "status.phase", "value": "Running", "op": "exists"}]}}, "not supported for field filters"),
-        ({"wait_for_metadata_timeout": 10}, "needs a unit"),
+        ({"wait_for_metadata_timeout": 10.5}, "needs a unit"),
         ({"endpoint": "127.0.0.1:6443"}, "must be a URL"),
     ],
 )

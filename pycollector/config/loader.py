@@ -1,4 +1,5 @@
-"""Turn ``--config`` files and ``--set`` flags into one plain dict, with ``${...}`` references resolved.
+"""Turn ``--config`` files (or URIs: ``env:``, ``yaml:``, ``http(s)://``, see ``providers``) and
+``--set`` flags into one plain dict, with ``${...}`` references resolved.
 
 Order, as in the Go collector: files deep-merged in the order given (later wins, lists are
 replaced), then ``--set`` values, then expansion of ``${env:VAR}``, ``${env:VAR:-default}``,
@@ -14,6 +15,7 @@ from typing import Any, Callable
 import yaml
 
 from pycollector.config.errors import ConfigError, join_path
+from pycollector.config.providers import SourceError, nest_delimited_keys, read_source
 
 # ${scheme:rest} or ${NAME}; `$$` is a literal dollar.
 _REFERENCE = re.compile(r"\$\$|\$\{([^}]*)\}")
@@ -31,7 +33,7 @@ def load(paths: list[str], sets: list[str] = (), env: dict[str, str] | None = No
     problems: list[str] = []
     merged: dict = {}
     for path in paths:
-        document = _read_yaml(path, problems)
+        document = _read_yaml(path, problems, env)
         if document is not None:
             merged = deep_merge(merged, document)
     for assignment in sets:
@@ -55,12 +57,13 @@ def deep_merge(base: Any, override: Any) -> Any:
     return override
 
 
-def _read_yaml(path: str, problems: list[str]) -> dict | None:
+def _read_yaml(uri: str, problems: list[str], env: dict[str, str] | None = None) -> dict | None:
+    """A ``--config``'s document: a file, or wherever its URI says (``providers``), with keys
+    written ``a::b`` nested as Go nests them."""
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read()
-    except OSError as error:
-        problems.append(f"{path}: cannot read config file: {error.strerror}")
+        path, raw = read_source(uri, env)
+    except SourceError as error:
+        problems.append(str(error))
         return None
     try:
         document = _parse(raw.decode("utf-8"))
@@ -78,7 +81,7 @@ def _read_yaml(path: str, problems: list[str]) -> dict | None:
     if not isinstance(document, dict):
         problems.append(f"{path}: the top level must be a map of sections (receivers, exporters, service...), got {type(document).__name__}")
         return None
-    return document
+    return nest_delimited_keys(document)
 
 
 class _Loader(yaml.SafeLoader):

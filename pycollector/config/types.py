@@ -18,15 +18,17 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 def parse_duration(value: object) -> float:
     """Parse a Go duration (``5s``, ``200ms``, ``1m30s``, ``1.5h``) into seconds.
 
-    A bare number is refused unless it is 0: in Go configs a bare number means nanoseconds, which
-    is never what the writer meant, so we ask for a unit instead of guessing.
+    A bare integer is nanoseconds, as the Go collector reads it into a ``time.Duration`` (so a
+    config written for it means the same here); a bare fraction has no such reading and is refused.
     """
     if isinstance(value, bool):
         raise ValueError("expected a duration such as '5s' or '200ms'")
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return value * 1e-9
+    if isinstance(value, float):
         if value == 0:
             return 0.0
-        raise ValueError(f"duration {value!r} needs a unit, e.g. '{value}s' or '{value}ms'")
+        raise ValueError(f"duration {value!r} needs a unit, e.g. '{value}s' or '{value}ms' (a bare integer is nanoseconds, as in Go)")
     if not isinstance(value, str):
         raise ValueError("expected a duration such as '5s' or '200ms'")
     text = value.strip()
