@@ -36,9 +36,11 @@ every pipeline the receiver feeds and counts what was accepted or refused on its
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import pydantic
+import pydantic_core
 
 if TYPE_CHECKING:
     import structlog
@@ -70,10 +72,50 @@ class StartError(ComponentError):
     """A component could not start; the message is shown to the user as the reason."""
 
 
+# The validation context of a config as its user wrote it (``build_plan``), as against the
+# defaults a factory builds. Go's Validate() refuses some default configs (an exporter with no
+# endpoint, a resource processor with no action): those rules hold for what is written (see
+# ``required_as_written``, ``as_written``), and the defaults stay buildable (print-config, tests).
+AS_WRITTEN = {"as_written": True}
+_EMPTY = (None, "", [], {})
+
+
 class ComponentConfig(pydantic.BaseModel):
-    """Base for every component config model: unknown keys are errors, defaults are explicit."""
+    """Base for every component config model: unknown keys are errors, defaults are explicit.
+
+    ``required_as_written``: keys a config must give (non-empty) where Go's component requires
+    them, though the model has a default; a tuple among them means one of those keys."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
+    required_as_written: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
+
+    @pydantic.model_validator(mode="wrap")
+    @classmethod
+    def _required_as_written(cls, data: Any, handler: Any, info: pydantic.ValidationInfo) -> Any:
+        if cls.required_as_written and as_written(info) and isinstance(data, dict):
+            missing = []
+            for required in cls.required_as_written:
+                keys = (required,) if isinstance(required, str) else required
+                if all(data.get(key) in _EMPTY for key in keys):
+                    missing.append({"type": "missing", "loc": (keys[0],), "input": data})
+            if missing:
+                raise pydantic_core.ValidationError.from_exception_data(cls.__name__, missing)
+        return handler(data)
+
+
+def as_written(info: pydantic.ValidationInfo) -> bool:
+    return bool(info.context) and bool(info.context.get("as_written"))
+
+
+def not_supported(reason: str) -> Any:
+    """A key the Go component has and this one does not act on: absent is fine, written is an
+    error naming it (``exporters::x::key: not supported by pycollector: <reason>``), never a key
+    accepted and ignored. Left out of dumps."""
+
+    def refuse(value: Any) -> Any:
+        raise ValueError(f"not supported by pycollector: {reason}")
+
+    return typing.Annotated[Any, pydantic.BeforeValidator(refuse), pydantic.Field(default=None, exclude=True)]
 
 
 @dataclasses.dataclass(frozen=True)

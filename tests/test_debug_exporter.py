@@ -287,3 +287,26 @@ def _python_functions_per_report(output: str, pid: int) -> list[dict[str, int]]:
             report[match.group(2)] = int(match.group(1))
         reports.append(report)
     return reports
+
+
+def test_output_paths_write_plain_text_to_each_path_when_not_through_the_collectors_log(tmp_path):
+    first, second = tmp_path / "one.txt", tmp_path / "two.txt"
+    exporter = DebugExporter(make_settings("exporters", "debug"),
+                             DebugConfig.model_validate({"verbosity": "normal", "use_internal_logger": False, "output_paths": f"{first},{second}"}))
+    exporter.start(TestHost())
+    exporter.consume(two_process_profile())
+    exporter.shutdown()
+    for path in (first, second):
+        text = path.read_text()
+        assert text.startswith("Profiles resource_profiles=2 profiles=2 samples=4\n") and "spin_heavy  [app]" in text, text
+
+
+@pytest.mark.parametrize("config, problem", [
+    ({"output_paths": ["stdout"]}, "output_paths is only valid when use_internal_logger is false"),
+    ({"use_internal_logger": False, "output_paths": []}, "output_paths must not be empty"),
+])
+def test_output_paths_are_refused_where_go_refuses_them(config, problem):
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match=problem):
+        DebugConfig.model_validate(config)

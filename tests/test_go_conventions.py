@@ -119,3 +119,49 @@ def test_a_bare_integer_duration_is_nanoseconds_as_in_go():
         parse_duration("5")  # (a string is Go's duration syntax, which needs a unit)
     with pytest.raises(ValueError, match="needs a unit"):
         parse_duration(1.5)
+
+
+# -- what Go refuses is refused here, with the key's path ----------------------------------------
+
+
+def problems_of(section: str, type_: str, config: dict, signal: str = "profiles") -> list[str]:
+    from pycollector.config import ConfigError
+    from pycollector.config.validate import build_plan
+    from pycollector.registry import Registry
+
+    full = {"receivers": {"nop": {}}, "exporters": {"nop": {}}, "service": {"pipelines": {signal: {"receivers": ["nop"], "exporters": ["nop"]}}}}
+    full.setdefault(section, {})[type_] = config
+    if section == "processors":
+        full["service"]["pipelines"][signal]["processors"] = [type_]
+    elif section == "exporters":
+        full["service"]["pipelines"][signal]["exporters"] = [type_]
+    elif section == "receivers":
+        full["service"]["pipelines"][signal]["receivers"] = [type_]
+    try:
+        build_plan(full, Registry())
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+@pytest.mark.parametrize("section, type_, config, problem", [
+    ("exporters", "otlp_grpc", {}, "exporters::otlp_grpc::endpoint: required key is missing"),
+    ("exporters", "otlp_grpc", {"endpoint": "unix://"}, "exporters::otlp_grpc::endpoint: unix socket path cannot be empty"),
+    ("exporters", "otlp_http", {"compression": "gzip"}, "exporters::otlp_http::endpoint: required key is missing"),
+    ("exporters", "file", {"format": "json"}, "exporters::file::path: required key is missing"),
+    ("processors", "resource", {}, "processors::resource::attributes: required key is missing"),
+    ("receivers", "otlp", {"protocols": {"http": {"traces_url_path": ":invalid"}}}, "receivers::otlp::protocols::http::traces_url_path: invalid HTTP URL path"),
+    ("receivers", "otlp", {"protocols": {"http": {"logs_url_path": "/v1/%zz"}}}, "receivers::otlp::protocols::http::logs_url_path: invalid HTTP URL path"),
+])
+def test_what_go_refuses_is_refused_naming_the_key(section, type_, config, problem):
+    problems = problems_of(section, type_, config)
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+@pytest.mark.parametrize("section, type_, config", [
+    ("exporters", "otlp_http", {"profiles_endpoint": "http://127.0.0.1:4318/v1development/profiles"}),
+    ("exporters", "otlp_grpc", {"endpoint": "unix:///run/otel.sock"}),
+    ("receivers", "otlp", {"protocols": {"http": {"traces_url_path": "v2/traces?x=1"}}}),
+])
+def test_what_go_accepts_is_accepted(section, type_, config):
+    assert problems_of(section, type_, config) == []

@@ -9,7 +9,6 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 import requests
-from structlog.testing import capture_logs
 
 from pycollector.client import ClientInfo, client_context
 from pycollector.config.validate import build_plan
@@ -222,18 +221,23 @@ def test_include_and_exclude_choose_which_samples_are_acted_on():
     ]
 
 
-def test_services_match_the_resource_service_name_and_other_criteria_are_logged_as_not_implemented():
+def test_services_match_the_resource_service_name_and_one_signals_criteria_are_refused_by_name():
     def spans(service: str):
         return {"resource": {"attributes": key_values({"service.name": service})}, "scope_spans": [{"spans": [{"name": "s"}]}]}
 
-    config = {
-        "actions": [{"key": "env", "value": "prod", "action": "upsert"}],
-        "include": {"match_type": "strict", "services": ["checkout"], "span_names": ["s"]},
-    }
-    with capture_logs() as logged:
-        out = run(attributes_factory, config, trace_pb2.TracesData(resource_spans=[spans("checkout"), spans("cart")]))
+    config = {"actions": [{"key": "env", "value": "prod", "action": "upsert"}], "include": {"match_type": "strict", "services": ["checkout"]}}
+    out = run(attributes_factory, config, trace_pb2.TracesData(resource_spans=[spans("checkout"), spans("cart")]))
     assert [to_dict(rs.scope_spans[0].spans[0].attributes) for rs in out.resource_spans] == [{"env": "prod"}, {}]
-    assert "include::span_names" in [entry.get("setting") for entry in logged]
+    # Never accepted and ignored: the user would believe it restricts what is acted on.
+    for key in ("span_names", "span_kinds", "log_bodies", "log_severity_texts", "log_severity_number", "metric_names", "libraries"):
+        problems = validation_problems("attributes", {**config, "exclude": {"match_type": "strict", key: ["x"]}})
+        assert len(problems) == 1 and problems[0].startswith(f"processors::attributes::exclude::{key}: not supported by pycollector"), problems
+
+
+def test_actions_are_required_as_in_go():
+    assert validation_problems("attributes", {"include": {"match_type": "strict", "services": ["a"]}}) == [
+        "processors::attributes::actions: required key is missing"]
+    assert validation_problems("attributes", {"actions": []}) == ["processors::attributes::actions: required key is missing"]
 
 
 def test_attributes_processor_acts_on_data_points_and_log_records():

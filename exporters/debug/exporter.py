@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from google.protobuf import text_format
 
 from pycollector import logs
-from pycollector.component import Component
+from pycollector.component import Component, StartError
 from pycollector.pdata import CPU_SAMPLES, OFF_CPU_TIME, item_count, iter_samples, resource_entries, sample_count, sample_type, signal_of
 from pycollector.pdata.attributes import to_dict
 from pycollector.text import printable
@@ -58,6 +58,28 @@ class DebugExporter(Component):
         self.output = output
         self._sampler = _LogSampler(config.sampling_initial, config.sampling_thereafter)
         self._lock = threading.Lock()
+        self._own_streams: list[TextIO] = []  # use_internal_logger false: where the text goes
+        self._opened: list[TextIO] = []
+
+    def start(self, host) -> None:
+        if self.config.use_internal_logger:
+            return
+        for path in self.config.output_paths or ["stdout"]:
+            if path in ("stdout", "stderr"):
+                self._own_streams.append(self.output or getattr(sys, path))
+                continue
+            try:
+                stream = open(path, "a", encoding="utf-8")
+            except OSError as error:
+                raise StartError(f"cannot open output path {path}: {error.strerror}") from error
+            self._opened.append(stream)
+            self._own_streams.append(stream)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for stream in self._opened:
+                stream.close()
+            self._opened, self._own_streams = [], []
 
     def consume(self, data: Any) -> None:
         if not self._sampler.allow():
@@ -67,7 +89,13 @@ class DebugExporter(Component):
         # Names in the data are whatever a sampled process chose: no escape sequence reaches the console.
         body = "" if self.config.verbosity == "basic" else printable(_render(signal, data, self.config))
         with self._lock:
-            if logs.current_format() == "json" or not body:
+            if self._own_streams:
+                # Plain text, as Go's console logger writes it: the summary, then the body.
+                text = signal.capitalize() + " " + " ".join(f"{key}={value}" for key, value in summary.items()) + "\n" + body
+                for stream in self._own_streams:
+                    stream.write(text if text.endswith("\n") else text + "\n")
+                    stream.flush()
+            elif logs.current_format() == "json" or not body:
                 self.log.info(signal.capitalize(), **summary, **({"text": body} if body else {}))
             else:
                 self.log.info(signal.capitalize(), **summary)

@@ -13,7 +13,7 @@ import pydantic
 from pycollector.component import ComponentConfig
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Duration, ProfilesWireVersion
 
-# Go has no default path (it is required); ours has one so that the defaults form a valid config.
+# Go has no default path and a config must give one (required_as_written); the default built in code has this one.
 DEFAULT_PATH = "pycollector-data.jsonl"
 DEFAULT_FORMAT = "json"
 DEFAULT_FLUSH_INTERVAL = 1.0
@@ -33,6 +33,7 @@ class RotationConfig(ComponentConfig):
 
 
 class FileConfig(ComponentConfig):
+    required_as_written = ("path",)
     path: str = DEFAULT_PATH
     # Keep what the file holds at start instead of truncating it.
     append: bool = False

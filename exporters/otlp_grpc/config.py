@@ -1,7 +1,7 @@
 """Settings of the otlp_grpc exporter, named and defaulted as the Go ``otlp`` exporter's.
 
-Go has no default endpoint; this one defaults to the OTLP/gRPC port on this host, as the
-OpenTelemetry SDKs do. As in Go, TLS is on unless ``tls::insecure`` is set (or forced by an
+As in Go, a config must give the endpoint (the default built in code is the OTLP/gRPC port on
+this host, as the OpenTelemetry SDKs have it). As in Go, TLS is on unless ``tls::insecure`` is set (or forced by an
 ``https://`` endpoint).
 """
 
@@ -25,6 +25,7 @@ _NOT_IN_GRPCIO = frozenset({"zstd", "snappy"})
 
 
 class OtlpGrpcConfig(ComponentConfig):
+    required_as_written = ("endpoint",)  # (Go has no default endpoint)
     endpoint: str = DEFAULT_ENDPOINT
     tls: ClientTLSSettings = ClientTLSSettings()
     # Sent with every request. The values are opaque (auth tokens): [REDACTED] in print-config
@@ -57,6 +58,8 @@ class OtlpGrpcConfig(ComponentConfig):
     @classmethod
     def _target(cls, value: str) -> str:
         if value.startswith("unix:"):
+            if not value[len("unix:"):].lstrip("/"):
+                raise ValueError("unix socket path cannot be empty (e.g. unix:///run/otel.sock)")
             return value
         target = _without_scheme(value)
         host, colon, port = target.rpartition(":")

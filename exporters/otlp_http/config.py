@@ -25,6 +25,8 @@ DEFAULT_ENCODING = "proto"
 
 
 class OtlpHttpConfig(ComponentConfig):
+    # (Go has no default endpoint: the endpoint, or a signal's own)
+    required_as_written = (("endpoint", "traces_endpoint", "metrics_endpoint", "logs_endpoint", "profiles_endpoint"),)
     endpoint: str = DEFAULT_ENDPOINT
     traces_endpoint: str = ""
     metrics_endpoint: str = ""

@@ -1,10 +1,10 @@
 """Settings of the attributes processor, as the Go ``attributes`` processor's.
 
 ``include`` / ``exclude`` take Go's match properties. Implemented: ``match_type`` (strict or
-regexp), ``services``, ``attributes`` and ``resources``; the other criteria are accepted and logged
-once as not implemented (``MatchProperties.not_implemented``), and then do not restrict anything.
-Go requires at least one action; an empty list is accepted here (the engine requires the defaults
-to form a valid config) and the processor then passes data through, with a warning.
+regexp), ``services``, ``attributes`` and ``resources``, which every signal has. The criteria of one
+signal's items (span names and kinds, log bodies and severities, metric names) and of instrumentation
+libraries are refused by name rather than accepted and ignored. As in Go, a config must give at
+least one action.
 """
 
 from __future__ import annotations
@@ -14,9 +14,14 @@ from typing import Any, Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig
+from pycollector.component import ComponentConfig, not_supported
 
 from processors.attraction.config import ActionConfig
+
+
+# Go's criteria of one signal's items and of instrumentation libraries: refused by name.
+_OneSignalCriterion = not_supported("items are matched by services, attributes or resources, which every signal has")
+_LibraryCriterion = not_supported("match by services, attributes or resources")
 
 
 class MatchAttribute(ComponentConfig):
@@ -34,14 +39,13 @@ class MatchProperties(ComponentConfig):
     attributes: list[MatchAttribute] = []
     resources: list[MatchAttribute] = []
 
-    # Accepted for Go configs, not implemented (see not_implemented()).
-    span_names: list[str] = []
-    span_kinds: list[str] = []
-    log_bodies: list[str] = []
-    log_severity_texts: list[str] = []
-    log_severity_number: dict[str, Any] | None = None
-    metric_names: list[str] = []
-    libraries: list[dict[str, Any]] = []
+    span_names: _OneSignalCriterion = None
+    span_kinds: _OneSignalCriterion = None
+    log_bodies: _OneSignalCriterion = None
+    log_severity_texts: _OneSignalCriterion = None
+    log_severity_number: _OneSignalCriterion = None
+    metric_names: _OneSignalCriterion = None
+    libraries: _LibraryCriterion = None
     # Go's regexp cache settings; patterns are compiled once here, so there is nothing to cache.
     regexp: dict[str, Any] | None = None
 
@@ -66,19 +70,6 @@ class MatchProperties(ComponentConfig):
                 _compile(entry.value, where)
         return entries
 
-    def not_implemented(self) -> list[str]:
-        return [key for key in NOT_IMPLEMENTED if getattr(self, key)]
-
-
-NOT_IMPLEMENTED = (
-    "span_names",
-    "span_kinds",
-    "log_bodies",
-    "log_severity_texts",
-    "log_severity_number",
-    "metric_names",
-    "libraries",
-)
 
 
 def _compile(pattern: str, where: str) -> None:
@@ -89,6 +80,7 @@ def _compile(pattern: str, where: str) -> None:
 
 
 class AttributesConfig(ComponentConfig):
+    required_as_written = ("actions",)
     # Applied in order to the attributes of each span, log record, metric data point or profile
     # sample that include/exclude let through.
     actions: list[ActionConfig] = []

@@ -15,7 +15,6 @@ from typing import Any
 from google.protobuf.message import Message
 
 from pycollector.component import Component, Consumer
-from pycollector.logs import log_once
 from pycollector.pdata import ProfilesBuilder, from_any_value, signal_of, to_dict
 
 from processors.attraction.actions import AttributeActions
@@ -33,24 +32,12 @@ _ITEM_PATHS = {
 class AttributesProcessor(Component):
     def __init__(self, settings, config: AttributesConfig, next_consumer: Consumer):
         self._log = settings.logger
-        self._where = (settings.kind, str(settings.id))
-        self._config = config
         self._actions = AttributeActions(config.actions)
         self._filter = Filter(config.include, config.exclude)
         self._next = next_consumer
 
     def start(self, host) -> None:
         self._actions.log_limits(self._log, "actions")
-        for block in ("include", "exclude"):
-            properties = getattr(self._config, block)
-            for key in properties.not_implemented() if properties else ():
-                log_once(
-                    self._log,
-                    (*self._where, block, key),
-                    "warning",
-                    "match criterion not implemented; it does not restrict which items are acted on",
-                    setting=f"{block}::{key}",
-                )
 
     def consume(self, data: Any) -> None:
         if self._actions:

@@ -1,7 +1,6 @@
 """Settings of the resource processor, as the Go ``resource`` processor's.
 
-Go requires at least one action; an empty list is accepted here (the engine requires the
-defaults to form a valid config) and the processor then passes data through, with a warning.
+As in Go, a config must give at least one action (the default, built in code, has none).
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from processors.attraction.config import ActionConfig
 
 
 class ResourceConfig(ComponentConfig):
+    required_as_written = ("attributes",)
     # Applied in order to the resource attributes of every message, e.g.
     # {key: service.name, from_attribute: process.executable.name, action: upsert}.
     attributes: list[ActionConfig] = []

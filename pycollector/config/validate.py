@@ -11,7 +11,7 @@ from typing import Any
 
 import pydantic
 
-from pycollector.component import KINDS, SIGNALS, ComponentID
+from pycollector.component import AS_WRITTEN, KINDS, SIGNALS, ComponentID
 from pycollector.config import model_errors
 from pycollector.config.errors import ConfigError, join_path
 from pycollector.config.service_model import TelemetrySettings
@@ -131,7 +131,7 @@ class _Validator:
         if factory.type != component_id.type:
             self.aliases_used.append((path, component_id.type, factory.type))
         try:
-            config = factory.config_model.model_validate({} if raw_config is None else raw_config)
+            config = factory.config_model.model_validate({} if raw_config is None else raw_config, context=AS_WRITTEN)
         except pydantic.ValidationError as error:
             self.problems.extend(model_errors.describe(path, factory.config_model, error))
             return

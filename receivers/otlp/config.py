@@ -6,6 +6,7 @@ defaults, and leaving ``http`` out serves no HTTP. With no ``protocols`` at all 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +22,10 @@ DEFAULT_PROFILES_WIRE_VERSION = "auto"
 DEFAULT_TRACES_URL_PATH = OTLP_SIGNALS["traces"].http_path
 DEFAULT_METRICS_URL_PATH = OTLP_SIGNALS["metrics"].http_path
 DEFAULT_LOGS_URL_PATH = OTLP_SIGNALS["logs"].http_path
+
+
+# A % not followed by two hex digits, which Go's URL parser refuses.
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -71,7 +76,12 @@ class HttpServerSettings(_ServerSettings):
     @pydantic.field_validator("traces_url_path", "metrics_url_path", "logs_url_path")
     @classmethod
     def _absolute_path(cls, value: str) -> str:
-        # As Go's SanitizedURLPath: keep the path part, and make it absolute.
+        # As Go's SanitizedURLPath: what Go's URL parser refuses is refused; keep the path part,
+        # and make it absolute.
+        if value.startswith(":"):
+            raise ValueError("invalid HTTP URL path set for signal: missing protocol scheme")
+        if _BAD_ESCAPE.search(value) or any(ord(character) < 0x20 or ord(character) == 0x7F for character in value):
+            raise ValueError("invalid HTTP URL path set for signal: a bad %-escape or a control character")
         path = urlsplit(value).path
         return path if path.startswith("/") else "/" + path
 
