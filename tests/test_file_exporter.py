@@ -20,6 +20,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from pycollector.component import StartError
 from pycollector.testing import TestHost, assert_conformance, make_settings, sample_data
 
+from exporters.file.config import FileConfig
 from exporters.file.factory import factory
 from exporters.file.output_file import MEGABYTE
 
@@ -211,3 +212,21 @@ def test_a_path_that_cannot_be_opened_fails_the_start(tmp_path):
         started(path=str(tmp_path / "missing" / "out.jsonl"))
     started(path=str(tmp_path / "made" / "out.jsonl"), create_directory=True).shutdown()
     assert (tmp_path / "made" / "out.jsonl").exists()
+
+
+def test_create_directory_makes_it_with_the_permissions_given(tmp_path):
+    import stat
+
+    path = tmp_path / "made" / "profiles.json"
+    old_mask = os.umask(0)
+    try:
+        exporter = started(path=str(path), create_directory=True, directory_permissions="0750")
+        exporter.shutdown()
+    finally:
+        os.umask(old_mask)
+    assert stat.S_IMODE((tmp_path / "made").stat().st_mode) == 0o750
+    with pytest.raises(Exception, match="only used with create_directory"):
+        FileConfig.model_validate({"path": str(path), "directory_permissions": "0750"})
+    with pytest.raises(Exception, match="octal permission bits within 0777"):
+        FileConfig.model_validate({"path": str(path), "create_directory": True, "directory_permissions": "4755"})
+    assert FileConfig.model_validate({"path": str(path), "rotation": {"max_megabytes": 0}}).rotation.max_megabytes == 100  # (Go's 0)

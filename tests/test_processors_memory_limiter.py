@@ -33,15 +33,25 @@ LABELS = {"processor": "memory_limiter"}
         ({"limit_mib": 100, "spike_limit_mib": 100}, "processors::memory_limiter::spike_limit_mib: must be smaller than limit_mib (100)"),
         ({"limit_percentage": 50, "spike_limit_percentage": 50}, "processors::memory_limiter::spike_limit_percentage: must be smaller than limit_percentage (50)"),
         ({"limit_percentage": 101}, "processors::memory_limiter::limit_percentage: input should be less than or equal to 100 (got 101)"),
-        ({"check_interval": "0s"}, "processors::memory_limiter::check_interval: input should be greater than 0 (got 0.0)"),
+        ({"check_interval": "0s", "limit_mib": 100}, "processors::memory_limiter::check_interval: input should be greater than 0 (got 0.0)"),
         (
-            {"min_gc_interval_when_soft_limited": "1s", "min_gc_interval_when_hard_limited": "2s"},
+            {"min_gc_interval_when_soft_limited": "1s", "min_gc_interval_when_hard_limited": "2s", "limit_mib": 100},
             "processors::memory_limiter::min_gc_interval_when_hard_limited: must not be larger than min_gc_interval_when_soft_limited (got '2s')",
         ),
+        ({"min_gc_interval_when_soft_limited": "40s", "limit_mib": 100},
+         "processors::memory_limiter: max_gc_interval_when_soft_limited must be at least min_gc_interval_when_soft_limited (or 0 to disable)"),
+        ({"max_gc_interval_when_soft_limited": "20s", "limit_mib": 100},
+         "processors::memory_limiter: max_gc_interval_when_soft_limited must be at least max_gc_interval_when_hard_limited (when both are set)"),
     ],
 )
 def test_invalid_limits_are_reported_on_their_key(config, problem):
-    assert validation_problems("memory_limiter", config) == [problem]
+    assert validation_problems("memory_limiter", {"check_interval": "1s", **config}) == [problem]
+
+
+def test_check_interval_and_a_limit_are_required_as_in_go():
+    assert validation_problems("memory_limiter", {}) == [
+        "processors::memory_limiter::check_interval: required key is missing", "processors::memory_limiter::limit_mib: required key is missing"]
+    assert validation_problems("memory_limiter", {"check_interval": "1s", "limit_percentage": 80}) == []
 
 
 def test_limits_follow_go_mib_wins_and_the_spike_defaults_to_a_fifth():
@@ -52,6 +62,34 @@ def test_limits_follow_go_mib_wins_and_the_spike_defaults_to_a_fifth():
     by_share = limits_for(MemoryLimiterConfig(limit_percentage=50, spike_limit_percentage=10), available)
     assert (by_share.hard, by_share.spike, by_share.soft) == (500 * MIB, 100 * MIB, 400 * MIB)
     assert limits_for(MemoryLimiterConfig(), available).hard == 800 * MIB  # nothing set: 80%, see config.py
+
+
+def test_forced_collections_back_off_while_they_do_not_help_and_reset_once_they_do(monkeypatch):
+    """Above the hard limit with collections that free nothing: each one that does not help
+    doubles the wait for the next (2, 4, 8 s from a minimum of 1), up to
+    max_gc_interval_when_hard_limited; once memory is under the limit, the minimum again."""
+    from pycollector.testing import CapturingConsumer, make_settings
+
+    from processors.memory_limiter import limiter as limiter_module
+    from processors.memory_limiter.limiter import Limits, MemoryLimiter
+
+    now, used, collections_at = [0.0], [200 * MIB], []
+    monkeypatch.setattr(limiter_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(memory, "resident_bytes", lambda: used[0])
+    monkeypatch.setattr(memory, "trim_heap", lambda: None)
+    monkeypatch.setattr(memory, "collect_garbage", lambda: collections_at.append(now[0]))
+    config = MemoryLimiterConfig(check_interval="1s", limit_mib=100, min_gc_interval_when_soft_limited="1s", min_gc_interval_when_hard_limited="1s",
+                                 max_gc_interval_when_soft_limited="8s", max_gc_interval_when_hard_limited="8s")
+    limiter = MemoryLimiter(make_settings("processors", "memory_limiter"), config, CapturingConsumer(), Limits(hard=100 * MIB, spike=20 * MIB))
+    for second in range(40):
+        now[0] = float(second)
+        limiter.check()
+    gaps = [later - earlier for earlier, later in zip(collections_at, collections_at[1:])]
+    assert gaps[:5] == [2, 4, 8, 8, 8], collections_at
+    used[0] = 50 * MIB  # memory went down
+    now[0] += 1
+    limiter.check()
+    assert limiter._gc_interval == {} and not limiter.refusing
 
 
 def write(path: Path, text: str) -> None:

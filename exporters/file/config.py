@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig
+from pycollector.component import ComponentConfig, not_supported
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Duration, ProfilesWireVersion
 
 # Go has no default path and a config must give one (required_as_written); the default built in code has this one.
@@ -23,13 +23,33 @@ DEFAULT_MAX_BACKUPS = 100
 
 class RotationConfig(ComponentConfig):
     # The file is rotated before a write would take it past this size.
-    max_megabytes: int = pydantic.Field(DEFAULT_MAX_MEGABYTES, ge=1)
+    max_megabytes: int = pydantic.Field(DEFAULT_MAX_MEGABYTES, ge=0)
     # Backups older than this many days (by the time in their name) are deleted; 0: kept.
     max_days: int = pydantic.Field(0, ge=0)
     # At most this many backups are kept, the newest; 0: all.
     max_backups: int = pydantic.Field(DEFAULT_MAX_BACKUPS, ge=0)
     # Backup names carry local time instead of UTC.
     localtime: bool = False
+
+    @pydantic.field_validator("max_megabytes")
+    @classmethod
+    def _zero_is_the_default(cls, value: int) -> int:
+        return value or DEFAULT_MAX_MEGABYTES  # (as Go's rotation library reads 0)
+
+
+class GroupByConfig(ComponentConfig):
+    """Go's one file per resource attribute value: off here (enabled: true is refused by name)."""
+
+    enabled: bool = False
+    resource_attribute: str = "fileexporter.path_segment"
+    max_open_files: int = 100
+
+    @pydantic.field_validator("enabled")
+    @classmethod
+    def _off(cls, enabled: bool) -> bool:
+        if enabled:
+            raise ValueError("not supported by pycollector: one file per resource attribute value; use one file exporter per pipeline")
+        return enabled
 
 
 class FileConfig(ComponentConfig):
@@ -46,8 +66,12 @@ class FileConfig(ComponentConfig):
     # without it Go compresses each message alone behind its length, which no zstd tool reads.
     compression: Literal["", "zstd", "gzip"] = ""
     flush_interval: Duration = pydantic.Field(DEFAULT_FLUSH_INTERVAL, gt=0)
-    # Create the file's directory at start when it is missing.
+    # Create the file's directory at start when it is missing, with these permissions (octal).
     create_directory: bool = False
+    directory_permissions: str = ""
+    # Go's encoding extensions and its group_by (one file per resource attribute value): refused by name.
+    encoding: not_supported("encoding extensions: format json or proto writes OTLP") = None
+    group_by: GroupByConfig | None = None
     # The profiles.proto layout profiles are written in, for a reader of an older one: "1.10"
     # (current), "1.9" or "1.8". See the README's table.
     profiles_wire_version: ProfilesWireVersion = DEFAULT_PROFILES_WIRE_VERSION
@@ -57,8 +81,17 @@ class FileConfig(ComponentConfig):
     def _present_means_on(cls, value: Any) -> Any:
         return {} if value is None else value
 
+    @pydantic.field_validator("directory_permissions")
+    @classmethod
+    def _octal_permissions(cls, value: str) -> str:
+        if value and (not all(digit in "01234567" for digit in value) or int(value, 8) > 0o777):
+            raise ValueError("expected octal permission bits within 0777, e.g. '0750'")
+        return value
+
     @pydantic.model_validator(mode="after")
     def _compatible(self) -> "FileConfig":
+        if self.directory_permissions and not self.create_directory:
+            raise ValueError("directory_permissions is only used with create_directory: true")
         if self.append and self.compression:
             raise ValueError("append and compression cannot be used together")
         if self.append and self.rotation is not None:

@@ -49,7 +49,7 @@ class FileExporter(Component):
         path = Path(self.config.path)
         try:
             if self.config.create_directory:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                path.parent.mkdir(mode=int(self.config.directory_permissions or "0755", 8), parents=True, exist_ok=True)
             self.output.open()
         except OSError as error:
             raise StartError(f"path: cannot open {path}: {error.strerror or error}") from error

@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
-from pycollector.component import ComponentConfig
+import pydantic
+
+from pycollector.component import ComponentConfig, not_supported
 from pycollector.http_server import Endpoint
 
 DEFAULT_ENDPOINT = "localhost:1777"
 
-# Go keys accepted for configs written for the Go collector, with no Python counterpart: Go's
-# runtime samples blocking events and mutex contention (runtime.SetBlockProfileRate,
-# SetMutexProfileFraction); CPython has no such hooks. A value > 0 is logged once as not implemented.
-NOT_IMPLEMENTED = ("block_profile_fraction", "mutex_profile_fraction")
+
+class _Dialer(ComponentConfig):
+    timeout: not_supported("a dialer timeout does not apply to an endpoint that listens (Go ignores it too)") = None
 
 
 class PprofExtensionConfig(ComponentConfig):
     endpoint: Endpoint = DEFAULT_ENDPOINT
-    # Go: a value <= 0 turns these profiles off, which is all this extension does with them.
+    dialer: _Dialer | None = None
+    # Go's runtime samples blocking events and mutex contention (SetBlockProfileRate,
+    # SetMutexProfileFraction); CPython has no such hooks. 0 or less (off) is what Go's default
+    # does, and so does this extension; more is refused rather than accepted and ignored.
     block_profile_fraction: int = 0
     mutex_profile_fraction: int = 0
     # A file to write a CPU profile of the whole run to (gzipped pprof), at shutdown; "" for none.
     save_to_file: str = ""
 
-    def not_implemented(self) -> list[str]:
-        """The keys set to something this extension would have to act on, and does not."""
-        return [key for key in NOT_IMPLEMENTED if getattr(self, key) > 0]
+    @pydantic.field_validator("block_profile_fraction", "mutex_profile_fraction")
+    @classmethod
+    def _off_only(cls, value: int) -> int:
+        if value > 0:
+            raise ValueError("not supported by pycollector: CPython has no block or mutex profiles (0 or less turns them off, as in Go)")
+        return value

@@ -55,9 +55,6 @@ class PprofExtension(Component):
         self.url: str | None = None
 
     def start(self, host) -> None:
-        for key in self.config.not_implemented():
-            log_once(self.log, ("pprof-not-implemented", key), "warning",
-                     "setting accepted but not implemented: CPython has no such profile; it has no effect", key=key)
         if self.config.save_to_file:
             try:
                 # Opened now, as Go creates the file at start: a path that cannot be written stops the start.

@@ -64,6 +64,7 @@ class MemoryLimiter(Component):
         self.refusing = False
         self._above_hard = False
         self._last_gc = float("-inf")
+        self._gc_interval: dict[str, float] = {}  # per state (soft, hard): the current back-off
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._accepted = item_counters(settings.telemetry, "accepted", "the memory limiter passed on")
@@ -126,25 +127,38 @@ class MemoryLimiter(Component):
                     "memory usage is above the hard limit; forcing garbage collection",
                     used_mib=used // MIB,
                 )
-            used = self._collect_garbage(used, self._config.min_gc_interval_when_hard_limited)
+            used = self._collect_garbage(used, "hard", self.limits.hard)
+        else:
+            self._gc_interval.pop("hard", None)  # (under the limit: the back-off starts over)
         self._above_hard = above_hard
         refusing = used >= self.limits.soft
         if refusing and not self.refusing:
-            used = self._collect_garbage(used, self._config.min_gc_interval_when_soft_limited)
+            used = self._collect_garbage(used, "soft", self.limits.soft)
             refusing = used >= self.limits.soft
             if refusing:
                 self._log.warning("memory usage is above the soft limit; refusing data", used_mib=used // MIB)
         elif self.refusing and not refusing:
             self._log.info("memory usage back within limits; accepting data again", used_mib=used // MIB)
+        if not refusing:
+            self._gc_interval.pop("soft", None)
         self.refusing = refusing
         self._used.set(used)
         self._refusing_gauge.set(1 if refusing else 0)
 
-    def _collect_garbage(self, used: int, min_interval: float) -> int:
-        """Collect unless the last collection is more recent than ``min_interval``; memory after."""
-        now = time.monotonic()
-        if now - self._last_gc < min_interval:
+    def _collect_garbage(self, used: int, kind: str, limit: int) -> int:
+        """Collect unless the last collection is more recent than this state's interval; memory
+        after. A collection that leaves memory at or above ``limit`` doubles the interval (up to
+        its max), one that brings it under resets it (see config.py)."""
+        low = getattr(self._config, f"min_gc_interval_when_{kind}_limited")
+        high = getattr(self._config, f"max_gc_interval_when_{kind}_limited")
+        interval = self._gc_interval.get(kind, low)
+        if time.monotonic() - self._last_gc < interval:
             return used
         memory.collect_garbage()
         self._last_gc = time.monotonic()
-        return memory.resident_bytes()
+        after = memory.resident_bytes()
+        if high and after >= limit:
+            self._gc_interval[kind] = min(high, max(low, interval * 2, self._config.check_interval))
+        else:
+            self._gc_interval[kind] = low
+        return after

@@ -1,0 +1,109 @@
+"""Every key the Go collector's config accepts for a component we share with it is accepted here
+(and acts), or refused by name (`<path>: not supported by pycollector: <why>`), never accepted
+and ignored, never an unknown key (issue 28). The key lists are written down from the Go structs,
+each with its Go release, in tests/testdata/go_config/.
+
+Each key is set alone (its Go default when it has one, else a plain value of its type) on top of
+the least config the component needs, and validated as a user's config is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_go_conventions import problems_of
+
+GO_CONFIG = Path(__file__).parent / "testdata" / "go_config"
+
+# (file, our section and type, what the component needs besides the key under test)
+COMPONENTS = {
+    "receivers_nop": ("receivers", "nop", {}),
+    "exporters_nop": ("exporters", "nop", {}),
+    "connectors_forward": ("connectors", "forward", {}),
+    "exporters_debug": ("exporters", "debug", {}),
+    "processors_batch": ("processors", "batch", {}),
+    "processors_memory_limiter": ("processors", "memory_limiter", {"check_interval": "1s", "limit_mib": 100}),
+    "processors_resource": ("processors", "resource", {"attributes": [{"key": "a", "value": "b", "action": "upsert"}]}),
+    "exporters_file": ("exporters", "file", {"path": "/tmp/pycollector-go-keys.json"}),
+    "extensions_pprof": ("extensions", "pprof", {}),
+}
+
+# Examples for keys whose Go default is no example, or which Go takes only with another key:
+# the config fragment to set instead of the key alone.
+EXAMPLES = {
+    "exporters_debug:output_paths": {"use_internal_logger": False, "output_paths": ["stderr"]},
+    "processors_memory_limiter:check_interval": {"check_interval": "2s"},
+    "processors_resource:attributes": {"attributes": [{"key": "k", "value": "v", "action": "insert"}]},
+    "exporters_file:directory_permissions": {"create_directory": True, "directory_permissions": "0750"},
+    "exporters_file:encoding": {"encoding": "otlp_encoding"},
+    "exporters_file:group_by::enabled": {"group_by": {"enabled": True, "resource_attribute": "service.name"}, "path": "/tmp/pycollector-go-keys-*.json"},
+}
+
+
+def go_keys(name: str) -> dict:
+    return yaml.safe_load((GO_CONFIG / f"{name}.yaml").read_text())
+
+
+def example(spec: dict):
+    """A value Go accepts for the key: its default when that is one, else a plain value of its type."""
+    spec = spec if isinstance(spec, dict) else {"type": str(spec)}
+    if spec.get("allowed"):
+        return spec["allowed"][0] if spec["allowed"][0] != "" else spec["allowed"][-1]
+    default = spec.get("default")
+    kind = str(spec.get("type", "")).lower()
+    if default not in (None, "", [], {}) and not (isinstance(default, str) and ("nil" in default or "disabled" in default or default.startswith("{"))):
+        return default
+    if "duration" in kind:
+        return "1s"
+    if kind.startswith("bool"):
+        return True
+    if kind.startswith(("int", "uint", "float")):
+        return 1
+    if kind.startswith("list"):
+        return []
+    if "map" in kind or "section" in kind:
+        return {}
+    return "x"
+
+
+def nested(path: str, value) -> dict:
+    node: dict = {}
+    parts = path.split("::")
+    for part in reversed(parts):
+        node = {part: value}
+        value = node
+    return node
+
+
+def merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = merge(merged[key], value) if isinstance(merged.get(key), dict) and isinstance(value, dict) else value
+    return merged
+
+
+def cases():
+    for name, (section, type_, base) in COMPONENTS.items():
+        for path, spec in (go_keys(name).get("keys") or {}).items():
+            if "[]" in path:
+                continue  # (a list element's keys: checked with the list's own tests)
+            yield pytest.param(section, type_, base, path, spec, EXAMPLES.get(f"{name}:{path}"), id=f"{name}:{path}")
+
+
+@pytest.mark.parametrize("section, type_, base, path, spec, fragment", list(cases()))
+def test_each_go_key_is_accepted_or_refused_by_name(section, type_, base, path, spec, fragment):
+    config = merge(base, fragment if fragment is not None else nested(path, example(spec)))
+    problems = problems_of(section, type_, config)
+    parts = path.split("::")
+    # Refused by name: the key's path, or the section it is in (a Go section not here at all).
+    named = [f"{section}::{type_}::{'::'.join(parts[:depth])}" for depth in range(len(parts), 0, -1)]
+    refused_by_name = len(problems) == 1 and "not supported by pycollector" in problems[0] and problems[0].startswith(tuple(named))
+    assert problems == [] or refused_by_name, (config, problems)
+
+
+def test_every_component_we_share_with_go_has_its_key_list_and_release():
+    for name in COMPONENTS:
+        listed = go_keys(name)
+        assert str(listed.get("go_release", "")).startswith("v0."), name
