@@ -16,7 +16,6 @@ import urllib.request
 
 import pydantic
 import pytest
-import structlog
 
 from pycollector.component import StartError
 from pycollector.config.errors import ConfigError

@@ -37,6 +37,9 @@ class RotationConfig(ComponentConfig):
         return value or DEFAULT_MAX_MEGABYTES  # (as Go's rotation library reads 0)
 
 
+_EncodingExtension = not_supported("encoding extensions: format json or proto writes OTLP")
+
+
 class GroupByConfig(ComponentConfig):
     """Go's one file per resource attribute value: off here (enabled: true is refused by name)."""
 
@@ -70,7 +73,7 @@ class FileConfig(ComponentConfig):
     create_directory: bool = False
     directory_permissions: str = ""
     # Go's encoding extensions and its group_by (one file per resource attribute value): refused by name.
-    encoding: not_supported("encoding extensions: format json or proto writes OTLP") = None
+    encoding: _EncodingExtension = None
     group_by: GroupByConfig | None = None
     # The profiles.proto layout profiles are written in, for a reader of an older one: "1.10"
     # (current), "1.9" or "1.8". See the README's table.

@@ -10,8 +10,11 @@ from pycollector.http_server import Endpoint
 DEFAULT_ENDPOINT = "localhost:1777"
 
 
+_ListenerDialerTimeout = not_supported("a dialer timeout does not apply to an endpoint that listens (Go ignores it too)")
+
+
 class _Dialer(ComponentConfig):
-    timeout: not_supported("a dialer timeout does not apply to an endpoint that listens (Go ignores it too)") = None
+    timeout: _ListenerDialerTimeout = None
 
 
 class PprofExtensionConfig(ComponentConfig):

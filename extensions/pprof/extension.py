@@ -22,7 +22,6 @@ import time
 
 from pycollector.component import Component, StartError
 from pycollector.http_server import HttpEndpoint, Response
-from pycollector.logs import log_once
 
 from extensions.pprof.config import PprofExtensionConfig
 from extensions.pprof.profiles import cpu_profile, stack_dump, threads_profile
