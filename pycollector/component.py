@@ -107,6 +107,33 @@ def as_written(info: pydantic.ValidationInfo) -> bool:
     return bool(info.context) and bool(info.context.get("as_written"))
 
 
+def only_go_default(default: Any, reason: str, normalize: Any = None) -> Any:
+    """A Go key whose default (off, none, zero) is what this component does: that value is
+    accepted, as it acts as in Go; any other is refused by name. ``normalize`` reads the written
+    value first (a duration's text)."""
+
+    def check(value: Any) -> Any:
+        read = normalize(value) if normalize is not None and value is not None else value
+        if value is not None and read != default:
+            raise ValueError(f"not supported by pycollector: {reason} (only {default!r}, Go's default, is)")
+        return value
+
+    return typing.Annotated[Any, pydantic.BeforeValidator(check), pydantic.Field(default=None, exclude=True)]
+
+
+def optional_section(value: Any) -> Any:
+    """Go's optional sections (configoptional): written at all, even empty, means on, and
+    ``enabled: false`` inside turns the section off. For a ``mode="before"`` field validator."""
+    if value is None:
+        return {}
+    if isinstance(value, dict) and "enabled" in value:
+        enabled = value["enabled"]
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled: expected true or false, got {enabled!r}")
+        return {key: item for key, item in value.items() if key != "enabled"} if enabled else None
+    return value
+
+
 def not_supported(reason: str) -> Any:
     """A key the Go component has and this one does not act on: absent is fine, written is an
     error naming it (``exporters::x::key: not supported by pycollector: <reason>``), never a key

@@ -28,6 +28,7 @@ COMPONENTS = {
     "processors_resource": ("processors", "resource", {"attributes": [{"key": "a", "value": "b", "action": "upsert"}]}),
     "exporters_file": ("exporters", "file", {"path": "/tmp/pycollector-go-keys.json"}),
     "extensions_pprof": ("extensions", "pprof", {}),
+    "receivers_otlp": ("receivers", "otlp", {}),
 }
 
 # Examples for keys whose Go default is no example, or which Go takes only with another key:
@@ -39,7 +40,11 @@ EXAMPLES = {
     "exporters_file:directory_permissions": {"create_directory": True, "directory_permissions": "0750"},
     "exporters_file:encoding": {"encoding": "otlp_encoding"},
     "exporters_file:group_by::enabled": {"group_by": {"enabled": True, "resource_attribute": "service.name"}, "path": "/tmp/pycollector-go-keys-*.json"},
+    "receivers_otlp:protocols": {"protocols": {"grpc": None}},
 }
+# Go's TLS sections need a certificate and its key, as ours do: a TLS key is set beside them.
+TLS_PAIR = {"cert": {"file": "/etc/ssl/collector.crt", "pem": "-----BEGIN CERTIFICATE-----"},
+            "key": {"file": "/etc/ssl/collector.key", "pem": "-----BEGIN PRIVATE KEY-----"}}
 
 
 def go_keys(name: str) -> dict:
@@ -53,6 +58,8 @@ def example(spec: dict):
         return spec["allowed"][0] if spec["allowed"][0] != "" else spec["allowed"][-1]
     default = spec.get("default")
     kind = str(spec.get("type", "")).lower()
+    if "optional" in kind or kind == "map":
+        return {}  # (an optional section written empty: on, with its defaults)
     if default not in (None, "", [], {}) and not (isinstance(default, str) and ("nil" in default or "disabled" in default or default.startswith("{"))):
         return default
     if "duration" in kind:
@@ -77,6 +84,15 @@ def nested(path: str, value) -> dict:
     return node
 
 
+def with_certificate(path: str) -> dict:
+    """The certificate and key a TLS section at ``path`` needs, but the one the key under test gives."""
+    tls_path, _, key = path.partition("tls")
+    key = key.strip(":")
+    given = {"cert": "pem" if key == "cert_pem" else "file", "key": "pem" if key == "key_pem" else "file"}
+    pair = {f"{name}_{form}": TLS_PAIR[name][form] for name, form in given.items()}
+    return nested(f"{tls_path}tls", pair)
+
+
 def merge(base: dict, extra: dict) -> dict:
     merged = dict(base)
     for key, value in extra.items():
@@ -95,6 +111,8 @@ def cases():
 @pytest.mark.parametrize("section, type_, base, path, spec, fragment", list(cases()))
 def test_each_go_key_is_accepted_or_refused_by_name(section, type_, base, path, spec, fragment):
     config = merge(base, fragment if fragment is not None else nested(path, example(spec)))
+    if "tls::" in path or path.endswith("::tls"):
+        config = merge(with_certificate(path), config)
     problems = problems_of(section, type_, config)
     parts = path.split("::")
     # Refused by name: the key's path, or the section it is in (a Go section not here at all).

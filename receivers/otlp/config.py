@@ -12,7 +12,19 @@ from urllib.parse import urlsplit
 
 import pydantic
 
-from pycollector.component import ComponentConfig
+from pycollector.component import ComponentConfig, only_go_default, optional_section
+from pycollector.config.servers import (
+    CorsSettings,
+    KeepaliveEnforcementPolicy,
+    KeepaliveServer,
+    KeepaliveServerParameters,
+    ListenerSettings,
+    Middlewares,
+    ServerTLSSettings,
+    refused_auth,
+    response_header_map,
+)
+from pycollector.config.types import NonNegativeDuration, OpaqueString, parse_duration
 from pycollector.otlp import OTLP_SIGNALS
 
 DEFAULT_GRPC_ENDPOINT = "localhost:4317"
@@ -26,52 +38,92 @@ DEFAULT_LOGS_URL_PATH = OTLP_SIGNALS["logs"].http_path
 
 # A % not followed by two hex digits, which Go's URL parser refuses.
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# What a body may be compressed with when compression_algorithms is not given: Go's list, but the
+# snappy and lz4 framings, which no library here reads.
+DEFAULT_COMPRESSION_ALGORITHMS = ("", "gzip", "zstd", "zlib", "deflate")
+_NOT_DECODED = ("snappy", "lz4", "x-snappy-framed")
+_NoReadTimeout = only_go_default(0.0, "a request is read as long as it takes (idle_timeout closes idle connections)", parse_duration)
+_NoWriteTimeout = only_go_default(0.0, "an answer is written as long as it takes", parse_duration)
 
 
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """``host:port`` (``[::1]:4317``, ``:4317`` for every interface) -> (host, port)."""
-    host, colon, port = endpoint.rpartition(":")
-    if not colon or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"expected host:port, e.g. '{DEFAULT_GRPC_ENDPOINT}'")
-    return host.removeprefix("[").removesuffix("]"), int(port)
-
-
-class ServerTLSSettings(ComponentConfig):
-    cert_file: str
-    key_file: str
-    # When set, clients must present a certificate signed by one of these CAs (mutual TLS).
-    client_ca_file: str = ""
-
-
-class _ServerSettings(ComponentConfig):
-    endpoint: str
+class _ServerSettings(ListenerSettings):
     tls: ServerTLSSettings | None = None
     # Hand the request's metadata (gRPC metadata, HTTP headers) to the processors downstream, as
     # pycollector.client.current().metadata. The client's address is handed down always.
     include_metadata: bool = False
+    auth: None = None
+    middlewares: Middlewares = None
 
-    @pydantic.field_validator("endpoint")
+    @pydantic.field_validator("tls", mode="before")
     @classmethod
-    def _host_and_port(cls, value: str) -> str:
-        split_endpoint(value)
-        return value
+    def _optional_tls(cls, value: Any) -> Any:
+        return optional_section(value)
+
+    @pydantic.field_validator("auth", mode="before")
+    @classmethod
+    def _no_authenticators(cls, value: Any) -> Any:
+        return refused_auth(value)
 
 
 class GrpcServerSettings(_ServerSettings):
     endpoint: str = DEFAULT_GRPC_ENDPOINT
-    # 0 keeps gRPC's own limit (4 MiB).
     max_recv_msg_size_mib: int = pydantic.Field(0, ge=0)
-    # 0: no limit.
     max_concurrent_streams: int = pydantic.Field(0, ge=0)
+    # The socket reads and the HTTP/2 writes of a connection are done in pieces of these sizes (bytes).
+    read_buffer_size: int = pydantic.Field(512 * 1024, ge=0)
+    write_buffer_size: int = pydantic.Field(0, ge=0)
+    keepalive: KeepaliveServer | None = KeepaliveServer(server_parameters=KeepaliveServerParameters(), enforcement_policy=KeepaliveEnforcementPolicy())
+
+    @pydantic.field_validator("keepalive", mode="before")
+    @classmethod
+    def _optional_keepalive(cls, value: Any) -> Any:
+        return optional_section(value)
 
 
 class HttpServerSettings(_ServerSettings):
     endpoint: str = DEFAULT_HTTP_ENDPOINT
-    # Applies to the body as sent and again once decompressed.
-    max_request_body_size: int = pydantic.Field(DEFAULT_MAX_REQUEST_BODY_SIZE, gt=0)
+    # Applies to the body as sent and again once decompressed; 0 or less: the default, as in Go.
+    max_request_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE
+    cors: CorsSettings | None = None
+    # Sent with every answer (a map, or a list of {name, value}); values are opaque.
+    response_headers: dict[str, OpaqueString] = {}
+    # The Content-Encodings a request body may have; others are refused (415).
+    compression_algorithms: list[str] = list(DEFAULT_COMPRESSION_ALGORITHMS)
+    # A connection that carries no request this long is closed (0: never); with keep-alives off,
+    # every connection carries one request.
+    idle_timeout: NonNegativeDuration = 0.0
+    keep_alives_enabled: bool = True
+    read_timeout: _NoReadTimeout = None
+    read_header_timeout: _NoReadTimeout = None
+    write_timeout: _NoWriteTimeout = None
     traces_url_path: str = DEFAULT_TRACES_URL_PATH
     metrics_url_path: str = DEFAULT_METRICS_URL_PATH
     logs_url_path: str = DEFAULT_LOGS_URL_PATH
+
+    @pydantic.field_validator("max_request_body_size")
+    @classmethod
+    def _positive_or_default(cls, value: int) -> int:
+        return value if value > 0 else DEFAULT_MAX_REQUEST_BODY_SIZE
+
+    @pydantic.field_validator("cors", mode="before")
+    @classmethod
+    def _optional_cors(cls, value: Any) -> Any:
+        return optional_section(value)
+
+    @pydantic.field_validator("response_headers", mode="before")
+    @classmethod
+    def _headers(cls, value: Any) -> Any:
+        return response_header_map(value)
+
+    @pydantic.field_validator("compression_algorithms", mode="before")
+    @classmethod
+    def _algorithms(cls, value: Any) -> Any:
+        if value is None:
+            return list(DEFAULT_COMPRESSION_ALGORITHMS)
+        for name in value if isinstance(value, list) else ():
+            if name in _NOT_DECODED:
+                raise ValueError(f"not supported by pycollector: {name!r} (gzip, zstd, zlib, deflate, or '' for none)")
+        return value
 
     @pydantic.field_validator("traces_url_path", "metrics_url_path", "logs_url_path")
     @classmethod
@@ -102,7 +154,7 @@ class Protocols(ComponentConfig):
     @pydantic.field_validator("grpc", "http", mode="before")
     @classmethod
     def _present_means_on(cls, value: Any) -> Any:
-        return {} if value is None else value
+        return optional_section(value)  # (written, even empty, is on; enabled: false is off)
 
     @pydantic.model_serializer(mode="wrap")
     def _leave_out_protocols_that_are_off(self, serialize: Any) -> dict[str, Any]:

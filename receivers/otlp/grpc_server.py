@@ -10,10 +10,12 @@ import grpc
 
 from pycollector.client import ClientInfo, address_from_grpc_peer, metadata_from_pairs
 from pycollector.component import StartError
+from pycollector.config.servers import grpc_keepalive_options
+from pycollector.http_server import split_endpoint
 from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, OtlpSignal
 from pycollector.otlp.rpc_status import DETAILS_TRAILER
 
-from receivers.otlp.config import GrpcServerSettings, split_endpoint
+from receivers.otlp.config import GrpcServerSettings
 from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Rejection, undecodable
 
@@ -33,18 +35,27 @@ class OtlpGrpcServer:
 
     def start(self) -> tuple[str, int]:
         """Listen and serve; returns the bound (host, port), port 0 in the config being resolved."""
+        settings = self.settings
         options = [("grpc.so_reuseport", 0)]  # a port in use must fail here, not be shared
-        if self.settings.max_recv_msg_size_mib:
-            options.append(("grpc.max_receive_message_length", self.settings.max_recv_msg_size_mib * MIB))
-        if self.settings.max_concurrent_streams:
-            options.append(("grpc.max_concurrent_streams", self.settings.max_concurrent_streams))
+        if settings.max_recv_msg_size_mib:
+            options.append(("grpc.max_receive_message_length", settings.max_recv_msg_size_mib * MIB))
+        if settings.max_concurrent_streams:
+            options.append(("grpc.max_concurrent_streams", settings.max_concurrent_streams))
+        # Go's read/write buffer sizes: how much a connection reads from its socket, and gathers
+        # before writing, at a time.
+        if settings.read_buffer_size:
+            options.append(("grpc.experimental.tcp_read_chunk_size", settings.read_buffer_size))
+        if settings.write_buffer_size:
+            options.append(("grpc.http2.write_buffer_size", settings.write_buffer_size))
+        options += grpc_keepalive_options(settings.keepalive)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="otlp-grpc"), options=options)
         for signal in self.signals:
             otlp = OTLP_SIGNALS[signal]
             server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(otlp.service, {"Export": self._export_handler(otlp)})])
         endpoint = self.settings.endpoint
+        address = f"unix:{endpoint}" if self.settings.transport == "unix" else endpoint
         try:
-            port = server.add_secure_port(endpoint, self._credentials()) if self.settings.tls else server.add_insecure_port(endpoint)
+            port = server.add_secure_port(address, self._credentials()) if self.settings.tls else server.add_insecure_port(address)
         except RuntimeError as error:
             port, reason = 0, str(error)
         else:
@@ -53,7 +64,7 @@ class OtlpGrpcServer:
             raise StartError(f"protocols::grpc::endpoint: cannot listen on {endpoint}: {reason}")
         server.start()
         self._server = server
-        return split_endpoint(endpoint)[0], port
+        return (endpoint, 0) if self.settings.transport == "unix" else (split_endpoint(endpoint)[0], port)
 
     def stop(self, grace: float) -> None:
         """Refuse new RPCs, let those in flight finish for up to ``grace`` seconds."""
@@ -64,7 +75,7 @@ class OtlpGrpcServer:
     def _credentials(self) -> grpc.ServerCredentials:
         tls = self.settings.tls
         try:
-            key, cert = Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes()
+            key, cert = tls.key(), tls.certificate()
             client_ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
         except OSError as error:
             raise StartError(f"protocols::grpc::tls: cannot read {error.filename}: {error.strerror}") from error

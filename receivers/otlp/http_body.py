@@ -13,7 +13,9 @@ from typing import BinaryIO
 import zstandard
 
 # zlib window bits per Content-Encoding: gzip framing, and the zlib framing HTTP calls deflate.
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "zlib": zlib.MAX_WBITS}
+# The Content-Encodings a body can be read in ("" and identity: none).
+DECODABLE = ("", "gzip", "zstd", "zlib", "deflate")
 _MAX_CHUNK_LINE = 1024
 # zstd output is counted this much at a time: memory stays small whatever the limit.
 _ZSTD_COUNT_STEP = 1 << 16
@@ -27,13 +29,17 @@ class BodyError(Exception):
         self.status = status
 
 
-def read_body(stream: BinaryIO, headers: Message, limit: int) -> bytes:
-    """The decompressed body of the request whose headers were read from ``stream``."""
+def read_body(stream: BinaryIO, headers: Message, limit: int, allowed: tuple[str, ...] | list[str] = DECODABLE) -> bytes:
+    """The decompressed body of the request whose headers were read from ``stream``; a
+    Content-Encoding not ``allowed`` (compression_algorithms) is refused."""
     if "chunked" in headers.get("Transfer-Encoding", "").lower():
         raw = _read_chunked(stream, limit)
     else:
         raw = _read_sized(stream, headers.get("Content-Length", "0"), limit)
-    return _decompress(raw, headers.get("Content-Encoding", ""), limit)
+    encoding = headers.get("Content-Encoding", "")
+    if encoding.strip().lower() not in ("identity", *allowed):
+        raise BodyError(400, f"unsupported Content-Encoding {encoding!r} (this receiver takes: {', '.join(name or 'none' for name in allowed)})")
+    return _decompress(raw, encoding, limit)
 
 
 def _too_large(limit: int) -> BodyError:

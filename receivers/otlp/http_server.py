@@ -14,8 +14,11 @@ Errors after the encoding is known carry a google.rpc.Status in that encoding.
 from __future__ import annotations
 
 import math
+import os
 import socket
 import ssl
+import stat
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,9 +29,10 @@ import grpc
 
 from pycollector.client import ClientInfo, metadata_from_pairs
 from pycollector.component import StartError
+from pycollector.http_server import split_endpoint
 from pycollector.otlp import OTLP_SIGNALS, Encoding, encoding_of
 
-from receivers.otlp.config import HttpServerSettings, split_endpoint
+from receivers.otlp.config import HttpServerSettings
 from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Rejection, undecodable
 from receivers.otlp.http_body import BodyError, read_body
@@ -49,18 +53,24 @@ class OtlpHttpServer:
         self._server: _Server | None = None
 
     def start(self) -> tuple[str, int]:
-        """Listen and serve; returns the bound (host, port), port 0 in the config being resolved."""
-        host, port = split_endpoint(self.settings.endpoint)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        """Listen and serve; returns the bound (host, port), port 0 in the config being resolved
+        (a unix socket: (its path, 0))."""
+        unix_path = self.settings.unix_path()
+        if unix_path is not None:
+            address, family = unix_path, socket.AF_UNIX
+            _remove_stale_socket(unix_path)
+        else:
+            host, port = split_endpoint(self.settings.endpoint)
+            address, family = (host, port), socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            server = _Server((host, port), family, self)
+            server = _Server(address, family, self)
         except OSError as error:
             raise StartError(f"protocols::http::endpoint: cannot listen on {self.settings.endpoint}: {error.strerror or error}") from error
         if self.settings.tls:
             server.use_tls(self._tls_context())
         self._server = server
         threading.Thread(target=server.serve_forever, args=(STOP_POLL_INTERVAL,), name="otlp-http", daemon=True).start()
-        return host, server.server_address[1]
+        return (unix_path, 0) if unix_path is not None else (address[0], server.server_address[1])
 
     def stop(self, grace: float) -> None:
         """Stop accepting, let requests in flight finish for up to ``grace`` seconds."""
@@ -75,7 +85,7 @@ class OtlpHttpServer:
         tls = self.settings.tls
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
+            load_certificate(context, tls)
             if tls.client_ca_file:
                 context.load_verify_locations(tls.client_ca_file)
                 context.verify_mode = ssl.CERT_REQUIRED
@@ -86,6 +96,9 @@ class OtlpHttpServer:
     # -- one request -------------------------------------------------------------------------------
 
     def handle(self, request: "_Handler") -> None:
+        request.cors_headers = {}  # (a kept-alive connection's handler serves several requests)
+        if self.settings.cors is not None and self._cors(request):
+            return
         otlp = self.routes.get(urlsplit(request.path).path)
         if otlp is None:
             return request.reply(404, "text/plain", b"404 page not found", close=True)
@@ -96,7 +109,7 @@ class OtlpHttpServer:
             message = b"415 unsupported media type, supported: [application/json, application/x-protobuf]"
             return request.reply(415, "text/plain", message, close=True)
         try:
-            body = read_body(request.rfile, request.headers, self.settings.max_request_body_size)
+            body = read_body(request.rfile, request.headers, self.settings.max_request_body_size, self.settings.compression_algorithms)
         except BodyError as error:
             # The body may be partly unread: this connection cannot carry another request.
             return self._reject(request, encoding, Rejection(_code_for(error.status), error.status, str(error)), close=True)
@@ -108,6 +121,34 @@ class OtlpHttpServer:
         if rejection is not None:
             return self._reject(request, encoding, rejection)
         request.reply(200, encoding.content_type, encoding.encode(otlp.response_type()))
+
+    def _cors(self, request: "_Handler") -> bool:
+        """CORS as Go's confighttp: an allowed origin's requests get its Access-Control headers, and
+        its preflight (OPTIONS with Access-Control-Request-Method) is answered here; True when
+        the request has been answered."""
+        cors, origin = self.settings.cors, request.headers.get("Origin")
+        if not origin or not cors.origin_allowed(origin):
+            return False
+        request.cors_headers = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        if cors.exposed_headers:
+            request.cors_headers["Access-Control-Expose-Headers"] = ", ".join(cors.exposed_headers)
+        if request.command != "OPTIONS" or not request.headers.get("Access-Control-Request-Method"):
+            return False
+        allowed = {"Access-Control-Allow-Methods": "POST", "Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        asked = request.headers.get("Access-Control-Request-Headers", "")
+        if asked:
+            wanted = [name.strip() for name in asked.split(",") if name.strip()]
+            permitted = {name.lower() for name in cors.allowed_headers} | {"content-type", "content-encoding", "accept", "x-requested-with"}
+            if "*" not in cors.allowed_headers and any(name.lower() not in permitted for name in wanted):
+                request.cors_headers = {}  # (a header it may not send: the browser is told nothing)
+                request.reply(204, "text/plain", b"", extra={"Vary": "Origin"})
+                return True
+            allowed["Access-Control-Allow-Headers"] = ", ".join(wanted)
+        if cors.max_age:
+            allowed["Access-Control-Max-Age"] = str(cors.max_age)
+        request.cors_headers = {}
+        request.reply(204, "text/plain", b"", extra=allowed)
+        return True
 
     def _client(self, request: "_Handler") -> ClientInfo:
         address = request.client_address[0] if request.client_address else ""
@@ -123,6 +164,30 @@ class OtlpHttpServer:
         request.reply(rejection.http_status, encoding.content_type, encoding.encode(rejection.status()), close=close, extra=extra)
 
 
+def load_certificate(context: ssl.SSLContext, tls) -> None:
+    """The server's certificate and key, from their files or inline PEM (written for the TLS
+    library, which reads only files, to a private directory that is gone at once)."""
+    if tls.cert_file and tls.key_file:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+        return
+    with tempfile.TemporaryDirectory(prefix="pycollector-tls-") as directory:
+        cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+        for path, content in ((cert, tls.certificate()), (key, tls.key())):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as stream:
+                stream.write(content)
+        context.load_cert_chain(cert, key)
+
+
+def _remove_stale_socket(path: str) -> None:
+    """A socket file left by a previous run is removed (as Go's listener does); anything else at
+    that path is left alone, and the bind then fails naming it."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def _code_for(http_status: int) -> grpc.StatusCode:
     return grpc.StatusCode.RESOURCE_EXHAUSTED if http_status == 413 else grpc.StatusCode.INVALID_ARGUMENT
 
@@ -130,11 +195,17 @@ def _code_for(http_status: int) -> grpc.StatusCode:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: exporters send many requests on one connection
     server: "_Server"
+    cors_headers: dict[str, str] = {}
 
     def setup(self) -> None:
+        settings = self.server.otlp.settings
+        # idle_timeout: a connection waiting this long for its next request is closed.
+        self.timeout = settings.idle_timeout or None
         if isinstance(self.request, ssl.SSLSocket):
             self.request.do_handshake()  # here, on this connection's thread, not the accepting one
         super().setup()
+        if not isinstance(self.client_address, tuple):  # (a unix socket's peer has no address)
+            self.client_address = ("", 0)
 
     def _dispatch(self) -> None:
         self.server.otlp.handle(self)
@@ -145,9 +216,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for name, value in (extra or {}).items():
+        settings = self.server.otlp.settings
+        for name, value in {**{name: value.reveal() for name, value in settings.response_headers.items()}, **self.cors_headers, **(extra or {})}.items():
             self.send_header(name, value)
-        if close:
+        if close or not settings.keep_alives_enabled:
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
@@ -163,7 +235,7 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], family: int, otlp: OtlpHttpServer):
+    def __init__(self, address: tuple[str, int] | str, family: int, otlp: OtlpHttpServer):
         self.address_family = family
         self.otlp = otlp
         self._connections: set[socket.socket] = set()
