@@ -115,7 +115,7 @@ def only_go_default(default: Any, reason: str, normalize: Any = None) -> Any:
     def check(value: Any) -> Any:
         read = normalize(value) if normalize is not None and value is not None else value
         if value is not None and read != default:
-            raise ValueError(f"not supported by pycollector: {reason} (only {default!r}, Go's default, is)")
+            raise ValueError(f"not supported by pycollector: {reason} (only {default!r} is)")
         return value
 
     return typing.Annotated[Any, pydantic.BeforeValidator(check), pydantic.Field(default=None, exclude=True)]

@@ -29,6 +29,8 @@ COMPONENTS = {
     "exporters_file": ("exporters", "file", {"path": "/tmp/pycollector-go-keys.json"}),
     "extensions_pprof": ("extensions", "pprof", {}),
     "receivers_otlp": ("receivers", "otlp", {}),
+    "exporters_otlp": ("exporters", "otlp_grpc", {"endpoint": "backend:4317"}),
+    "exporters_otlphttp": ("exporters", "otlp_http", {"endpoint": "http://backend:4318"}),
 }
 
 # Examples for keys whose Go default is no example, or which Go takes only with another key:
@@ -41,6 +43,10 @@ EXAMPLES = {
     "exporters_file:encoding": {"encoding": "otlp_encoding"},
     "exporters_file:group_by::enabled": {"group_by": {"enabled": True, "resource_attribute": "service.name"}, "path": "/tmp/pycollector-go-keys-*.json"},
     "receivers_otlp:protocols": {"protocols": {"grpc": None}},
+    "exporters_otlp:endpoint": {"endpoint": "backend:4317"},
+    "exporters_otlp:tls::insecure_skip_verify": {"tls": {"insecure_skip_verify": False}},
+    **{f"exporters_otlphttp:{key}": {key: "https://backend:4318/v1/x"} for key in ("endpoint", "traces_endpoint", "metrics_endpoint", "logs_endpoint", "profiles_endpoint")},
+    "exporters_otlphttp:proxy_url": {"proxy_url": "http://proxy.internal:3128"},
 }
 # Go's TLS sections need a certificate and its key, as ours do: a TLS key is set beside them.
 TLS_PAIR = {"cert": {"file": "/etc/ssl/collector.crt", "pem": "-----BEGIN CERTIFICATE-----"},
@@ -111,7 +117,10 @@ def cases():
 @pytest.mark.parametrize("section, type_, base, path, spec, fragment", list(cases()))
 def test_each_go_key_is_accepted_or_refused_by_name(section, type_, base, path, spec, fragment):
     config = merge(base, fragment if fragment is not None else nested(path, example(spec)))
-    if "tls::" in path or path.endswith("::tls"):
+    # A server's TLS needs its certificate and key; a client's certificate needs its key.
+    server_tls = section == "receivers" and ("tls::" in path or path.endswith("::tls"))
+    client_certificate = section == "exporters" and path.split("::")[-1] in ("cert_file", "cert_pem", "key_file", "key_pem")
+    if server_tls or client_certificate:
         config = merge(with_certificate(path), config)
     problems = problems_of(section, type_, config)
     parts = path.split("::")

@@ -202,9 +202,10 @@ def client_certificate(tmp_path_factory):
     return self_signed(tmp_path_factory.mktemp("client-tls"), "agent.otlp.test")
 
 
+@pytest.mark.parametrize("form", ["file", "pem"])
 @pytest.mark.parametrize("mutual", [False, True], ids=["server-tls", "mutual-tls"])
 @pytest.mark.parametrize("exporter", ["otlp_grpc", "otlp_http"])
-def test_tls_with_a_private_ca_and_server_name_override(certificate, client_certificate, exporter, mutual):
+def test_tls_with_a_private_ca_and_server_name_override(certificate, client_certificate, exporter, mutual, form):
     cert, key = certificate
     tls = {"cert_file": cert, "key_file": key, **({"client_ca_file": client_certificate[0]} if mutual else {})}
     config = receiver_factory.config_model.model_validate({"protocols": {"grpc": {"endpoint": "127.0.0.1:0", "tls": tls}, "http": {"endpoint": "127.0.0.1:0", "tls": tls}}})
@@ -216,8 +217,14 @@ def test_tls_with_a_private_ca_and_server_name_override(certificate, client_cert
         endpoint = "{}:{}".format(*address) if exporter == "otlp_grpc" else "https://{}:{}".format(*address)
         exporter_factory = Registry().load("exporters", exporter).factory
 
+        def as_given(tls: dict) -> dict:
+            """Files as named, or their contents inline (Go's *_pem keys)."""
+            if form == "file":
+                return tls
+            return {key.replace("_file", "_pem"): open(path).read() for key, path in tls.items()}
+
         def send(client_tls: dict) -> None:
-            tls = {"ca_file": cert, "server_name_override": "otlp.test", **client_tls}
+            tls = {**as_given({"ca_file": cert, **client_tls}), "server_name_override": "otlp.test"}
             settings = exporter_factory.config_model.model_validate({"endpoint": endpoint, "tls": tls, "retry_on_failure": {"enabled": False}, "sending_queue": {"enabled": False}})
             instance = exporter_factory.create(make_settings("exporters", exporter), settings, None)
             instance.start(TestHost())
@@ -240,9 +247,38 @@ def test_tls_with_a_private_ca_and_server_name_override(certificate, client_cert
     assert sample_tuples(consumer.messages[0]) == sample_tuples(a_profile())
 
 
-def test_grpc_insecure_skip_verify_is_said_to_be_unsupported():
-    exporter = grpc_factory.create(make_settings("exporters", "otlp_grpc/skip"), grpc_factory.config_model.model_validate({"tls": {"insecure_skip_verify": True}}), None)
-    with capture_logs() as logged:
-        exporter.start(TestHost())
-        exporter.shutdown()
-    assert [entry["setting"] for entry in logged if entry["event"].startswith("not supported by grpcio")] == ["tls::insecure_skip_verify"]
+def test_grpc_insecure_skip_verify_is_refused_by_name_not_ignored():
+    with pytest.raises(ValueError, match="tls::insecure_skip_verify: not supported by pycollector: grpcio always verifies"):
+        grpc_factory.config_model.model_validate({"tls": {"insecure_skip_verify": True}})
+
+
+def test_grpc_client_keys_become_grpcs_own_arguments():
+    config = grpc_factory.config_model.model_validate({"endpoint": "backend:4317", "user_agent": "agent/1", "read_buffer_size": 65536,
+                                                       "keepalive": {"time": "30s", "timeout": "5s", "permit_without_stream": True}})
+    options = dict(config.grpc_options())
+    assert options["grpc.primary_user_agent"] == "agent/1" and options["grpc.experimental.tcp_read_chunk_size"] == 65536
+    assert (options["grpc.keepalive_time_ms"], options["grpc.keepalive_timeout_ms"], options["grpc.keepalive_permit_without_calls"]) == (30000, 5000, 1)
+    assert options["grpc.http2.write_buffer_size"] == 512 * 1024  # (Go's default)
+    off = grpc_factory.config_model.model_validate({"endpoint": "backend:4317", "keepalive": {"enabled": False}})
+    assert "grpc.keepalive_time_ms" not in dict(off.grpc_options())
+
+
+def test_otlp_http_through_a_proxy_with_cookies_keep_alive_off_and_a_compression_level():
+    """The backend stands in for the proxy too: a request through a proxy names the whole URL."""
+    cookie = Answer(headers={"Set-Cookie": "route=b2; Path=/"})
+    for cookies, expect_cookie in (({}, True), (None, False)):
+        with HttpBackend([cookie, Answer()]) as proxy:
+            settings = {"endpoint": "http://otlp-gateway.invalid:4318", "proxy_url": proxy.endpoint, "disable_keep_alives": True,
+                        "compression": "zstd", "compression_params": {"level": 19}, "retry_on_failure": {"enabled": False},
+                        "sending_queue": {"enabled": False}, **({"cookies": cookies} if cookies is not None else {})}
+            config = Registry().load("exporters", "otlp_http").factory.config_model.model_validate(settings)
+            exporter = Registry().load("exporters", "otlp_http").factory.create(make_settings("exporters", "otlp_http"), config, None)
+            exporter.start(TestHost())
+            try:
+                exporter.consume(a_profile())
+                exporter.consume(a_profile())
+            finally:
+                exporter.shutdown()
+            assert proxy.request_targets == ["http://otlp-gateway.invalid:4318/v1development/profiles"] * 2
+            assert proxy.content_encodings == ["zstd", "zstd"] and all(headers.get("Connection") == "close" for headers in proxy.request_headers)
+            assert ("route=b2" in proxy.request_headers[1].get("Cookie", "")) is expect_cookie, proxy.request_headers[1]

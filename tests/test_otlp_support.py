@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import threading
+from urllib.parse import urlsplit
 import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -139,6 +140,7 @@ class HttpBackend(_Recorder):
     def __init__(self, script: list[Answer] | None = None, port: int = 0):
         super().__init__(script)
         self.content_encodings: list[str | None] = []
+        self.request_targets: list[str] = []
         recorder = self
         paths = {otlp.http_path: otlp for otlp in OTLP_SIGNALS.values()}
 
@@ -146,7 +148,8 @@ class HttpBackend(_Recorder):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):
-                otlp = paths[self.path]
+                otlp = paths[urlsplit(self.path).path]  # (through a proxy, the request names the whole URL)
+                recorder.request_targets.append(self.path)
                 recorder.content_encodings.append(self.headers["Content-Encoding"])
                 recorder.request_headers.append(dict(self.headers.items()))
                 body = read_body(self.rfile, self.headers, 1 << 30)

@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 import pydantic
 
+from pycollector.component import ComponentConfig, optional_section
+from pycollector.config.servers import Middlewares, refused_auth
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion
-from pycollector.component import ComponentConfig
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.exporterhelper.tls import ClientTLSSettings
 
@@ -22,6 +23,22 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_BALANCER_NAME = "round_robin"
 # What Go's gRPC client offers and grpcio does not.
 _NOT_IN_GRPCIO = frozenset({"zstd", "snappy"})
+
+
+class KeepaliveClient(ComponentConfig):
+    # Ping the server after this long without activity, and give up on it after this long
+    # without an answer; permit_without_stream: ping even with no RPC open. (0: gRPC's own.)
+    time: NonNegativeDuration = 0.0
+    timeout: NonNegativeDuration = 0.0
+    permit_without_stream: bool = False
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        options = [("grpc.keepalive_permit_without_calls", int(self.permit_without_stream))]
+        if self.time:
+            options.append(("grpc.keepalive_time_ms", int(self.time * 1000)))
+        if self.timeout:
+            options.append(("grpc.keepalive_timeout_ms", int(self.timeout * 1000)))
+        return options
 
 
 class OtlpGrpcConfig(ComponentConfig):
@@ -40,6 +57,14 @@ class OtlpGrpcConfig(ComponentConfig):
     balancer_name: Literal["round_robin", "pick_first"] = DEFAULT_BALANCER_NAME
     # Overrides the :authority header (the virtual host a proxy routes by).
     authority: str = ""
+    # Overrides the user agent gRPC sends.
+    user_agent: str = ""
+    keepalive: KeepaliveClient | None = None
+    # A connection reads from its socket, and gathers before writing, this much at a time (bytes).
+    read_buffer_size: int = pydantic.Field(0, ge=0)
+    write_buffer_size: int = pydantic.Field(512 * 1024, ge=0)
+    auth: None = None
+    middlewares: Middlewares = None
     retry_on_failure: RetrySettings = RetrySettings()
     sending_queue: QueueSettings = QueueSettings()
     # The profiles.proto layout the backend reads: "1.10" (current), "1.9" (Collector 0.139-0.147,
@@ -53,6 +78,44 @@ class OtlpGrpcConfig(ComponentConfig):
         if value in _NOT_IN_GRPCIO:
             raise ValueError(f"{value!r} is not available for gRPC in Python (grpcio has gzip and deflate); use gzip, or otlp_http, which has zstd")
         return value
+
+    @pydantic.field_validator("keepalive", mode="before")
+    @classmethod
+    def _optional_keepalive(cls, value: Any) -> Any:
+        return optional_section(value)
+
+    @pydantic.field_validator("auth", mode="before")
+    @classmethod
+    def _no_authenticators(cls, value: Any) -> Any:
+        return refused_auth(value)
+
+    @pydantic.model_validator(mode="after")
+    def _verification_grpcio_can_do(self) -> "OtlpGrpcConfig":
+        if self.tls.insecure_skip_verify:
+            raise ValueError("tls::insecure_skip_verify: not supported by pycollector: grpcio always verifies the server certificate; "
+                             "name its CA in tls::ca_file (or use otlp_http)")
+        return self
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        """The gRPC core arguments these settings make."""
+        options: list[tuple[str, Any]] = [("grpc.lb_policy_name", self.balancer_name)]
+        if self.authority:
+            options.append(("grpc.default_authority", self.authority))
+        if self.user_agent:
+            options.append(("grpc.primary_user_agent", self.user_agent))
+        if self.read_buffer_size:
+            options.append(("grpc.experimental.tcp_read_chunk_size", self.read_buffer_size))
+        if self.write_buffer_size:
+            options.append(("grpc.http2.write_buffer_size", self.write_buffer_size))
+        if self.keepalive is not None:
+            options += self.keepalive.grpc_options()
+        if self.uses_tls() and self.tls.server_name_override:
+            options.append(("grpc.ssl_target_name_override", self.tls.server_name_override))
+        return options
+
+    @pydantic.model_serializer(mode="wrap")
+    def _leave_out_sections_that_are_off(self, serialize: Any) -> dict[str, Any]:
+        return {key: value for key, value in serialize(self).items() if value is not None or key not in ("keepalive", "auth")}
 
     @pydantic.field_validator("endpoint")
     @classmethod

@@ -19,7 +19,6 @@ from pycollector.config.types import reveal_headers
 from pycollector.exporterhelper import RetryableSendError
 from pycollector.otlp import OTLP_SIGNALS, profiles_wire, retry_delay, status_from_trailers
 from pycollector.exporterhelper.otlp_exporter import OtlpExporter
-from pycollector.logs import log_once
 
 from exporters.otlp_grpc.config import OtlpGrpcConfig
 
@@ -47,15 +46,9 @@ class OtlpGrpcExporter(OtlpExporter):
 
     def _open(self) -> None:
         config = self.config
-        options = [("grpc.lb_policy_name", config.balancer_name)]
-        if config.authority:
-            options.append(("grpc.default_authority", config.authority))
+        options = config.grpc_options()
         compression = _COMPRESSION.get(config.compression, grpc.Compression.NoCompression)
         if config.uses_tls():
-            if config.tls.server_name_override:
-                options.append(("grpc.ssl_target_name_override", config.tls.server_name_override))
-            if config.tls.insecure_skip_verify:
-                log_once(self.log, ("insecure_skip_verify", self.id), "warning", "not supported by grpcio: the server certificate is still verified; name its CA in tls::ca_file", setting="tls::insecure_skip_verify")
             files = config.tls.read_files()
             credentials = grpc.ssl_channel_credentials(root_certificates=files.ca, private_key=files.key, certificate_chain=files.cert)
             self._channel = grpc.secure_channel(config.target(), credentials, options=options, compression=compression)

@@ -12,8 +12,9 @@ from urllib.parse import urlsplit
 
 import pydantic
 
-from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion
-from pycollector.component import ComponentConfig
+from pycollector.component import ComponentConfig, only_go_default, optional_section
+from pycollector.config.servers import Middlewares, refused_auth
+from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion, parse_duration
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.otlp import OTLP_SIGNALS
 from pycollector.exporterhelper.tls import ClientTLSSettings
@@ -22,6 +23,30 @@ DEFAULT_ENDPOINT = "http://localhost:4318"
 DEFAULT_COMPRESSION = "gzip"
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_ENCODING = "proto"
+
+
+_TransportTuning = "the HTTP library's connection pool (one connection per sending thread) has no such setting"
+_GoTransport0 = only_go_default(0, _TransportTuning)
+_GoWriteBuffer = only_go_default(512 * 1024, _TransportTuning)
+_GoMaxIdle = only_go_default(100, _TransportTuning)
+_GoIdleTimeout = only_go_default(90.0, _TransportTuning, parse_duration)
+_GoHttp2Timeout = only_go_default(0.0, "requests are sent over HTTP/1.1", parse_duration)
+_NoHttp2 = only_go_default(False, "requests are sent over HTTP/1.1")
+
+
+class CompressionParams(ComponentConfig):
+    level: int = 0
+
+    @pydantic.field_validator("level")
+    @classmethod
+    def _range(cls, level: int) -> int:
+        if not -2 <= level <= 22:
+            raise ValueError("expected a compression level (gzip and deflate: -2 to 9, zstd: 1 to 22; 0: the default)")
+        return level
+
+
+class Cookies(ComponentConfig):
+    pass
 
 
 class OtlpHttpConfig(ComponentConfig):
@@ -41,11 +66,57 @@ class OtlpHttpConfig(ComponentConfig):
     # How long one request may take; 0 waits as long as it takes.
     timeout: NonNegativeDuration = DEFAULT_TIMEOUT
     encoding: Literal["proto", "json"] = DEFAULT_ENCODING
+    # Through this proxy (http:// or https://); none: directly, whatever the environment says.
+    proxy_url: str = ""
+    # 0: the compressor's default level.
+    compression_params: CompressionParams = CompressionParams()
+    # Every request on a connection of its own (Connection: close).
+    disable_keep_alives: bool = False
+    # Keep the cookies the backend sets and send them back (Go's in-memory jar); off: none kept.
+    cookies: Cookies | None = None
+    auth: None = None
+    middlewares: Middlewares = None
+    # Go's HTTP transport tuning, at Go's defaults: what requests does.
+    read_buffer_size: _GoTransport0 = None
+    write_buffer_size: _GoWriteBuffer = None
+    max_idle_conns: _GoMaxIdle = None
+    max_idle_conns_per_host: _GoTransport0 = None
+    max_conns_per_host: _GoTransport0 = None
+    idle_conn_timeout: _GoIdleTimeout = None
+    http2_read_idle_timeout: _GoHttp2Timeout = None
+    http2_ping_timeout: _GoHttp2Timeout = None
+    force_attempt_http2: _NoHttp2 = None
     retry_on_failure: RetrySettings = RetrySettings()
     sending_queue: QueueSettings = QueueSettings()
     # The profiles.proto layout the backend reads: "1.10" (current), "1.9" (Collector 0.139-0.147,
     # Pyroscope 1.18/1.19), "1.8" (older). See the README's table.
     profiles_wire_version: ProfilesWireVersion = DEFAULT_PROFILES_WIRE_VERSION
+
+    @pydantic.field_validator("cookies", mode="before")
+    @classmethod
+    def _optional_cookies(cls, value):
+        return optional_section(value)
+
+    @pydantic.field_validator("auth", mode="before")
+    @classmethod
+    def _no_authenticators(cls, value):
+        return refused_auth(value)
+
+    @pydantic.field_validator("proxy_url")
+    @classmethod
+    def _proxy(cls, value: str) -> str:
+        if value and (urlsplit(value).scheme not in ("http", "https", "socks5", "socks5h") or not urlsplit(value).netloc):
+            raise ValueError("expected a proxy URL, e.g. 'http://proxy.internal:3128'")
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _level_for_its_compressor(self) -> "OtlpHttpConfig":
+        level = self.compression_params.level
+        if level and self.compression in ("gzip", "deflate") and not -2 <= level <= 9:
+            raise ValueError(f"compression_params::level: {self.compression} takes -2 to 9 (got {level})")
+        if level and self.compression in ("", "none"):
+            raise ValueError("compression_params::level: no compression to set the level of")
+        return self
 
     @pydantic.field_validator("endpoint", "traces_endpoint", "metrics_endpoint", "logs_endpoint", "profiles_endpoint")
     @classmethod

@@ -8,6 +8,9 @@ timed out) is retried.
 from __future__ import annotations
 
 import gzip
+import http.cookiejar
+import os
+import tempfile
 import zlib
 from typing import Any
 
@@ -27,7 +30,21 @@ from exporters.otlp_http.config import OtlpHttpConfig
 from exporters.otlp_http.retry_after import parse_retry_after
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
-_COMPRESSORS = {"gzip": gzip.compress, "deflate": zlib.compress, "zstd": zstandard.compress}
+# Go's levels: 0 (and -1) is the compressor's default; gzip and deflate at zlib's (6).
+ZLIB_DEFAULT_LEVEL = 6
+
+
+def compressor(name: str, level: int):
+    """The function that compresses a body with ``name`` at ``level``; None for no compression."""
+    if name == "gzip":
+        return lambda body: gzip.compress(body, compresslevel=level if level > 0 else ZLIB_DEFAULT_LEVEL)
+    if name == "deflate":
+        return lambda body: zlib.compress(body, level if level > 0 else ZLIB_DEFAULT_LEVEL)
+    if name == "zstd":
+        return zstandard.ZstdCompressor(level=level).compress if level > 0 else zstandard.compress
+    return None
+
+
 # How much of an error body that is not a google.rpc.Status goes into the log line.
 _ERROR_TEXT_LIMIT = 200
 
@@ -38,17 +55,31 @@ class OtlpHttpExporter(OtlpExporter):
     def __init__(self, settings: Settings, config: OtlpHttpConfig):
         super().__init__(settings, config)
         self._encoding = ENCODINGS[config.encoding]
-        self._compress = _COMPRESSORS.get(config.compression)
+        self._compress = compressor(config.compression, config.compression_params.level)
         self._urls = {signal: config.signal_url(signal) for signal in OTLP_SIGNALS}
         self._session: requests.Session | None = None
         # Given on every request: requests lets REQUESTS_CA_BUNDLE override a session's own verify.
         self._verify = False if config.tls.insecure_skip_verify else (config.tls.ca_file or True)
         self._client_cert = (config.tls.cert_file, config.tls.key_file) if config.tls.cert_file else None
+        self._pem_dir: tempfile.TemporaryDirectory | None = None  # inline PEM, written for the TLS library
 
     def _open(self) -> None:
         config = self.config
-        config.tls.read_files()  # a missing file stops the start, naming its key
+        files = config.tls.read_files()  # a missing file stops the start, naming its key
+        if config.tls.has_inline_pem():
+            self._pem_dir = tempfile.TemporaryDirectory(prefix="pycollector-tls-")
+            written = {name: _private_file(self._pem_dir.name, name, content) for name, content in (("ca", files.ca), ("cert", files.cert), ("key", files.key))}
+            self._verify = False if config.tls.insecure_skip_verify else (written["ca"] or True)
+            self._client_cert = (written["cert"], written["key"]) if written["cert"] else None
         session = requests.Session()
+        # Proxies: the configured one, never the environment's (Go reads only proxy_url too).
+        session.trust_env = False
+        if config.proxy_url:
+            session.proxies = {"http": config.proxy_url, "https": config.proxy_url}
+        if config.cookies is None:
+            session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))  # (no jar, as Go without `cookies`)
+        if config.disable_keep_alives:
+            session.headers["Connection"] = "close"
         # One pooled connection per consumer thread; retries are the sending queue's job.
         adapter = _ServerNameAdapter(config.tls.server_name_override, pool_maxsize=config.sending_queue.num_consumers, max_retries=0)
         session.mount("http://", adapter)
@@ -82,6 +113,18 @@ class OtlpHttpExporter(OtlpExporter):
         if self._session is not None:
             self._session.close()
             self._session = None
+        if self._pem_dir is not None:
+            self._pem_dir.cleanup()
+            self._pem_dir = None
+
+
+def _private_file(directory: str, name: str, content: bytes | None) -> str | None:
+    if content is None:
+        return None
+    path = os.path.join(directory, f"{name}.pem")
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as stream:
+        stream.write(content)
+    return path
 
 
 def _decode(response: requests.Response, message_type: type[Message]) -> Message | None:

@@ -111,8 +111,8 @@ class ListenerSettings(WithOptionalSections):
     """confignet.AddrConfig for a server: where it listens. ``endpoint`` is host:port for tcp*, a
     socket's path for unix."""
 
+    transport: Literal[LISTENING_TRANSPORTS] = "tcp"  # (before endpoint, whose check reads it)
     endpoint: str
-    transport: Literal[LISTENING_TRANSPORTS] = "tcp"
     dialer: Dialer | None = None
 
     @pydantic.field_validator("transport", mode="before")
@@ -124,14 +124,15 @@ class ListenerSettings(WithOptionalSections):
             raise ValueError("must not be empty (tcp, tcp4, tcp6 or unix)")
         return value
 
-    @pydantic.model_validator(mode="after")
-    def _endpoint_for_its_transport(self) -> "ListenerSettings":
-        if self.transport == "unix":
-            if not self.endpoint:
-                raise ValueError("endpoint: a unix socket's path is needed")
+    @pydantic.field_validator("endpoint")
+    @classmethod
+    def _endpoint_for_its_transport(cls, endpoint: str, info: pydantic.ValidationInfo) -> str:
+        if info.data.get("transport") == "unix":
+            if not endpoint:
+                raise ValueError("a unix socket's path is needed")
         else:
-            split_endpoint(self.endpoint)  # (raises naming the form it expects)
-        return self
+            split_endpoint(endpoint)  # (raises naming the form it expects)
+        return endpoint
 
     def unix_path(self) -> str | None:
         return self.endpoint if self.transport == "unix" else None

@@ -10,7 +10,7 @@ from typing import Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig
+from pycollector.component import ComponentConfig, not_supported, only_go_default
 from pycollector.config.types import NonNegativeDuration
 
 DEFAULT_INITIAL_INTERVAL = 5.0
@@ -45,8 +45,14 @@ class RetrySettings(ComponentConfig):
         return self
 
 
+_WaitForResult = only_go_default(False, "consume returns once the request is queued; the batch processor's send is the pipeline's")
+_QueueBatching = not_supported("requests are not merged in the queue: put the batch processor in the pipeline")
+
+
 class QueueSettings(ComponentConfig):
     enabled: bool = True
+    wait_for_result: _WaitForResult = None
+    batch: _QueueBatching = None
     num_consumers: int = pydantic.Field(DEFAULT_NUM_CONSUMERS, ge=1)
     queue_size: int = pydantic.Field(DEFAULT_QUEUE_SIZE, ge=1)
     # When full: False refuses the new request at once (counted as enqueue_failed), True makes

@@ -6,7 +6,17 @@ import dataclasses
 
 import pydantic
 
-from pycollector.component import ComponentConfig, StartError
+from pycollector.component import ComponentConfig, StartError, not_supported, only_go_default
+from pycollector.config.types import OpaqueString, parse_duration
+
+_NoTlsTuning = "the TLS library's defaults are used (TLS 1.2 and up, its cipher suites and curves)"
+# (declared here: a call in an annotation reads as a string to linters under `annotations`)
+_DefaultTlsText = only_go_default("", _NoTlsTuning)
+_DefaultTlsList = only_go_default([], _NoTlsTuning, lambda value: value or [])
+_DefaultTlsFlag = only_go_default(False, _NoTlsTuning)
+_OnlyGivenCa = only_go_default(False, "with a CA given, only that CA is trusted (without one, the system's)")
+_ReadAtStart = only_go_default(0.0, "the certificates are read at start", parse_duration)
+_NoTpm = not_supported("keys in a TPM")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,21 +33,41 @@ class ClientTLSSettings(ComponentConfig):
     insecure: bool = False
     # Accept any server certificate; for tests against self-signed servers, never in production.
     insecure_skip_verify: bool = False
+    # Each as a file or inline PEM (not both).
     ca_file: str = ""
+    ca_pem: str = ""
     cert_file: str = ""
+    cert_pem: str = ""
     key_file: str = ""
+    key_pem: OpaqueString | None = None
     # The name the server certificate must carry, when it differs from the endpoint's host.
     server_name_override: str = ""
+    min_version: _DefaultTlsText = None
+    max_version: _DefaultTlsText = None
+    cipher_suites: _DefaultTlsList = None
+    include_insecure_cipher_suites: _DefaultTlsFlag = None
+    curve_preferences: _DefaultTlsList = None
+    include_system_ca_certs_pool: _OnlyGivenCa = None
+    reload_interval: _ReadAtStart = None
+    tpm: _NoTpm = None
 
     @pydantic.model_validator(mode="after")
     def _cert_and_key_together(self) -> "ClientTLSSettings":
-        if bool(self.cert_file) != bool(self.key_file):
+        for name in ("ca", "cert", "key"):
+            if getattr(self, f"{name}_file") and getattr(self, f"{name}_pem"):
+                raise ValueError(f"{name}_file and {name}_pem: give one, not both")
+        if bool(self.cert_file or self.cert_pem) != bool(self.key_file or self.key_pem):
             raise ValueError("'cert_file' and 'key_file' are set together (a client certificate needs its key)")
         return self
 
     def read_files(self) -> TLSFiles:
-        """Read the PEM files now, so a missing one stops the start with its key and path."""
-        return TLSFiles(*(_read(key, getattr(self, key)) for key in ("ca_file", "cert_file", "key_file")))
+        """The PEM contents, read now from their files, so a missing one stops the start with its
+        key and path."""
+        inline = {"ca_file": self.ca_pem, "cert_file": self.cert_pem, "key_file": self.key_pem.reveal() if self.key_pem else ""}
+        return TLSFiles(*(inline[key].encode() if inline[key] else _read(key, getattr(self, key)) for key in ("ca_file", "cert_file", "key_file")))
+
+    def has_inline_pem(self) -> bool:
+        return bool(self.ca_pem or self.cert_pem or self.key_pem)
 
 
 def _read(key: str, path: str) -> bytes | None:
