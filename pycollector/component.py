@@ -89,6 +89,20 @@ class ComponentConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     required_as_written: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _strings_as_lists(cls, data: Any) -> Any:
+        """Where a list is expected, a string is its comma-separated items, as Go's config decoding
+        reads it (``detectors: env,system``)."""
+        if not isinstance(data, dict):
+            return data
+        split = {}
+        for name, field in cls.model_fields.items():
+            key = field.alias or name
+            if isinstance(data.get(key), str) and _is_list(field.annotation):
+                split[key] = [item.strip() for item in data[key].split(",")]
+        return {**data, **split} if split else data
+
     @pydantic.model_validator(mode="wrap")
     @classmethod
     def _required_as_written(cls, data: Any, handler: Any, info: pydantic.ValidationInfo) -> Any:
@@ -101,6 +115,13 @@ class ComponentConfig(pydantic.BaseModel):
             if missing:
                 raise pydantic_core.ValidationError.from_exception_data(cls.__name__, missing)
         return handler(data)
+
+
+def _is_list(annotation: Any) -> bool:
+    """Whether a field's type is a list (or a list or None)."""
+    if typing.get_origin(annotation) is list:
+        return True
+    return any(typing.get_origin(member) is list for member in typing.get_args(annotation))
 
 
 def as_written(info: pydantic.ValidationInfo) -> bool:

@@ -31,6 +31,12 @@ COMPONENTS = {
     "receivers_otlp": ("receivers", "otlp", {}),
     "exporters_otlp": ("exporters", "otlp_grpc", {"endpoint": "backend:4317"}),
     "exporters_otlphttp": ("exporters", "otlp_http", {"endpoint": "http://backend:4318"}),
+    "processors_attributes": ("processors", "attributes", {"actions": [{"key": "a", "value": "b", "action": "upsert"}]}),
+}
+# What a section needs beside any of its keys, as in Go (a matcher needs its match_type).
+SECTION_NEEDS = {
+    ("processors_attributes", "include"): {"include": {"match_type": "strict"}},
+    ("processors_attributes", "exclude"): {"exclude": {"match_type": "strict"}},
 }
 
 # Examples for keys whose Go default is no example, or which Go takes only with another key:
@@ -47,6 +53,7 @@ EXAMPLES = {
     "exporters_otlp:tls::insecure_skip_verify": {"tls": {"insecure_skip_verify": False}},
     **{f"exporters_otlphttp:{key}": {key: "https://backend:4318/v1/x"} for key in ("endpoint", "traces_endpoint", "metrics_endpoint", "logs_endpoint", "profiles_endpoint")},
     "exporters_otlphttp:proxy_url": {"proxy_url": "http://proxy.internal:3128"},
+    "processors_attributes:actions": {"actions": [{"key": "k", "pattern": "^tmp_", "action": "delete"}]},
 }
 # Go's TLS sections need a certificate and its key, as ours do: a TLS key is set beside them.
 TLS_PAIR = {"cert": {"file": "/etc/ssl/collector.crt", "pem": "-----BEGIN CERTIFICATE-----"},
@@ -111,7 +118,8 @@ def cases():
         for path, spec in (go_keys(name).get("keys") or {}).items():
             if "[]" in path:
                 continue  # (a list element's keys: checked with the list's own tests)
-            yield pytest.param(section, type_, base, path, spec, EXAMPLES.get(f"{name}:{path}"), id=f"{name}:{path}")
+            needs = SECTION_NEEDS.get((name, path.split("::")[0]), {})
+            yield pytest.param(section, type_, merge(base, needs), path, spec, EXAMPLES.get(f"{name}:{path}"), id=f"{name}:{path}")
 
 
 @pytest.mark.parametrize("section, type_, base, path, spec, fragment", list(cases()))
