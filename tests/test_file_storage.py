@@ -250,3 +250,25 @@ def test_a_queue_naming_no_storage_extension_stops_the_start_with_the_key(tmp_pa
     service = build_service(config)
     with pytest.raises(StartError, match="exporters::otlp_http::sending_queue::storage: no storage extension 'file_storage/missing' in service::extensions"):
         service.start()
+
+
+def test_max_size_bounds_a_stores_file_and_recreate_sets_a_corrupt_one_aside(tmp_path):
+    bounded = storage(tmp_path / "bounded", max_size=64 * 1024)
+    client = bounded.get_client("exporter", "otlp_grpc")
+    with pytest.raises(StorageError, match="full"):
+        for index in range(100):
+            client.set(f"k{index}", b"x" * 4096)
+    bounded.shutdown()
+    first = storage(tmp_path / "recreated")
+    path = first.get_client("exporter", "otlp_grpc").path
+    first.shutdown()
+    with open(path, "wb") as damaged:
+        damaged.write(b"this is not a database" * 100)
+    with pytest.raises(StorageError):
+        storage(tmp_path / "recreated").get_client("exporter", "otlp_grpc")
+    recreating = storage(tmp_path / "recreated", recreate=True)
+    client = recreating.get_client("exporter", "otlp_grpc")
+    client.set("k", b"v")
+    assert client.get("k") == b"v"
+    assert [name for name in os.listdir(tmp_path / "recreated" / "storage") if name.endswith(".backup")]
+    recreating.shutdown()

@@ -32,6 +32,9 @@ COMPONENTS = {
     "exporters_otlp": ("exporters", "otlp_grpc", {"endpoint": "backend:4317"}),
     "exporters_otlphttp": ("exporters", "otlp_http", {"endpoint": "http://backend:4318"}),
     "processors_attributes": ("processors", "attributes", {"actions": [{"key": "a", "value": "b", "action": "upsert"}]}),
+    "extensions_file_storage": ("extensions", "file_storage", {"directory": "/tmp"}),
+    "processors_k8sattributes": ("processors", "k8s_attributes", {}),
+    "processors_resourcedetection": ("processors", "resource_detection", {}),
 }
 # What a section needs beside any of its keys, as in Go (a matcher needs its match_type).
 SECTION_NEEDS = {
@@ -71,7 +74,7 @@ def example(spec: dict):
         return spec["allowed"][0] if spec["allowed"][0] != "" else spec["allowed"][-1]
     default = spec.get("default")
     kind = str(spec.get("type", "")).lower()
-    if "optional" in kind or kind == "map":
+    if "optional" in kind or kind == "map" or "section" in kind:
         return {}  # (an optional section written empty: on, with its defaults)
     if default not in (None, "", [], {}) and not (isinstance(default, str) and ("nil" in default or "disabled" in default or default.startswith("{"))):
         return default

@@ -92,6 +92,11 @@ class OtlpHttpConfig(ComponentConfig):
     # Pyroscope 1.18/1.19), "1.8" (older). See the README's table.
     profiles_wire_version: ProfilesWireVersion = DEFAULT_PROFILES_WIRE_VERSION
 
+    @pydantic.model_serializer(mode="wrap")
+    def _leave_out_sections_that_are_off(self, serialize):
+        # (written null, a section would read back as on)
+        return {key: value for key, value in serialize(self).items() if value is not None or key not in ("cookies", "auth")}
+
     @pydantic.field_validator("cookies", mode="before")
     @classmethod
     def _optional_cookies(cls, value):

@@ -22,7 +22,7 @@ class StorageError(Exception):
 
 class FileStorageClient:
     def __init__(self, path: str, *, timeout: float, fsync: bool, compact_on_start: bool = False,
-                 rebound: tuple[int, int] | None = None, check_interval: float = 5.0):
+                 rebound: tuple[int, int] | None = None, check_interval: float = 5.0, max_size: int = 0):
         """``rebound``: (needed, trigger) in MiB: compact when the file is over ``needed`` and its
         data under ``trigger`` (checked after deletes, at most every ``check_interval``)."""
         self.path = path
@@ -39,6 +39,10 @@ class FileStorageClient:
             if problems != "ok":
                 raise sqlite3.DatabaseError(problems)
             self._db.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID")
+            if max_size:
+                # A write that would grow the file past max_size fails ("database or disk is full").
+                page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+                self._db.execute(f"PRAGMA max_page_count = {max(1, max_size // page_size)}")
             if compact_on_start:
                 self._db.execute("VACUUM")
         except sqlite3.Error as error:

@@ -35,6 +35,11 @@ class FileStorageConfig(ComponentConfig):
     # How long an operation waits for a file another process has locked.
     timeout: NonNegativeDuration = 1.0
     compaction: CompactionSettings = CompactionSettings()
+    # Each store's file grows to at most this many bytes (0: no limit); a write past it fails.
+    max_size: int = pydantic.Field(0, ge=0)
+    # A store that cannot be opened (a corrupt file) is renamed <file>.<UTC time>.backup and
+    # replaced by an empty one, instead of stopping the start.
+    recreate: bool = False
     # Sync every commit to the disk (survives a power cut, costs a disk flush per write). Without
     # it a commit survives the process being killed, not the machine losing power.
     fsync: bool = False

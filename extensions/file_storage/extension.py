@@ -8,6 +8,7 @@ there (or ``create_directory``) and writable: a clear error otherwise, before an
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import threading
@@ -48,13 +49,26 @@ class FileStorageExtension(Component):
         with self._lock:
             client = self._clients.get(path)
             if client is None:
-                compaction = self.config.compaction
-                client = self._clients[path] = FileStorageClient(
-                    path, timeout=self.config.timeout, fsync=self.config.fsync, compact_on_start=compaction.on_start,
-                    rebound=(compaction.rebound_needed_threshold_mib, compaction.rebound_trigger_threshold_mib) if compaction.on_rebound else None,
-                    check_interval=compaction.check_interval)
+                try:
+                    client = self._open(path)
+                except StorageError as error:
+                    if not self.config.recreate or not os.path.exists(path):
+                        raise
+                    # As Go's recreate: the unusable file is kept aside, and an empty store takes its place.
+                    backup = f"{path}.{datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S.%f')[:-3]}Z.backup"
+                    os.rename(path, backup)
+                    self.log.warning("store unusable; kept aside and recreated empty", path=path, backup=backup, error=str(error))
+                    client = self._open(path)
+                self._clients[path] = client
                 self.log.info("storage opened", path=path)
             return client
+
+    def _open(self, path: str) -> FileStorageClient:
+        compaction = self.config.compaction
+        return FileStorageClient(
+            path, timeout=self.config.timeout, fsync=self.config.fsync, compact_on_start=compaction.on_start,
+            rebound=(compaction.rebound_needed_threshold_mib, compaction.rebound_trigger_threshold_mib) if compaction.on_rebound else None,
+            check_interval=compaction.check_interval, max_size=self.config.max_size)
 
     def shutdown(self) -> None:
         with self._lock:

@@ -172,6 +172,11 @@ class ExcludeConfig(ComponentConfig):
 
 class K8sAttributesConfig(ComponentConfig):
     auth_type: Literal[AUTH_NONE, AUTH_SERVICE_ACCOUNT, AUTH_KUBE_CONFIG] = DEFAULT_AUTH_TYPE
+    # Go's client-side rate limit of API requests (0: client-go's 5/s, bursts of 10). This
+    # processor lists each collection once and then watches it: a handful of requests, far under
+    # any limit; a non-zero value is accepted, as it bounds nothing here.
+    kube_api_qps: float = pydantic.Field(0, ge=0)
+    kube_api_burst: int = pydantic.Field(0, ge=0)
     # kubeConfig only: the context to use instead of the file's current-context.
     context: str = ""
     # The API server URL (http:// or https://), instead of the in-cluster environment or the
