@@ -9,7 +9,10 @@ function from the URL path to ``Response``; this module owns the socket, the thr
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Callable
@@ -40,6 +43,33 @@ def _check_endpoint(value: str) -> str:
 Endpoint = Annotated[str, pydantic.AfterValidator(_check_endpoint)]
 
 
+def load_certificate(context: ssl.SSLContext, tls) -> None:
+    """The server's certificate and key, from their files or inline PEM (written for the TLS
+    library, which reads only files, to a private directory that is gone at once)."""
+    if tls.cert_file and tls.key_file:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+        return
+    with tempfile.TemporaryDirectory(prefix="pycollector-tls-") as directory:
+        cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+        for path, content in ((cert, tls.certificate()), (key, tls.key())):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as stream:
+                stream.write(content)
+        context.load_cert_chain(cert, key)
+
+
+def server_tls_context(tls, where: str) -> ssl.SSLContext:
+    """A listening endpoint's TLS (``ServerTLSSettings``); StartError naming ``where`` if its files fail."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        load_certificate(context, tls)
+        if tls.client_ca_file:
+            context.load_verify_locations(tls.client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as error:
+        raise StartError(f"{where}: {error}") from error
+    return context
+
+
 @dataclasses.dataclass
 class Response:
     status: int
@@ -56,10 +86,13 @@ Handler = Callable[..., Response]
 class HttpEndpoint:
     """Serves ``handle`` for GET and HEAD on ``endpoint`` from ``start`` until ``stop``."""
 
-    def __init__(self, endpoint: str, handle: Handler, thread_name: str, query: bool = False):
+    def __init__(self, endpoint: str, handle: Handler, thread_name: str, query: bool = False,
+                 tls: ssl.SSLContext | None = None, keep_alive: bool = False):
         self.endpoint = endpoint
         self._handle = handle
         self._query = query
+        self._tls = tls
+        self._keep_alive = keep_alive
         self._thread_name = thread_name
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -67,18 +100,21 @@ class HttpEndpoint:
     def start(self) -> str:
         """Listen and serve; returns the URL, with the bound port when the config said port 0."""
         host, port = split_endpoint(self.endpoint)
-        handler = _handler_class(self._handle, self._query)
+        handler = _handler_class(self._handle, self._query, self._keep_alive)
         server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
         try:
             server = server_class((host, port), handler)
         except OSError as error:
             raise StartError(f"endpoint: cannot listen on {self.endpoint}: {error.strerror or error}") from error
         server.daemon_threads = True  # a slow client must not hold up shutdown
+        server.handle_error = lambda request, address: None  # (a client gone, or a failed TLS handshake: others are unaffected)
+        if self._tls is not None:
+            server.socket = self._tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, args=(STOP_POLL_INTERVAL,), name=self._thread_name, daemon=True)
         self._thread.start()
         shown_host = f"[{host}]" if ":" in host else (host or "0.0.0.0")
-        return f"http://{shown_host}:{server.server_address[1]}"
+        return f"{'https' if self._tls else 'http'}://{shown_host}:{server.server_address[1]}"
 
     def stop(self) -> None:
         """Stop serving; safe before ``start`` and safe twice."""
@@ -94,8 +130,16 @@ class _IPv6Server(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
-def _handler_class(handle: Handler, query: bool) -> type[BaseHTTPRequestHandler]:
+def _handler_class(handle: Handler, query: bool, keep_alive: bool) -> type[BaseHTTPRequestHandler]:
     class _Handler(BaseHTTPRequestHandler):
+        # HTTP/1.0 closes the connection after each answer; 1.1 keeps it for the next request.
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+        def setup(self) -> None:
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.do_handshake()  # here, on this connection's thread, not the accepting one
+            super().setup()
+
         def do_GET(self) -> None:
             self._answer(include_body=True)
 

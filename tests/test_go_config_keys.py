@@ -35,6 +35,7 @@ COMPONENTS = {
     "extensions_file_storage": ("extensions", "file_storage", {"directory": "/tmp"}),
     "processors_k8sattributes": ("processors", "k8s_attributes", {}),
     "processors_resourcedetection": ("processors", "resource_detection", {}),
+    "extensions_health_check": ("extensions", "health_check", {}),
 }
 # What a section needs beside any of its keys, as in Go (a matcher needs its match_type).
 SECTION_NEEDS = {
@@ -129,7 +130,7 @@ def cases():
 def test_each_go_key_is_accepted_or_refused_by_name(section, type_, base, path, spec, fragment):
     config = merge(base, fragment if fragment is not None else nested(path, example(spec)))
     # A server's TLS needs its certificate and key; a client's certificate needs its key.
-    server_tls = section == "receivers" and ("tls::" in path or path.endswith("::tls"))
+    server_tls = section in ("receivers", "extensions") and ("tls::" in path or path == "tls" or path.endswith("::tls"))
     client_certificate = section == "exporters" and path.split("::")[-1] in ("cert_file", "cert_pem", "key_file", "key_pem")
     if server_tls or client_certificate:
         config = merge(with_certificate(path), config)

@@ -137,6 +137,8 @@ def problems_of(section: str, type_: str, config: dict, signal: str = "profiles"
         full["service"]["pipelines"][signal]["exporters"] = [type_]
     elif section == "receivers":
         full["service"]["pipelines"][signal]["receivers"] = [type_]
+    elif section == "extensions":
+        full["service"]["extensions"] = [type_]
     try:
         build_plan(full, Registry())
     except ConfigError as error:

@@ -77,8 +77,58 @@ def test_shutting_down_is_not_healthy(extension):
     assert probe(extension.url)[1]["reason"] == "shutting down: receivers::profiling"
 
 
-def test_only_the_configured_path_answers(extension):
-    assert probe(extension.url + "elsewhere")[0] == 404
+def started(**settings):
+    extension = factory.create(make_settings("extensions", "health_check"), factory.config_model.model_validate({"endpoint": "localhost:0", **settings}), None)
+    extension.start(TestHost())
+    return extension
+
+
+def test_the_root_path_answers_every_path_and_another_only_its_own(extension):
+    """As Go's routes: "/" (the default) matches every path; "/health" only itself."""
+    assert probe(extension.url + "elsewhere")[0] == 503
+    health = started(path="/health")
+    try:
+        assert probe(health.url)[0] == 503 and probe(health.url.replace("/health", "/elsewhere"))[0] == 404
+    finally:
+        health.shutdown()
+
+
+def test_response_body_tls_and_keep_alive_as_go(tmp_path):
+    import http.client
+    import ssl
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    extension = started(endpoint="127.0.0.1:0", tls={"cert_file": str(cert), "key_file": str(key)}, keep_alives_enabled=True,
+                        response_body={"healthy": "I'm OK", "unhealthy": "I'm not well"})
+    try:
+        assert extension.url.startswith("https://")
+        host, port = extension.url.split("//")[1].split("/")[0].split(":")
+        connection = http.client.HTTPSConnection(host, int(port), context=ssl.create_default_context(cafile=str(cert)), timeout=5)
+        for expected_status, expected_body in ((503, b"I'm not well"), (200, b"I'm OK")):
+            if expected_status == 200:
+                extension.on_component_status("receivers::profiling", "ok", None)
+            connection.request("GET", "/")  # (the same connection, kept alive)
+            response = connection.getresponse()
+            assert (response.status, response.read(), response.getheader("Content-Type")) == (expected_status, expected_body, "text/plain; charset=utf-8")
+    finally:
+        extension.shutdown()
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"http": {"endpoint": "localhost:13133"}}, "extensions::health_check::http: not supported by pycollector: Go's v2 health check"),
+    ({"cors": {"allowed_origins": ["*"]}}, "extensions::health_check::cors: not supported by pycollector: Go's health_check answers without it too"),
+    ({"check_collector_pipeline": {"enabled": True}}, "extensions::health_check::check_collector_pipeline::enabled: not supported by pycollector"),
+    ({"transport": "unix"}, "extensions::health_check::transport"),
+])
+def test_what_it_does_not_do_is_refused_by_name(settings, problem):
+    from tests.test_go_conventions import problems_of
+
+    problems = problems_of("extensions", "health_check", settings)
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
 
 
 def test_a_running_service_is_healthy():

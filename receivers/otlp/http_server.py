@@ -18,7 +18,6 @@ import os
 import socket
 import ssl
 import stat
-import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +28,7 @@ import grpc
 
 from pycollector.client import ClientInfo, metadata_from_pairs
 from pycollector.component import StartError
-from pycollector.http_server import split_endpoint
+from pycollector.http_server import server_tls_context, split_endpoint
 from pycollector.otlp import OTLP_SIGNALS, Encoding, encoding_of
 
 from receivers.otlp.config import HttpServerSettings
@@ -82,16 +81,7 @@ class OtlpHttpServer:
         self._server = None
 
     def _tls_context(self) -> ssl.SSLContext:
-        tls = self.settings.tls
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        try:
-            load_certificate(context, tls)
-            if tls.client_ca_file:
-                context.load_verify_locations(tls.client_ca_file)
-                context.verify_mode = ssl.CERT_REQUIRED
-        except (OSError, ssl.SSLError) as error:
-            raise StartError(f"protocols::http::tls: {error}") from error
-        return context
+        return server_tls_context(self.settings.tls, "protocols::http::tls")
 
     # -- one request -------------------------------------------------------------------------------
 
@@ -162,20 +152,6 @@ class OtlpHttpServer:
             seconds = rejection.retry_after if rejection.retry_after is not None else DEFAULT_RETRY_AFTER_SECONDS
             extra["Retry-After"] = str(max(1, math.ceil(seconds)))
         request.reply(rejection.http_status, encoding.content_type, encoding.encode(rejection.status()), close=close, extra=extra)
-
-
-def load_certificate(context: ssl.SSLContext, tls) -> None:
-    """The server's certificate and key, from their files or inline PEM (written for the TLS
-    library, which reads only files, to a private directory that is gone at once)."""
-    if tls.cert_file and tls.key_file:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
-        return
-    with tempfile.TemporaryDirectory(prefix="pycollector-tls-") as directory:
-        cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-        for path, content in ((cert, tls.certificate()), (key, tls.key())):
-            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as stream:
-                stream.write(content)
-        context.load_cert_chain(cert, key)
 
 
 def _remove_stale_socket(path: str) -> None:
