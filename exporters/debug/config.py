@@ -2,12 +2,13 @@ from typing import Any, Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig
+from pycollector.component import ComponentConfig, not_supported
 
 DEFAULT_VERBOSITY = "basic"
 DEFAULT_SAMPLING_INITIAL = 2
 DEFAULT_SAMPLING_THEREAFTER = 1
 DEFAULT_TOP_FUNCTIONS = 10
+_NoQueue = not_supported("the debug exporter prints each message as it comes; it has no queue")
 
 
 class DebugConfig(ComponentConfig):
@@ -22,8 +23,8 @@ class DebugConfig(ComponentConfig):
     output_paths: list[str] | None = None
     # How many functions `normal` lists per profile, by self samples.
     top_functions: int = DEFAULT_TOP_FUNCTIONS
-    # Accepted for Go configs; the debug exporter prints synchronously.
-    sending_queue: dict[str, Any] | None = None
+    # Go's queue in front of the printing: refused by name (this exporter prints as data comes).
+    sending_queue: _NoQueue = None
 
     @pydantic.field_validator("output_paths", mode="before")
     @classmethod
