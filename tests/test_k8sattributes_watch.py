@@ -34,6 +34,7 @@ def config_for(url: str, **overrides) -> dict:
         "endpoint": url,
         "wait_for_metadata": True,
         "wait_for_metadata_timeout": "5s",
+        "pod_delete_grace_period": "0s",  # (deletes take effect at once; the grace has its own test)
         "extract": {"metadata": PROFILING_METADATA},
         "pod_association": BY_CONTAINER_ID,
     }
@@ -172,3 +173,18 @@ def test_shutdown_ends_open_watches_at_once():
             began = time.monotonic()
             processor.processor.shutdown()
             assert time.monotonic() - began < 0.5
+
+
+def test_a_deleted_pod_still_enriches_during_its_grace_period():
+    """As Go keeps a deleted pod for pod_delete_grace_period: what it sent before it went is still
+    named after its deletion arrives."""
+    with FakeKubeApi() as api:
+        api.put("replicasets", fixture("replicaset-checkout.json"))
+        api.put("pods", POD)
+        with running(config_for(api.url, pod_delete_grace_period="1500ms")) as processor:
+            assert pod_name_for(processor, CHECKOUT_ID) == "checkout-6f7c9d8b4d-x2x9q"
+            api.delete("pods", POD)
+            eventually(lambda: processor.metric("otelcol_otelsvc_k8s_pod_deleted_total") == 1)
+            assert pod_name_for(processor, CHECKOUT_ID) == "checkout-6f7c9d8b4d-x2x9q"
+            eventually(lambda: pod_name_for(processor, CHECKOUT_ID) is None)
+            assert processor.metric("otelcol_otelsvc_k8s_pod_table_size") == 0

@@ -14,8 +14,8 @@ from typing import Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig
-from pycollector.config.types import NonNegativeDuration
+from pycollector.component import ComponentConfig, only_go_default
+from pycollector.config.types import NonNegativeDuration, parse_duration
 
 AUTH_NONE = "none"
 AUTH_SERVICE_ACCOUNT = "serviceAccount"
@@ -170,6 +170,10 @@ class ExcludeConfig(ComponentConfig):
     pods: list[ExcludePodConfig] = [ExcludePodConfig(name=name) for name in DEFAULT_EXCLUDED_PODS]
 
 
+DEFAULT_POD_DELETE_GRACE_PERIOD = 120.0
+_GoWatchSync = only_go_default(300.0, "the watch keeps the store as the API server last said; there is no periodic resync", parse_duration)
+
+
 class K8sAttributesConfig(ComponentConfig):
     auth_type: Literal[AUTH_NONE, AUTH_SERVICE_ACCOUNT, AUTH_KUBE_CONFIG] = DEFAULT_AUTH_TYPE
     # Go's client-side rate limit of API requests (0: client-go's 5/s, bursts of 10). This
@@ -187,6 +191,10 @@ class K8sAttributesConfig(ComponentConfig):
     # Block start until the pod table is filled (or fail start after the timeout).
     wait_for_metadata: bool = False
     wait_for_metadata_timeout: NonNegativeDuration = DEFAULT_WAIT_FOR_METADATA_TIMEOUT
+    # A deleted pod's attributes still enrich data this long after its deletion (telemetry it sent
+    # before it went may arrive after), as Go keeps it.
+    pod_delete_grace_period: NonNegativeDuration = DEFAULT_POD_DELETE_GRACE_PERIOD
+    watch_sync_period: _GoWatchSync = None
     filter: FilterConfig = FilterConfig()
     extract: ExtractConfig = ExtractConfig()
     # How a resource finds its pod; empty means by pod IP (k8s.pod.ip, ip, host.name).

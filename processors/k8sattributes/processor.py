@@ -31,7 +31,7 @@ class K8sAttributesProcessor(Component):
         self._rules = ExtractionRules(config.extract, [pod.name for pod in config.exclude.pods])
         self._associations = Associations(config.pod_association)
         self._telemetry = K8sTelemetry(settings.telemetry)
-        self._store = MetadataStore(self._rules, self._associations, self._telemetry)
+        self._store = MetadataStore(self._rules, self._associations, self._telemetry, delete_grace_s=config.pod_delete_grace_period)
         self._enricher = Enricher(self._rules, self._store)
         self._access: ApiAccess | None = None
         self._watchers: list[Watcher] = []

@@ -8,6 +8,7 @@ lookup consistent with the indexes.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 from processors.k8sattributes.association import Associations, Identifier
@@ -19,9 +20,14 @@ KUBE_SYSTEM = "kube-system"  # its uid is the cluster's uid (k8s.cluster.uid)
 
 
 class MetadataStore:
-    def __init__(self, rules: ExtractionRules, associations: Associations, telemetry: K8sTelemetry):
+    def __init__(self, rules: ExtractionRules, associations: Associations, telemetry: K8sTelemetry,
+                 delete_grace_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
         self._rules, self._associations, self._telemetry = rules, associations, telemetry
         self._lock = threading.Lock()
+        # Pods deleted, by uid: when. Their records stay for delete_grace_s (Go's pod_delete_grace_period).
+        self._deleted: dict[str, float] = {}
+        self._delete_grace_s = delete_grace_s
+        self._clock = clock
         self._pods: dict[str, PodRecord] = {}  # by uid
         self._raw_pods: dict[str, dict] = {}  # by uid, trimmed; re-derived when their ReplicaSet changes
         self._identifiers: dict[str, set[Identifier]] = {}  # pod uid -> identifiers it is indexed under
@@ -43,8 +49,14 @@ class MetadataStore:
         """A fresh list: what is missing from it was deleted while we were not watching."""
         table, key_of, put, drop = self._kinds[kind]
         with self._lock:
+            self._forget_deleted_pods()
             listed = {key_of(obj) for obj in objects}
             for key in [key for key in table if key not in listed]:
+                if kind == "pods" and self._delete_grace_s > 0:
+                    if key not in self._deleted:
+                        self._deleted[key] = self._clock()
+                        self._telemetry.event(kind, "deleted")
+                    continue
                 drop(key)
                 self._telemetry.event(kind, "deleted")
             for obj in objects:
@@ -56,13 +68,30 @@ class MetadataStore:
         table, key_of, put, drop = self._kinds[kind]
         key = key_of(obj)
         with self._lock:
+            self._forget_deleted_pods()
             if event_type == DELETED:
-                if key in table:
+                if kind == "pods" and self._delete_grace_s > 0:
+                    if key in table:
+                        self._deleted[key] = self._clock()
+                elif key in table:
                     drop(key)
                 self._telemetry.event(kind, "deleted")
             else:
                 self._telemetry.event(kind, "updated" if key in table else "added")
+                self._deleted.pop(key, None)
                 put(obj)
+            self._telemetry.pod_table_size(len(self._pods))
+
+    def _forget_deleted_pods(self) -> None:
+        """Drop the pods whose grace after deletion is over (under the lock)."""
+        if not self._deleted:
+            return
+        expired = [uid for uid, when in self._deleted.items() if self._clock() - when >= self._delete_grace_s]
+        for uid in expired:
+            del self._deleted[uid]
+            if uid in self._pods:
+                self._drop_pod(uid)
+        if expired:
             self._telemetry.pod_table_size(len(self._pods))
 
     def _put_pod(self, raw: dict) -> None:
@@ -125,6 +154,7 @@ class MetadataStore:
     def pod(self, identifier: Identifier) -> PodRecord | None:
         """The pod an identifier names; None (and a miss counted) when it is not known."""
         with self._lock:
+            self._forget_deleted_pods()
             uid = self._index.get(identifier)
             pod = self._pods.get(uid) if uid else None
         if pod is None:
