@@ -86,9 +86,10 @@ def test_installed_collector_validates_and_lists_its_components_outside_the_chec
     assert "default.yaml: valid" in validated.stdout
     listed = subprocess.run([str(installed / "pycollector"), "components"], **outside(tmp_path))
     assert listed.returncode == 0, listed.stderr
-    rows = {tuple(line.split()[:2]): line for line in listed.stdout.splitlines()}
-    for kind, name in (("receiver", "profiling"), ("exporter", "flamegraph"), ("processor", "k8s_attributes"), ("extension", "file_storage")):
-        assert "pycollector 0.1.0" in rows[(kind, name)]
+    modules = {(kind, entry["name"]): entry["module"] for kind, entries in yaml.safe_load(listed.stdout).items() if isinstance(entries, list)
+               for entry in entries if "name" in entry}
+    for kind, name in (("receivers", "profiling"), ("exporters", "flamegraph"), ("processors", "k8s_attributes"), ("extensions", "file_storage")):
+        assert modules[(kind, name)] == "pycollector 0.1.0"
     # The modules, and the files they read, come from the venv, not from this checkout.
     where = subprocess.run([str(installed / "python"), "-c", "import receivers.profiling.kernel.sampler as s, receivers.profiling.kernel.counters as c, exporters.flamegraph.page as p\n"
                             "print(s.BPF_SOURCE); print(c.BPF_HEADER); print(p.VENDOR); print(len(p.PageTemplate().render({}, live=True)))"], **outside(tmp_path))

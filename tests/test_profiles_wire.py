@@ -408,7 +408,7 @@ def test_an_unquoted_1_10_in_yaml_gets_the_fix(tmp_path, cli):
     config = tmp_path / "c.yaml"
     config.write_text(
         "receivers: {otlp: {profiles_wire_version: 1.9}}\n"
-        "exporters: {otlp_grpc: {profiles_wire_version: 1.10, tls: {insecure: true}}}\n"
+        "exporters: {otlp_grpc: {endpoint: 'backend:4317', profiles_wire_version: 1.10, tls: {insecure: true}}}\n"
         "service: {pipelines: {profiles: {receivers: [otlp], exporters: [otlp_grpc]}}}\n"
     )
     result = cli("validate", "--config", str(config))
