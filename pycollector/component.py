@@ -155,6 +155,12 @@ def optional_section(value: Any) -> Any:
     return value
 
 
+_Section = typing.TypeVar("_Section")
+# A Go optional section of type T (``tls: OptionalSection[ServerTLSSettings] = None``): written,
+# even empty, means on; ``enabled: false`` inside means off; absent, the field's default.
+OptionalSection = typing.Annotated[typing.Optional[_Section], pydantic.BeforeValidator(optional_section)]
+
+
 def not_supported(reason: str) -> Any:
     """A key the Go component has and this one does not act on: absent is fine, written is an
     error naming it (``exporters::x::key: not supported by pycollector: <reason>``), never a key

@@ -13,29 +13,13 @@ import grpc
 import pytest
 
 from pycollector.config.servers import KeepaliveServer, grpc_keepalive_options
-from pycollector.testing import CapturingConsumer, TestHost, make_settings, sample_data
+from pycollector.testing import sample_data
 from receivers.otlp.factory import factory
 
+from tests.test_otlp_receiver import started  # noqa: F401 (the fixture: a receiver started on the given protocols)
 from tests.test_otlp_support import export_grpc
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
-
-
-@pytest.fixture
-def started():
-    receivers = []
-
-    def start(protocols):
-        consumer = CapturingConsumer()
-        config = factory.config_model.model_validate({"protocols": protocols})
-        receiver = factory.create(make_settings("receivers", "otlp"), config, consumer)
-        receiver.start(TestHost())
-        receivers.append(receiver)
-        return receiver, consumer
-
-    yield start
-    for receiver in receivers:
-        receiver.shutdown()
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -50,7 +34,7 @@ class UnixConnection(http.client.HTTPConnection):
 
 def test_both_protocols_listen_on_unix_sockets(started, tmp_path):
     grpc_path, http_path = str(tmp_path / "otlp-grpc.sock"), str(tmp_path / "otlp-http.sock")
-    receiver, consumer = started({"grpc": {"transport": "unix", "endpoint": grpc_path}, "http": {"transport": "unix", "endpoint": http_path}})
+    receiver, consumer = started(protocols={"grpc": {"transport": "unix", "endpoint": grpc_path}, "http": {"transport": "unix", "endpoint": http_path}})
     data = sample_data("traces")
     assert export_grpc(f"unix:{grpc_path}", data) == grpc.StatusCode.OK
     connection = UnixConnection(http_path)
@@ -64,11 +48,11 @@ def test_a_stale_socket_file_is_replaced_and_a_regular_file_is_not(started, tmp_
     leftover = socket.socket(socket.AF_UNIX)
     leftover.bind(str(stale))
     leftover.close()  # (the file stays: a collector that was killed)
-    started({"http": {"transport": "unix", "endpoint": str(stale)}})
+    started(protocols={"http": {"transport": "unix", "endpoint": str(stale)}})
     regular = tmp_path / "notes.txt"
     regular.write_text("mine")
     with pytest.raises(Exception, match="cannot listen"):
-        started({"http": {"transport": "unix", "endpoint": str(regular)}})
+        started(protocols={"http": {"transport": "unix", "endpoint": str(regular)}})
     assert regular.read_text() == "mine"
 
 
@@ -83,7 +67,7 @@ def _http(receiver, method: str, path: str, headers: dict, body: bytes = b"") ->
 
 def test_cors_answers_an_allowed_origins_preflight_and_marks_its_requests(started):
     cors = {"allowed_origins": ["https://*.example.com"], "allowed_headers": ["X-Tenant"], "max_age": 600}
-    receiver, _ = started({"http": {"endpoint": "127.0.0.1:0", "cors": cors}})
+    receiver, _ = started(protocols={"http": {"endpoint": "127.0.0.1:0", "cors": cors}})
     preflight = _http(receiver, "OPTIONS", "/v1/traces", {"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
                                                           "Access-Control-Request-Headers": "X-Tenant, Content-Type"})
     assert preflight.status == 204
@@ -103,7 +87,7 @@ def test_response_headers_keep_alives_and_compression_algorithms(started):
 
     http_settings = {"endpoint": "127.0.0.1:0", "response_headers": [{"name": "X-Served-By", "value": "pycollector"}],
                      "keep_alives_enabled": False, "compression_algorithms": ["", "zstd"]}
-    receiver, consumer = started({"http": http_settings})
+    receiver, consumer = started(protocols={"http": http_settings})
     body = sample_data("logs").SerializeToString()
     plain = _http(receiver, "POST", "/v1/logs", PROTOBUF, body)
     assert plain.status == 200 and plain.getheader("X-Served-By") == "pycollector" and plain.getheader("Connection") == "close"
@@ -113,7 +97,7 @@ def test_response_headers_keep_alives_and_compression_algorithms(started):
 
 
 def test_sections_switched_off_with_enabled_false(started):
-    receiver, _ = started({"grpc": {"enabled": False}, "http": {"endpoint": "127.0.0.1:0", "tls": {"enabled": False, "cert_file": "/nowhere"}}})
+    receiver, _ = started(protocols={"grpc": {"enabled": False}, "http": {"endpoint": "127.0.0.1:0", "tls": {"enabled": False, "cert_file": "/nowhere"}}})
     assert receiver.grpc_address is None and receiver.http_address is not None
     assert _http(receiver, "POST", "/v1/traces", PROTOBUF, sample_data("traces").SerializeToString()).status == 200
 
@@ -123,7 +107,7 @@ def test_tls_from_inline_pem(started, tmp_path):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
                     "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
     tls = {"cert_pem": cert.read_text(), "key_pem": key.read_text()}
-    receiver, consumer = started({"http": {"endpoint": "127.0.0.1:0", "tls": tls}, "grpc": {"endpoint": "127.0.0.1:0", "tls": tls}})
+    receiver, consumer = started(protocols={"http": {"endpoint": "127.0.0.1:0", "tls": tls}, "grpc": {"endpoint": "127.0.0.1:0", "tls": tls}})
     host, port = receiver.http_address
     context = ssl.create_default_context(cafile=str(cert))
     connection = http.client.HTTPSConnection(host, port, context=context, timeout=5)

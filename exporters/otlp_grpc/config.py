@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig, optional_section
-from pycollector.config.servers import Middlewares, refused_auth
+from pycollector.component import ComponentConfig, OptionalSection
+from pycollector.config.servers import Middlewares, RefusedAuth, grpc_buffer_options
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.exporterhelper.tls import ClientTLSSettings
@@ -59,11 +59,11 @@ class OtlpGrpcConfig(ComponentConfig):
     authority: str = ""
     # Overrides the user agent gRPC sends.
     user_agent: str = ""
-    keepalive: KeepaliveClient | None = None
+    keepalive: OptionalSection[KeepaliveClient] = None
     # A connection reads from its socket, and gathers before writing, this much at a time (bytes).
     read_buffer_size: int = pydantic.Field(0, ge=0)
     write_buffer_size: int = pydantic.Field(512 * 1024, ge=0)
-    auth: None = None
+    auth: RefusedAuth = None
     middlewares: Middlewares = None
     retry_on_failure: RetrySettings = RetrySettings()
     sending_queue: QueueSettings = QueueSettings()
@@ -79,16 +79,6 @@ class OtlpGrpcConfig(ComponentConfig):
             raise ValueError(f"{value!r} is not available for gRPC in Python (grpcio has gzip and deflate); use gzip, or otlp_http, which has zstd")
         return value
 
-    @pydantic.field_validator("keepalive", mode="before")
-    @classmethod
-    def _optional_keepalive(cls, value: Any) -> Any:
-        return optional_section(value)
-
-    @pydantic.field_validator("auth", mode="before")
-    @classmethod
-    def _no_authenticators(cls, value: Any) -> Any:
-        return refused_auth(value)
-
     @pydantic.model_validator(mode="after")
     def _verification_grpcio_can_do(self) -> "OtlpGrpcConfig":
         if self.tls.insecure_skip_verify:
@@ -103,10 +93,7 @@ class OtlpGrpcConfig(ComponentConfig):
             options.append(("grpc.default_authority", self.authority))
         if self.user_agent:
             options.append(("grpc.primary_user_agent", self.user_agent))
-        if self.read_buffer_size:
-            options.append(("grpc.experimental.tcp_read_chunk_size", self.read_buffer_size))
-        if self.write_buffer_size:
-            options.append(("grpc.http2.write_buffer_size", self.write_buffer_size))
+        options += grpc_buffer_options(self.read_buffer_size, self.write_buffer_size)
         if self.keepalive is not None:
             options += self.keepalive.grpc_options()
         if self.uses_tls() and self.tls.server_name_override:

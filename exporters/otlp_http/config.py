@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import pydantic
 
-from pycollector.component import ComponentConfig, only_go_default, optional_section
-from pycollector.config.servers import Middlewares, refused_auth
+from pycollector.component import ComponentConfig, OptionalSection, only_go_default
+from pycollector.config.servers import Middlewares, RefusedAuth
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion, parse_duration
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.otlp import OTLP_SIGNALS
@@ -73,8 +73,8 @@ class OtlpHttpConfig(ComponentConfig):
     # Every request on a connection of its own (Connection: close).
     disable_keep_alives: bool = False
     # Keep the cookies the backend sets and send them back (Go's in-memory jar); off: none kept.
-    cookies: Cookies | None = None
-    auth: None = None
+    cookies: OptionalSection[Cookies] = None
+    auth: RefusedAuth = None
     middlewares: Middlewares = None
     # Go's HTTP transport tuning, at Go's defaults: what requests does.
     read_buffer_size: _GoTransport0 = None
@@ -96,16 +96,6 @@ class OtlpHttpConfig(ComponentConfig):
     def _leave_out_sections_that_are_off(self, serialize):
         # (written null, a section would read back as on)
         return {key: value for key, value in serialize(self).items() if value is not None or key not in ("cookies", "auth")}
-
-    @pydantic.field_validator("cookies", mode="before")
-    @classmethod
-    def _optional_cookies(cls, value):
-        return optional_section(value)
-
-    @pydantic.field_validator("auth", mode="before")
-    @classmethod
-    def _no_authenticators(cls, value):
-        return refused_auth(value)
 
     @pydantic.field_validator("proxy_url")
     @classmethod

@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig, not_supported, only_go_default, optional_section
-from pycollector.config.servers import Dialer, Middlewares, ServerTLSSettings, WithOptionalSections, refused_auth
+from pycollector.component import ComponentConfig, OptionalSection, not_supported, only_go_default
+from pycollector.config.servers import Dialer, Middlewares, RefusedAuth, ServerTLSSettings, WithOptionalSections
 from pycollector.config.types import parse_duration
 from pycollector.http_server import Endpoint
 
@@ -48,7 +48,7 @@ class HealthCheckConfig(WithOptionalSections):
     endpoint: Endpoint = DEFAULT_ENDPOINT
     transport: Literal["tcp", "tcp4", "tcp6"] = "tcp"
     dialer: Dialer | None = None
-    tls: ServerTLSSettings | None = None
+    tls: OptionalSection[ServerTLSSettings] = None
     # The URL path that answers; "/" answers every path, as Go's "/" route does.
     path: str = DEFAULT_PATH
     response_body: ResponseBody | None = None
@@ -56,7 +56,7 @@ class HealthCheckConfig(WithOptionalSections):
     keep_alives_enabled: bool = False
     check_collector_pipeline: CheckCollectorPipeline | None = None
     cors: _IgnoredByGo = None
-    auth: None = None
+    auth: RefusedAuth = None
     response_headers: _IgnoredByGo = None
     middlewares: Middlewares = None
     include_metadata: _NoMetadata = None
@@ -76,17 +76,7 @@ class HealthCheckConfig(WithOptionalSections):
     def _absolute(cls, value: str) -> str:
         return value if value.startswith("/") else "/" + value
 
-    @pydantic.field_validator("tls", mode="before")
-    @classmethod
-    def _optional_tls(cls, value: Any) -> Any:
-        return optional_section(value)
-
     @pydantic.field_validator("response_body", mode="before")
     @classmethod
     def _present_means_plain(cls, value: Any) -> Any:
         return {} if value is None else value
-
-    @pydantic.field_validator("auth", mode="before")
-    @classmethod
-    def _no_authenticators(cls, value: Any) -> Any:
-        return refused_auth(value)

@@ -8,11 +8,11 @@ off or none, is what happens here anyway). See the README's components table.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig, not_supported, only_go_default, optional_section
+from pycollector.component import ComponentConfig, OptionalSection, not_supported, only_go_default, optional_section
 from pycollector.config.types import NonNegativeDuration, OpaqueString, parse_duration
 from pycollector.http_server import split_endpoint
 
@@ -154,6 +154,19 @@ def refused_auth(value: Any) -> Any:
 
 
 Middlewares = only_go_default(_EMPTY_LIST, _NoMiddlewares, _as_list)
+# ``auth``: off (``enabled: false``) is accepted, any authenticator refused by name.
+RefusedAuth = Annotated[None, pydantic.BeforeValidator(refused_auth)]
+
+
+def grpc_buffer_options(read_buffer_size: int, write_buffer_size: int) -> list[tuple[str, int]]:
+    """Go's gRPC read/write buffer sizes as gRPC core arguments: how much a connection reads from
+    its socket, and gathers before writing, at a time (0: gRPC's own)."""
+    options = []
+    if read_buffer_size:
+        options.append(("grpc.experimental.tcp_read_chunk_size", read_buffer_size))
+    if write_buffer_size:
+        options.append(("grpc.http2.write_buffer_size", write_buffer_size))
+    return options
 
 
 # -- gRPC -----------------------------------------------------------------------------------------
@@ -176,13 +189,8 @@ class KeepaliveEnforcementPolicy(ComponentConfig):
 
 
 class KeepaliveServer(WithOptionalSections):
-    server_parameters: KeepaliveServerParameters | None = None
-    enforcement_policy: KeepaliveEnforcementPolicy | None = None
-
-    @pydantic.field_validator("server_parameters", "enforcement_policy", mode="before")
-    @classmethod
-    def _optional(cls, value: Any) -> Any:
-        return optional_section(value)
+    server_parameters: OptionalSection[KeepaliveServerParameters] = None
+    enforcement_policy: OptionalSection[KeepaliveEnforcementPolicy] = None
 
 
 def grpc_keepalive_options(keepalive: KeepaliveServer | None) -> list[tuple[str, int]]:

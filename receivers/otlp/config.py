@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pydantic
 
-from pycollector.component import ComponentConfig, only_go_default, optional_section
+from pycollector.component import ComponentConfig, OptionalSection, only_go_default
 from pycollector.config.servers import (
     CorsSettings,
     KeepaliveEnforcementPolicy,
@@ -20,8 +20,8 @@ from pycollector.config.servers import (
     KeepaliveServerParameters,
     ListenerSettings,
     Middlewares,
+    RefusedAuth,
     ServerTLSSettings,
-    refused_auth,
     response_header_map,
 )
 from pycollector.config.types import NonNegativeDuration, OpaqueString, parse_duration
@@ -47,22 +47,12 @@ _NoWriteTimeout = only_go_default(0.0, "an answer is written as long as it takes
 
 
 class _ServerSettings(ListenerSettings):
-    tls: ServerTLSSettings | None = None
+    tls: OptionalSection[ServerTLSSettings] = None
     # Hand the request's metadata (gRPC metadata, HTTP headers) to the processors downstream, as
     # pycollector.client.current().metadata. The client's address is handed down always.
     include_metadata: bool = False
-    auth: None = None
+    auth: RefusedAuth = None
     middlewares: Middlewares = None
-
-    @pydantic.field_validator("tls", mode="before")
-    @classmethod
-    def _optional_tls(cls, value: Any) -> Any:
-        return optional_section(value)
-
-    @pydantic.field_validator("auth", mode="before")
-    @classmethod
-    def _no_authenticators(cls, value: Any) -> Any:
-        return refused_auth(value)
 
 
 class GrpcServerSettings(_ServerSettings):
@@ -72,19 +62,14 @@ class GrpcServerSettings(_ServerSettings):
     # The socket reads and the HTTP/2 writes of a connection are done in pieces of these sizes (bytes).
     read_buffer_size: int = pydantic.Field(512 * 1024, ge=0)
     write_buffer_size: int = pydantic.Field(0, ge=0)
-    keepalive: KeepaliveServer | None = KeepaliveServer(server_parameters=KeepaliveServerParameters(), enforcement_policy=KeepaliveEnforcementPolicy())
-
-    @pydantic.field_validator("keepalive", mode="before")
-    @classmethod
-    def _optional_keepalive(cls, value: Any) -> Any:
-        return optional_section(value)
+    keepalive: OptionalSection[KeepaliveServer] = KeepaliveServer(server_parameters=KeepaliveServerParameters(), enforcement_policy=KeepaliveEnforcementPolicy())
 
 
 class HttpServerSettings(_ServerSettings):
     endpoint: str = DEFAULT_HTTP_ENDPOINT
     # Applies to the body as sent and again once decompressed; 0 or less: the default, as in Go.
     max_request_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE
-    cors: CorsSettings | None = None
+    cors: OptionalSection[CorsSettings] = None
     # Sent with every answer (a map, or a list of {name, value}); values are opaque.
     response_headers: dict[str, OpaqueString] = {}
     # The Content-Encodings a request body may have; others are refused (415).
@@ -104,11 +89,6 @@ class HttpServerSettings(_ServerSettings):
     @classmethod
     def _positive_or_default(cls, value: int) -> int:
         return value if value > 0 else DEFAULT_MAX_REQUEST_BODY_SIZE
-
-    @pydantic.field_validator("cors", mode="before")
-    @classmethod
-    def _optional_cors(cls, value: Any) -> Any:
-        return optional_section(value)
 
     @pydantic.field_validator("response_headers", mode="before")
     @classmethod
@@ -148,13 +128,9 @@ class HttpServerSettings(_ServerSettings):
 
 
 class Protocols(ComponentConfig):
-    grpc: GrpcServerSettings | None = None
-    http: HttpServerSettings | None = None
-
-    @pydantic.field_validator("grpc", "http", mode="before")
-    @classmethod
-    def _present_means_on(cls, value: Any) -> Any:
-        return optional_section(value)  # (written, even empty, is on; enabled: false is off)
+    # (written, even empty, is on; enabled: false is off; absent is off)
+    grpc: OptionalSection[GrpcServerSettings] = None
+    http: OptionalSection[HttpServerSettings] = None
 
     @pydantic.model_serializer(mode="wrap")
     def _leave_out_protocols_that_are_off(self, serialize: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import grpc
 
 from pycollector.client import ClientInfo, address_from_grpc_peer, metadata_from_pairs
 from pycollector.component import StartError
-from pycollector.config.servers import grpc_keepalive_options
+from pycollector.config.servers import grpc_buffer_options, grpc_keepalive_options
 from pycollector.http_server import split_endpoint
 from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, OtlpSignal
 from pycollector.otlp.rpc_status import DETAILS_TRAILER
@@ -41,12 +41,7 @@ class OtlpGrpcServer:
             options.append(("grpc.max_receive_message_length", settings.max_recv_msg_size_mib * MIB))
         if settings.max_concurrent_streams:
             options.append(("grpc.max_concurrent_streams", settings.max_concurrent_streams))
-        # Go's read/write buffer sizes: how much a connection reads from its socket, and gathers
-        # before writing, at a time.
-        if settings.read_buffer_size:
-            options.append(("grpc.experimental.tcp_read_chunk_size", settings.read_buffer_size))
-        if settings.write_buffer_size:
-            options.append(("grpc.http2.write_buffer_size", settings.write_buffer_size))
+        options += grpc_buffer_options(settings.read_buffer_size, settings.write_buffer_size)
         options += grpc_keepalive_options(settings.keepalive)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="otlp-grpc"), options=options)
         for signal in self.signals:
