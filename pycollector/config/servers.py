@@ -56,7 +56,20 @@ _NoTpm = not_supported("keys in a TPM")
 _ListenerDialerTimeout = only_go_default(0.0, "a dialer timeout does not apply to an endpoint that listens", parse_duration)
 
 
-class ServerTLSSettings(ComponentConfig):
+class GoTlsTuning(ComponentConfig):
+    """configtls's keys that tune the TLS library, which keeps its defaults here: accepted at
+    Go's defaults, refused by name otherwise. Both a server's and a client's TLS have them."""
+
+    min_version: _DefaultTlsText = None
+    max_version: _DefaultTlsText = None
+    cipher_suites: _DefaultTlsList = None
+    include_insecure_cipher_suites: _DefaultTlsFlag = None
+    curve_preferences: _DefaultTlsList = None
+    reload_interval: _ReloadInterval = None
+    tpm: _NoTpm = None
+
+
+class ServerTLSSettings(GoTlsTuning):
     """configtls.ServerConfig: the certificate and key (files or inline PEM), and the CA clients
     must be signed by (mutual TLS)."""
 
@@ -69,14 +82,7 @@ class ServerTLSSettings(ComponentConfig):
     ca_file: _NoServerCa = None
     ca_pem: _NoServerCa = None
     client_ca_file_reload: _ReadAtStart = None
-    reload_interval: _ReloadInterval = None
-    min_version: _DefaultTlsText = None
-    max_version: _DefaultTlsText = None
-    cipher_suites: _DefaultTlsList = None
-    include_insecure_cipher_suites: _DefaultTlsFlag = None
-    curve_preferences: _DefaultTlsList = None
     include_system_ca_certs_pool: _NoSystemCaPool = None
-    tpm: _NoTpm = None
 
     @pydantic.model_validator(mode="after")
     def _certificate_and_key(self) -> "ServerTLSSettings":

@@ -6,17 +6,12 @@ import dataclasses
 
 import pydantic
 
-from pycollector.component import ComponentConfig, StartError, not_supported, only_go_default
-from pycollector.config.types import OpaqueString, parse_duration
+from pycollector.component import StartError, only_go_default
+from pycollector.config.servers import GoTlsTuning
+from pycollector.config.types import OpaqueString
 
-_NoTlsTuning = "the TLS library's defaults are used (TLS 1.2 and up, its cipher suites and curves)"
 # (declared here: a call in an annotation reads as a string to linters under `annotations`)
-_DefaultTlsText = only_go_default("", _NoTlsTuning)
-_DefaultTlsList = only_go_default([], _NoTlsTuning, lambda value: value or [])
-_DefaultTlsFlag = only_go_default(False, _NoTlsTuning)
 _OnlyGivenCa = only_go_default(False, "with a CA given, only that CA is trusted (without one, the system's)")
-_ReadAtStart = only_go_default(0.0, "the certificates are read at start", parse_duration)
-_NoTpm = not_supported("keys in a TPM")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +23,7 @@ class TLSFiles:
     key: bytes | None
 
 
-class ClientTLSSettings(ComponentConfig):
+class ClientTLSSettings(GoTlsTuning):
     # gRPC: plaintext instead of TLS. (otlp_http takes TLS from the endpoint's https:// scheme.)
     insecure: bool = False
     # Accept any server certificate; for tests against self-signed servers, never in production.
@@ -42,14 +37,7 @@ class ClientTLSSettings(ComponentConfig):
     key_pem: OpaqueString | None = None
     # The name the server certificate must carry, when it differs from the endpoint's host.
     server_name_override: str = ""
-    min_version: _DefaultTlsText = None
-    max_version: _DefaultTlsText = None
-    cipher_suites: _DefaultTlsList = None
-    include_insecure_cipher_suites: _DefaultTlsFlag = None
-    curve_preferences: _DefaultTlsList = None
     include_system_ca_certs_pool: _OnlyGivenCa = None
-    reload_interval: _ReadAtStart = None
-    tpm: _NoTpm = None
 
     @pydantic.model_validator(mode="after")
     def _cert_and_key_together(self) -> "ClientTLSSettings":
