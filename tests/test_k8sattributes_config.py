@@ -54,7 +54,7 @@ def _plan(processor_config: dict):
         ({"extract": {"metadata": ["k8s.pod.labels"]}}, "'k8s.pod.labels' is not a supported metadata field"),
         ({"extract": {"labels": [{"key": "a", "key_regex": "b"}]}}, "give key or key_regex, not both"),
         ({"extract": {"annotations": [{"key_regex": "("}]}}, "key_regex '(' is not a valid regular expression"),
-        ({"extract": {"labels": [{"key": "a", "from": "deployment"}]}}, "processors::k8sattributes::extract::labels::0::from"),
+        ({"extract": {"labels": [{"key": "a", "from": "cronjob"}]}}, "processors::k8sattributes::extract::labels::0::from"),
         ({"pod_association": [{"sources": [{"from": "resource_attribute", "name": n} for n in "abcde"]}]}, "at most 4 items"),
         ({"pod_association": [{"sources": [{"from": "resource_attribute"}]}]}, "needs the attribute's name"),
         ({"filter": {"fields": [{"key": "status.phase", "value": "Running", "op": "exists"}]}}, "not supported for field filters"),

@@ -33,9 +33,14 @@ COLLECTIONS = {
     "namespaces": ("v1", "Namespace"),
     "nodes": ("v1", "Node"),
     "replicasets": ("apps/v1", "ReplicaSet"),
+    "deployments": ("apps/v1", "Deployment"),
+    "statefulsets": ("apps/v1", "StatefulSet"),
+    "daemonsets": ("apps/v1", "DaemonSet"),
+    "jobs": ("batch/v1", "Job"),
 }
 CLUSTER_SCOPED = {"namespaces", "nodes"}
-ROUTE = re.compile(r"^/(?:api/v1|apis/apps/v1)(?:/namespaces/(?P<namespace>[^/]+))?/(?P<collection>pods|namespaces|nodes|replicasets)$")
+ROUTE = re.compile(r"^/(?:api/v1|apis/apps/v1|apis/batch/v1)(?:/namespaces/(?P<namespace>[^/]+))?/"
+                   r"(?P<collection>pods|namespaces|nodes|replicasets|deployments|statefulsets|daemonsets|jobs)$")
 
 
 def fixture(name: str) -> dict:

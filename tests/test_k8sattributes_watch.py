@@ -188,3 +188,43 @@ def test_a_deleted_pod_still_enriches_during_its_grace_period():
             assert pod_name_for(processor, CHECKOUT_ID) == "checkout-6f7c9d8b4d-x2x9q"
             eventually(lambda: pod_name_for(processor, CHECKOUT_ID) is None)
             assert processor.metric("otelcol_otelsvc_k8s_pod_table_size") == 0
+
+
+def workload(kind: str, api_version: str, name: str, uid: str, labels: dict, owner: dict | None = None) -> dict:
+    """A workload object as the API server sends it (the fields the processor reads)."""
+    meta = {"name": name, "namespace": "shop", "uid": uid, "labels": labels, "annotations": {"owner-team": "payments"}}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["name"], "uid": owner["uid"], "controller": True}]
+    return {"kind": kind, "apiVersion": api_version, "metadata": meta, "spec": {}}
+
+
+def test_labels_and_annotations_come_from_the_pods_workloads_as_go_reads_them():
+    """`from: deployment` (through the pod's ReplicaSet), `from: replicaset`, `from: job`, and a
+    Job's CronJob uid (k8s.cronjob.uid), each from its own collection the processor watches."""
+    deployment = workload("Deployment", "apps/v1", "checkout", "e8d1c2b3-4a5f-4e6d-9c7b-8a9f0e1d2c3b", {"tier": "frontend"})
+    cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly", "uid": "c0c0c0c0-0000-4000-8000-000000000001"}
+    job = workload("Job", "batch/v1", "nightly-29012345", "10b10b10-0000-4000-8000-000000000002", {"tier": "batch"}, cronjob)
+    job_pod = copy.deepcopy(POD)
+    job_pod["metadata"].update(name="nightly-29012345-abcde", uid="20c20c20-0000-4000-8000-000000000003",
+                               ownerReferences=[{"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": job["metadata"]["uid"], "controller": True}])
+    job_pod["status"]["containerStatuses"][0]["containerID"] = "containerd://" + "c3" * 32
+    extract = {"metadata": [*PROFILING_METADATA, "k8s.cronjob.uid"],
+               "labels": [{"from": "deployment", "key": "tier"}, {"from": "replicaset", "key": "pod-template-hash", "tag_name": "rs.hash"},
+                          {"from": "job", "key": "tier", "tag_name": "job.tier"}],
+               "annotations": [{"from": "deployment", "key": "owner-team"}]}
+    with FakeKubeApi() as api:
+        api.put("replicasets", fixture("replicaset-checkout.json"))
+        api.put("deployments", deployment)
+        api.put("jobs", job)
+        api.put("pods", POD)
+        api.put("pods", job_pod)
+        with running(config_for(api.url, extract=extract)) as processor:
+            [checkout] = processor.resources(profile(**{"container.id": CHECKOUT_ID}))
+            assert checkout["k8s.deployment.labels.tier"] == "frontend" and checkout["k8s.deployment.annotations.owner-team"] == "payments"
+            assert checkout["rs.hash"] == "6f7c9d8b4d"
+            [nightly] = processor.resources(profile(**{"container.id": "c3" * 32}))
+            assert nightly["job.tier"] == "batch" and nightly["k8s.cronjob.uid"] == cronjob["uid"]
+            assert "k8s.deployment.labels.tier" not in nightly
+            watched = {path for path, _ in api.requests}
+            assert {"/apis/apps/v1/deployments", "/apis/batch/v1/jobs", "/apis/apps/v1/replicasets"} <= watched
+            assert "/apis/apps/v1/statefulsets" not in watched  # (nothing reads from StatefulSets)

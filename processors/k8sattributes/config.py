@@ -26,6 +26,15 @@ DEFAULT_WAIT_FOR_METADATA_TIMEOUT = 10.0  # seconds
 FROM_POD = "pod"
 FROM_NAMESPACE = "namespace"
 FROM_NODE = "node"
+FROM_DEPLOYMENT = "deployment"
+FROM_STATEFULSET = "statefulset"
+FROM_DAEMONSET = "daemonset"
+FROM_JOB = "job"
+FROM_REPLICASET = "replicaset"
+# The workloads labels and annotations may come from: (collection, API group path) of each.
+WORKLOADS = {FROM_DEPLOYMENT: ("deployments", "/apis/apps/v1"), FROM_STATEFULSET: ("statefulsets", "/apis/apps/v1"),
+             FROM_DAEMONSET: ("daemonsets", "/apis/apps/v1"), FROM_JOB: ("jobs", "/apis/batch/v1"),
+             FROM_REPLICASET: ("replicasets", "/apis/apps/v1")}
 FROM_RESOURCE_ATTRIBUTE = "resource_attribute"
 FROM_CONNECTION = "connection"
 
@@ -46,7 +55,7 @@ SUPPORTED_METADATA = frozenset(
         "k8s.namespace.name", "k8s.pod.name", "k8s.pod.uid", "k8s.pod.hostname", "k8s.pod.start_time", "k8s.pod.ip",
         "k8s.deployment.name", "k8s.deployment.uid", "k8s.replicaset.name", "k8s.replicaset.uid",
         "k8s.daemonset.name", "k8s.daemonset.uid", "k8s.statefulset.name", "k8s.statefulset.uid",
-        "k8s.job.name", "k8s.job.uid", "k8s.cronjob.name", "k8s.node.name", "k8s.node.uid",
+        "k8s.job.name", "k8s.job.uid", "k8s.cronjob.name", "k8s.cronjob.uid", "k8s.node.name", "k8s.node.uid",
         "k8s.container.name", "container.id", "container.image.name", "container.image.tag",
         "container.image.repo_digests", "k8s.cluster.uid",
         "service.name", "service.namespace", "service.version", "service.instance.id",
@@ -66,7 +75,7 @@ _FieldExtractFields = pydantic.create_model(
     tag_name=(str, ""),
     key=(str, ""),
     key_regex=(str, ""),
-    **{"from": (Literal[FROM_POD, FROM_NAMESPACE, FROM_NODE], FROM_POD)},
+    **{"from": (Literal[FROM_POD, FROM_NAMESPACE, FROM_NODE, FROM_DEPLOYMENT, FROM_STATEFULSET, FROM_DAEMONSET, FROM_JOB, FROM_REPLICASET], FROM_POD)},
 )
 _AssociationSourceFields = pydantic.create_model(
     "_AssociationSourceFields",

@@ -10,6 +10,7 @@ from typing import Any
 
 from pycollector.pdata.attributes import from_any_value, to_any_value
 
+from processors.k8sattributes.config import FROM_JOB
 from processors.k8sattributes.rules import Container, ExtractionRules, PodRecord
 from processors.k8sattributes.store import MetadataStore
 
@@ -52,6 +53,11 @@ class Enricher:
             for key, value in pod.attributes.items():
                 resource.fill(key, value)
             self._container(resource, pod)
+            for source, workload in self._store.workloads_of(pod):
+                for key, value in workload.attributes.items():
+                    resource.fill(key, value)
+                if source == FROM_JOB and self._rules.wants("k8s.cronjob.uid"):
+                    resource.fill("k8s.cronjob.uid", workload.cronjob_uid)
             if self._rules.wants("k8s.cluster.uid"):
                 resource.fill("k8s.cluster.uid", self._store.cluster_uid())
         # Namespace and node attributes apply even without a pod, to a resource that names them.

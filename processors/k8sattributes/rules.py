@@ -21,7 +21,22 @@ import dataclasses
 import re
 from typing import Any, Mapping
 
-from processors.k8sattributes.config import FROM_NAMESPACE, FROM_NODE, FROM_POD, ExtractConfig, FieldExtractConfig
+from processors.k8sattributes.config import (
+    FROM_DEPLOYMENT,
+    FROM_JOB,
+    FROM_NAMESPACE,
+    FROM_NODE,
+    FROM_POD,
+    FROM_REPLICASET,
+    WORKLOADS,
+    ExtractConfig,
+    FieldExtractConfig,
+)
+
+# Where labels and annotations may be read: the pod, its namespace and node, and its workloads.
+SOURCES = (FROM_POD, FROM_NAMESPACE, FROM_NODE, *WORKLOADS)
+# A pod's owner kinds (ownerReferences) that are workloads of their own.
+OWNER_SOURCES = {"StatefulSet": "statefulset", "DaemonSet": "daemonset", "Job": FROM_JOB}
 from processors.k8sattributes.images import parse_image
 
 IGNORE_ANNOTATION = "opentelemetry.io/k8s-processor/ignore"
@@ -57,6 +72,9 @@ class PodRecord:
     start_time: str  # RFC 3339; the newer pod wins an identifier two pods claim
     ignored: bool
     replicaset_uid: str
+    # The pod's other workload owners: (source, uid), e.g. ("statefulset", "..."), for labels and
+    # annotations read from them.
+    owners: tuple[tuple[str, str], ...]
     attributes: dict[str, str]
     containers_by_id: dict[str, Container]  # runtime prefix ("containerd://") stripped
     containers_by_name: dict[str, Container]
@@ -68,6 +86,17 @@ class ReplicaSetRecord:
     name: str
     deployment_name: str
     deployment_uid: str
+    attributes: dict[str, str] = dataclasses.field(default_factory=dict)  # its labels and annotations extracted
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadRecord:
+    """A Deployment, StatefulSet, DaemonSet or Job: its labels and annotations extracted; a Job's
+    CronJob, when a CronJob made it."""
+
+    uid: str
+    attributes: dict[str, str]
+    cronjob_uid: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +156,8 @@ class ExtractionRules:
     def __init__(self, extract: ExtractConfig, excluded_pod_names: list[str]):
         self.metadata = frozenset(extract.metadata)
         self.deployment_name_from_replicaset = extract.deployment_name_from_replicaset
-        self.labels = {source: self._rules(extract.labels, source, "labels") for source in (FROM_POD, FROM_NAMESPACE, FROM_NODE)}
-        self.annotations = {source: self._rules(extract.annotations, source, "annotations") for source in (FROM_POD, FROM_NAMESPACE, FROM_NODE)}
+        self.labels = {source: self._rules(extract.labels, source, "labels") for source in SOURCES}
+        self.annotations = {source: self._rules(extract.annotations, source, "annotations") for source in SOURCES}
         if extract.otel_annotations:
             self.annotations[FROM_POD].append(FieldRule.otel_annotations())
         self.excluded = [re.compile(name) for name in excluded_pod_names]
@@ -152,14 +181,28 @@ class ExtractionRules:
     def needs_replicasets(self) -> bool:
         """The Deployment of a pod is only known through its ReplicaSet's owner."""
         by_name = self.wants("k8s.deployment.name") or self.wants("service.name")
-        return self.wants("k8s.deployment.uid") or (by_name and not self.deployment_name_from_replicaset)
+        return (self.wants("k8s.deployment.uid") or (by_name and not self.deployment_name_from_replicaset)
+                or self.reads_from(FROM_REPLICASET) or self.needs_workload(FROM_DEPLOYMENT))
+
+    def reads_from(self, source: str) -> bool:
+        return bool(self.labels[source] or self.annotations[source])
+
+    def needs_workload(self, source: str) -> bool:
+        """Whether a workload collection (deployments, statefulsets, daemonsets, jobs) is watched."""
+        return self.reads_from(source) or (source == FROM_JOB and self.wants("k8s.cronjob.uid"))
 
     # -- objects ------------------------------------------------------------------------
 
     def replicaset(self, raw: dict) -> ReplicaSetRecord:
         meta = raw.get("metadata") or {}
         deployment = _controller(meta, "Deployment")
-        return ReplicaSetRecord(meta.get("uid", ""), meta.get("name", ""), deployment.get("name", ""), deployment.get("uid", ""))
+        return ReplicaSetRecord(meta.get("uid", ""), meta.get("name", ""), deployment.get("name", ""), deployment.get("uid", ""),
+                                self._owner_record(raw, FROM_REPLICASET).attributes)
+
+    def workload(self, raw: dict, source: str) -> WorkloadRecord:
+        meta = raw.get("metadata") or {}
+        cronjob = _controller(meta, "CronJob") if source == FROM_JOB else {}
+        return WorkloadRecord(meta.get("uid", ""), self._owner_record(raw, source).attributes, cronjob.get("uid", ""))
 
     def namespace(self, raw: dict) -> OwnerRecord:
         return self._owner_record(raw, FROM_NAMESPACE)
@@ -192,6 +235,7 @@ class ExtractionRules:
             start_time=status.get("startTime") or meta.get("creationTimestamp") or "",
             ignored=ignored,
             replicaset_uid=replicaset.get("uid", ""),
+            owners=tuple((OWNER_SOURCES[ref["kind"]], ref.get("uid", "")) for ref in meta.get("ownerReferences") or [] if ref.get("kind") in OWNER_SOURCES),
             attributes={} if ignored else self._pod_attributes(meta, spec, status, replicasets),
             containers_by_id=by_id,
             containers_by_name=by_name,

@@ -12,7 +12,8 @@ import time
 from typing import Callable
 
 from processors.k8sattributes.association import Associations, Identifier
-from processors.k8sattributes.rules import ExtractionRules, OwnerRecord, PodRecord, ReplicaSetRecord, trim_pod
+from processors.k8sattributes.config import FROM_DEPLOYMENT, FROM_REPLICASET, WORKLOADS
+from processors.k8sattributes.rules import ExtractionRules, OwnerRecord, PodRecord, ReplicaSetRecord, WorkloadRecord, trim_pod
 from processors.k8sattributes.telemetry import K8sTelemetry
 from processors.k8sattributes.watch import DELETED
 
@@ -36,11 +37,14 @@ class MetadataStore:
         self._replicasets: dict[str, ReplicaSetRecord] = {}  # by uid
         self._namespaces: dict[str, OwnerRecord] = {}  # by name
         self._nodes: dict[str, OwnerRecord] = {}  # by name
+        # Deployments, StatefulSets, DaemonSets and Jobs, by source ("deployment") and uid.
+        self._workloads: dict[str, dict[str, WorkloadRecord]] = {source: {} for source in WORKLOADS if source != FROM_REPLICASET}
         self._kinds: dict[str, tuple[dict, Callable[[dict], str], Callable[[dict], None], Callable[[str], None]]] = {
             "pods": (self._pods, _uid, self._put_pod, self._drop_pod),
             "replicasets": (self._replicasets, _uid, self._put_replicaset, self._replicasets.pop),
             "namespaces": (self._namespaces, _name, self._put_namespace, self._namespaces.pop),
             "nodes": (self._nodes, _name, self._put_node, self._nodes.pop),
+            **{WORKLOADS[source][0]: (table, _uid, self._workload_putter(source), table.pop) for source, table in self._workloads.items()},
         }
 
     # -- the watchers' side ----------------------------------------------------------------
@@ -145,6 +149,15 @@ class MetadataStore:
         namespace = self._rules.namespace(raw)
         self._namespaces[namespace.name] = namespace
 
+    def _workload_putter(self, source: str) -> Callable[[dict], None]:
+        table = self._workloads[source]
+
+        def put(raw: dict) -> None:
+            record = self._rules.workload(raw, source)
+            table[record.uid] = record
+
+        return put
+
     def _put_node(self, raw: dict) -> None:
         node = self._rules.node(raw)
         self._nodes[node.name] = node
@@ -161,6 +174,23 @@ class MetadataStore:
             self._telemetry.lookup_miss()
             return None
         return None if pod.ignored else pod
+
+    def workloads_of(self, pod: PodRecord) -> list[tuple[str, ReplicaSetRecord | WorkloadRecord]]:
+        """The pod's workloads the store knows, as (source, record): its ReplicaSet and that
+        ReplicaSet's Deployment, its StatefulSet, DaemonSet or Job."""
+        with self._lock:
+            found: list[tuple[str, ReplicaSetRecord | WorkloadRecord]] = []
+            replicaset = self._replicasets.get(pod.replicaset_uid) if pod.replicaset_uid else None
+            if replicaset is not None:
+                found.append((FROM_REPLICASET, replicaset))
+                deployment = self._workloads[FROM_DEPLOYMENT].get(replicaset.deployment_uid)
+                if deployment is not None:
+                    found.append((FROM_DEPLOYMENT, deployment))
+            for source, uid in pod.owners:
+                record = self._workloads[source].get(uid)
+                if record is not None:
+                    found.append((source, record))
+            return found
 
     def namespace(self, name: str) -> OwnerRecord | None:
         with self._lock:

@@ -1,6 +1,6 @@
 """What the k8sattributes processor reports, with the Go processor's metric names.
 
-    otelcol_otelsvc_k8s_<kind>_{added,updated,deleted}  watch events received (pod, namespace, node, replicaset)
+    otelcol_otelsvc_k8s_<kind>_{added,updated,deleted}  watch events received (pod, namespace, node, and the workloads watched)
     otelcol_otelsvc_k8s_pod_table_size                  pods known
     otelcol_otelsvc_k8s_ip_lookup_miss                  a resource named a pod that is not known
     otelcol_k8s_pod_association{status, otelcol_signal} resources enriched (success) or not (error)
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pycollector.telemetry import ComponentTelemetry
 
-KINDS = {"pods": "pod", "namespaces": "namespace", "nodes": "node", "replicasets": "replicaset"}
+KINDS = {"pods": "pod", "namespaces": "namespace", "nodes": "node", "replicasets": "replicaset", "deployments": "deployment",
+         "statefulsets": "statefulset", "daemonsets": "daemonset", "jobs": "job"}
 EVENTS = {"added": "add", "updated": "update", "deleted": "delete"}  # metric suffix -> event named in its help
 SUCCESS, ERROR = "success", "error"
 

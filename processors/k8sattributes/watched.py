@@ -1,9 +1,10 @@
-"""Which collections to watch, with which selectors: pods always; ReplicaSets, namespaces and
-nodes only when the extract rules need them (each is RBAC the collector must be granted)."""
+"""Which collections to watch, with which selectors: pods always; ReplicaSets, namespaces, nodes
+and the workloads (Deployments, StatefulSets, DaemonSets, Jobs) only when the extract rules need
+them (each is RBAC the collector must be granted)."""
 
 from __future__ import annotations
 
-from processors.k8sattributes.config import K8sAttributesConfig
+from processors.k8sattributes.config import FROM_REPLICASET, WORKLOADS, K8sAttributesConfig
 from processors.k8sattributes.rules import ExtractionRules
 from processors.k8sattributes.store import KUBE_SYSTEM
 from processors.k8sattributes.watch import Collection
@@ -21,6 +22,9 @@ def collections_to_watch(config: K8sAttributesConfig, rules: ExtractionRules) ->
     watched = [Collection("pods", f"/api/v1{in_namespace}/pods", _selectors(pod_fields, pod_labels))]
     if rules.needs_replicasets:
         watched.append(Collection("replicasets", f"/apis/apps/v1{in_namespace}/replicasets"))
+    for source, (collection, api) in WORKLOADS.items():
+        if source != FROM_REPLICASET and rules.needs_workload(source):
+            watched.append(Collection(collection, f"{api}{in_namespace}/{collection}"))
     if rules.needs_namespaces:
         # Only the cluster uid wanted: kube-system is the one namespace to watch.
         only_kube_system = not (rules.labels["namespace"] or rules.annotations["namespace"])
