@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import requests
 
-from pycollector.pdata import resource_entries, ProfilesBuilder, signal_of, to_dict
+from pycollector.pdata import resource_entries, ProfilesBuilder, to_dict
 from pycollector.telemetry import Telemetry
 from pycollector.testing import CapturingConsumer, TestHost, make_settings
 
