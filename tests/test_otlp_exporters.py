@@ -282,3 +282,31 @@ def test_otlp_http_through_a_proxy_with_cookies_keep_alive_off_and_a_compression
             assert proxy.request_targets == ["http://otlp-gateway.invalid:4318/v1development/profiles"] * 2
             assert proxy.content_encodings == ["zstd", "zstd"] and all(headers.get("Connection") == "close" for headers in proxy.request_headers)
             assert ("route=b2" in proxy.request_headers[1].get("Cookie", "")) is expect_cookie, proxy.request_headers[1]
+
+
+@pytest.mark.parametrize("exporter", ["otlp_grpc", "otlp_http"])
+def test_sending_queue_batch_merges_what_waits_into_one_request(exporter):
+    """Go's exporter-side batching: requests queued while a batch gathers go out as one, up to
+    min_size samples; a batch that never reaches min_size leaves at flush_timeout."""
+    from pycollector.pdata import sample_count
+
+    backend_type = GrpcBackend if exporter == "otlp_grpc" else HttpBackend
+    with backend_type() as backend:
+        queue = {"num_consumers": 4, "batch": {"min_size": 3 * SAMPLES, "flush_timeout": "5s"}}
+        settings = backend_settings(exporter, backend.endpoint, sending_queue=queue, retry_on_failure={"enabled": False})
+        config = Registry().load("exporters", exporter).factory.config_model.model_validate(settings)
+        instance = Registry().load("exporters", exporter).factory.create(make_settings("exporters", exporter), config, None)
+        instance.start(TestHost())
+        try:
+            for _ in range(3):
+                instance.consume(a_profile())
+            assert backend.wait_for(lambda b: len(b.messages) >= 1, timeout=10)
+            time.sleep(0.3)
+            assert [sample_count(message) for message in backend.messages] == [3 * SAMPLES]
+            assert sample_tuples(backend.messages[0]) == sample_tuples(a_profile()) * 3
+            began = time.monotonic()
+            instance.consume(a_profile())  # alone: it waits for flush_timeout, then goes
+            assert backend.wait_for(lambda b: len(b.messages) == 2, timeout=10)
+            assert time.monotonic() - began >= 4  # (not before flush_timeout)
+        finally:
+            instance.shutdown()

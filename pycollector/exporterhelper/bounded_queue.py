@@ -59,6 +59,17 @@ class BoundedQueue:
             self._changed.notify_all()
             return item
 
+    def take_within(self, seconds: float) -> Any:
+        """The oldest request, waiting at most ``seconds``; None if none came (or closed and empty)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._items or self._closed, timeout=max(0.0, seconds))
+            if not self._items:
+                return None
+            item, size = self._items.popleft()
+            self._used -= size
+            self._changed.notify_all()
+            return item
+
     def close(self) -> None:
         with self._changed:
             self._closed = True

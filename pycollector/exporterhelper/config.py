@@ -10,8 +10,8 @@ from typing import Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig, not_supported, only_go_default
-from pycollector.config.types import NonNegativeDuration
+from pycollector.component import ComponentConfig, OptionalSection, only_go_default
+from pycollector.config.types import Duration, NonNegativeDuration
 
 DEFAULT_INITIAL_INTERVAL = 5.0
 DEFAULT_RANDOMIZATION_FACTOR = 0.5
@@ -46,13 +46,41 @@ class RetrySettings(ComponentConfig):
 
 
 _WaitForResult = only_go_default(False, "consume returns once the request is queued; the batch processor's send is the pipeline's")
-_QueueBatching = not_supported("requests are not merged in the queue: put the batch processor in the pipeline")
+_NoPartitions = only_go_default([], "one batch for every client (partition by metadata with the batch processor's metadata_keys)",
+                                lambda value: value or [])
+DEFAULT_FLUSH_TIMEOUT = 0.2
+DEFAULT_MIN_SIZE = 8192
+
+
+class Partition(ComponentConfig):
+    metadata_keys: _NoPartitions = None
+
+
+class QueueBatchSettings(ComponentConfig):
+    """Go's ``sending_queue::batch``: the queue's consumers merge what is waiting into one
+    request of at least ``min_size`` (counted by ``sizer``), sent when it is that big or when
+    ``flush_timeout`` has passed since its first request, and never made bigger than ``max_size``
+    by merging (0: no bound)."""
+
+    flush_timeout: Duration = pydantic.Field(DEFAULT_FLUSH_TIMEOUT, gt=0)
+    # items (spans, points, records, samples) or bytes; by default the queue's, when that is one of them.
+    sizer: Literal["items", "bytes"] | None = None
+    min_size: int = pydantic.Field(DEFAULT_MIN_SIZE, ge=0)
+    max_size: int = pydantic.Field(0, ge=0)
+    partition: Partition = Partition()
+
+    @pydantic.model_validator(mode="after")
+    def _min_within_max(self) -> "QueueBatchSettings":
+        if self.max_size and self.max_size < self.min_size:
+            raise ValueError(f"max_size ({self.max_size}) must be 0 or at least min_size ({self.min_size})")
+        return self
 
 
 class QueueSettings(ComponentConfig):
     enabled: bool = True
     wait_for_result: _WaitForResult = None
-    batch: _QueueBatching = None
+    # Merge queued requests before sending them (Go's exporter-side batching; off unless written).
+    batch: OptionalSection[QueueBatchSettings] = None
     num_consumers: int = pydantic.Field(DEFAULT_NUM_CONSUMERS, ge=1)
     queue_size: int = pydantic.Field(DEFAULT_QUEUE_SIZE, ge=1)
     # When full: False refuses the new request at once (counted as enqueue_failed), True makes
@@ -64,4 +92,21 @@ class QueueSettings(ComponentConfig):
     # A storage extension (file_storage/NAME, listed in service::extensions) that keeps the queue
     # across restarts and crashes; none: the queue lives in memory.
     storage: str | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _batching_an_in_memory_queue(self) -> "QueueSettings":
+        if self.batch is not None and self.storage is not None:
+            raise ValueError("batch: not supported by pycollector with a persistent queue (storage): put the batch processor before the exporter")
+        return self
+
+    def batch_sizer(self) -> str:
+        """What the batch counts: its own sizer, else the queue's when it is items or bytes, else items (as Go)."""
+        if self.batch is None or self.batch.sizer is not None:
+            return self.batch.sizer if self.batch is not None else "items"
+        return self.sizer if self.sizer in ("items", "bytes") else "items"
+
+    @pydantic.model_serializer(mode="wrap")
+    def _leave_out_batch_when_off(self, serialize):
+        # (written null, batch would read back as on)
+        return {key: value for key, value in serialize(self).items() if value is not None or key != "batch"}
 

@@ -37,6 +37,7 @@ from pycollector.exporterhelper.persistent_queue import PersistentQueue
 from pycollector.exporterhelper.sizer import Sizer
 from pycollector.obsreport import ItemCounters
 from pycollector.pdata import item_count, signal_of
+from pycollector.pdata.builder import merge as merge_profiles
 
 # How long a stopping exporter keeps sending what its queue holds.
 DRAIN_TIMEOUT = 5.0
@@ -62,6 +63,21 @@ class _GaveUp(Exception):
 _KEPT = object()  # _deliver's answer for a request left in the persistent queue
 
 
+def merge_requests(parts: list[Any]) -> Any:
+    """One message of the same type holding every part's data, in order: profiles re-indexed into
+    one dictionary, other signals' resource lists put end to end."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = type(parts[0])()
+    merged.CopyFrom(parts[0])
+    for part in parts[1:]:
+        if signal_of(part) == "profiles":
+            merge_profiles(merged, part)
+        else:
+            merged.MergeFrom(part)
+    return merged
+
+
 class QueuedRetryExporter:
     def __init__(self, settings: Settings, retry: RetrySettings, queue: QueueSettings, send: Callable[[Any], None], signal_name: str = ""):
         """``signal_name`` names the persistent queue's store when an exporter has one queue per signal."""
@@ -76,6 +92,8 @@ class QueuedRetryExporter:
         self._name = str(settings.id)
         self._log = settings.logger
         self._queue: BoundedQueue | PersistentQueue | None = None
+        self._gathering = threading.Lock()  # sending_queue::batch: one consumer gathers a batch at a time
+        self._carried: Any = None  # a request taken that did not fit the last batch (max_size): the next one's first
         self._persistent = queue.enabled and queue.storage is not None
         if queue.enabled:
             sizer = Sizer(queue.sizer)
@@ -157,7 +175,7 @@ class QueuedRetryExporter:
                               key=key, error=repr(error))
 
     def _work(self) -> None:
-        while (request := self._queue.take()) is not None:
+        while (request := self._next_request()) is not None:
             if not self._persistent:
                 self._deliver(request)
                 continue
@@ -170,6 +188,37 @@ class QueuedRetryExporter:
                 self._queue.done(request)  # delivered, or dropped and counted
             except Exception as error:  # the store failed: the request will be sent again at start
                 self._log.error("could not remove a sent request from the persistent queue", error=str(error))
+
+    def _next_request(self) -> Any:
+        """The next request to send: the queue's oldest or, with batching, a batch of them. One
+        consumer gathers at a time (Go's one batcher in front of its senders): the others wait
+        for the next batch rather than each holding a part of this one."""
+        batching = self._queue_settings.batch
+        if batching is None:
+            return self._queue.take()
+        with self._gathering:
+            first, self._carried = (self._carried, None) if self._carried is not None else (self._queue.take(), None)
+            if first is None:
+                return None
+            merged, self._carried = self._gather(first, batching)
+            return merged
+
+    def _gather(self, first: Any, batching) -> tuple[Any, Any]:
+        """``first`` and what else the queue yields within flush_timeout, merged until min_size
+        (Go's sending_queue::batch); returns (the merged request, one taken that did not fit)."""
+        sizer = Sizer(self._queue_settings.batch_sizer())
+        parts, size = [first], sizer.of(first)
+        deadline = time.monotonic() + batching.flush_timeout
+        while size < batching.min_size and not self._stopping.is_set():
+            more = self._queue.take_within(deadline - time.monotonic())
+            if more is None:
+                break
+            more_size = sizer.of(more)
+            if type(more) is not type(first) or (batching.max_size and size + more_size > batching.max_size):
+                return merge_requests(parts), more
+            parts.append(more)
+            size += more_size
+        return merge_requests(parts), None
 
     def _deliver(self, data: Any, keep: bool = False) -> Exception | object | None:
         """Send with retries; count the outcome. Returns the error that made it fail, if any, or
