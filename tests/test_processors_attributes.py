@@ -130,7 +130,7 @@ def test_actions_apply_in_order():
 @pytest.mark.parametrize(
     "action, problem",
     [
-        ({"key": "k", "action": "insert"}, "value: action 'insert' needs one of value, from_attribute or from_context"),
+        ({"key": "k", "action": "insert"}, "value: action 'insert' needs one of value, from_attribute or from_context (or default_value)"),
         ({"key": "k", "value": 1, "from_attribute": "a", "action": "upsert"}, "value: set only one of value, from_attribute or from_context; this action sets value and from_attribute (got 1)"),
         ({"value": 1, "action": "insert"}, "key: required by action 'insert'"),
         ({"action": "delete"}, "key: action 'delete' needs a key or a pattern"),
@@ -259,3 +259,24 @@ def test_regexp_match_values_must_be_patterns():
 
 def test_both_processors_say_they_edit_data_in_place():
     assert resource_factory.mutates_data and attributes_factory.mutates_data
+
+
+def test_default_value_and_go_named_groups_as_contrib_0_152_reads_them():
+    """default_value is written when the source gives nothing (and is the value with no source);
+    an extract pattern may name its groups (?<name>...) as Go's RE2 does."""
+    from processors.attraction.actions import AttributeActions
+    from processors.attraction.config import ActionConfig
+
+    actions = AttributeActions([ActionConfig.model_validate(action) for action in (
+        {"key": "env", "from_attribute": "deployment", "default_value": "unknown", "action": "upsert"},
+        {"key": "team", "default_value": "core", "action": "insert"},
+        {"key": "zone", "action": "extract", "pattern": "^(?<region>[a-z]+)-(?P<rack>[0-9]+)$"},
+    )])
+    missing = {"zone": "eu-12"}
+    actions.apply(missing)
+    assert missing == {"zone": "eu-12", "env": "unknown", "team": "core", "region": "eu", "rack": "12"}
+    present = {"deployment": "prod", "team": "payments"}
+    actions.apply(present)
+    assert present == {"deployment": "prod", "team": "payments", "env": "prod"}
+    assert validation_problems("attributes", {"actions": [{"key": "k", "action": "insert"}]}) == [
+        "processors::attributes::actions::0::value: action 'insert' needs one of value, from_attribute or from_context (or default_value)"]

@@ -68,12 +68,12 @@ def _writer(action: ActionConfig) -> Step:
     def write(attributes: dict[str, Any]) -> bool:
         if action.value is not None:
             value = action.value
-        elif action.from_context:
-            value = context_value(action.from_context)
-            if value is None:
-                return False
-        elif action.from_attribute in attributes:
+        elif action.from_context and (found := context_value(action.from_context)) is not None:
+            value = found
+        elif action.from_attribute and action.from_attribute in attributes:
             value = attributes[action.from_attribute]
+        elif action.default_value is not None:
+            value = action.default_value  # (the source gave nothing)
         else:
             return False
         present = action.key in attributes

@@ -22,6 +22,16 @@ KEY_PATTERN_ACTIONS = ("delete", "hash")  # may name keys by `pattern` instead o
 VALUE_SOURCES = ("value", "from_attribute", "from_context")
 
 
+# Go's RE2 names a group (?<name>...) as well as (?P<name>...); Python knows only the latter.
+# (RE2 has no lookbehind, so a Go pattern's "(?<" before a name is always a named group.)
+_RE2_NAMED_GROUP = re.compile(r"\(\?<(?=[A-Za-z_])")
+
+
+def go_regexp(pattern: str) -> str:
+    """A Go (RE2) regular expression in Python's spelling."""
+    return _RE2_NAMED_GROUP.sub("(?P<", pattern)
+
+
 class ActionConfig(ComponentConfig):
     # insert: set if absent; update: set if present; upsert: set either way; delete; hash (SHA-256);
     # extract: named groups of `pattern` into attributes; convert: to `converted_type`.
@@ -36,6 +46,9 @@ class ActionConfig(ComponentConfig):
     # request metadata with include_metadata: true); `auth.*` finds nothing (no authenticators).
     from_context: str = ""
     converted_type: Literal["int", "double", "string"] | None = pydantic.Field(None, validate_default=True)
+    # insert, update, upsert: written when the source gives nothing (from_attribute or
+    # from_context finding nothing); with no source, it is the value (Go's contrib v0.152+).
+    default_value: Any = None
     value: Any = pydantic.Field(None, validate_default=True)
 
     @pydantic.field_validator("action", mode="before")
@@ -51,6 +64,7 @@ class ActionConfig(ComponentConfig):
             return pattern
         if pattern and action not in (*KEY_PATTERN_ACTIONS, "extract"):
             raise ValueError(f"action '{action}' does not use a pattern")
+        pattern = go_regexp(pattern) if pattern else pattern
         try:
             compiled = re.compile(pattern or "")
         except re.error as error:
@@ -93,8 +107,8 @@ class ActionConfig(ComponentConfig):
         given = {"value": value, **info.data}
         sources = [name for name in VALUE_SOURCES if given.get(name) not in (None, "")]
         choices, given_here = "value, from_attribute or from_context", " and ".join(sources)
-        if action in WRITE_ACTIONS and not sources:
-            raise ValueError(f"action '{action}' needs one of {choices}")
+        if action in WRITE_ACTIONS and not sources and info.data.get("default_value") is None:
+            raise ValueError(f"action '{action}' needs one of {choices} (or default_value)")
         if action in WRITE_ACTIONS and len(sources) > 1:
             raise ValueError(f"set only one of {choices}; this action sets {given_here}")
         if action not in WRITE_ACTIONS and sources:
