@@ -36,6 +36,7 @@ every pipeline the receiver feeds and counts what was accepted or refused on its
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -91,17 +92,23 @@ class ComponentConfig(pydantic.BaseModel):
 
     @pydantic.model_validator(mode="before")
     @classmethod
-    def _strings_as_lists(cls, data: Any) -> Any:
-        """Where a list is expected, a string is its comma-separated items, as Go's config decoding
-        reads it (``detectors: env,system``)."""
+    def _as_go_decodes(cls, data: Any) -> Any:
+        """Strings as Go's config decoding reads them: where a list is expected, a string is its
+        comma-separated items (``detectors: env,system``); where a boolean or an integer is, a
+        quoted one ("true", "5") is refused, as Go converts no quoted scalar."""
         if not isinstance(data, dict):
             return data
-        split = {}
+        changed = {}
         for name, field in cls.model_fields.items():
             key = field.alias or name
-            if isinstance(data.get(key), str) and _is_list(field.annotation):
-                split[key] = [item.strip() for item in data[key].split(",")]
-        return {**data, **split} if split else data
+            value = data.get(key)
+            if not isinstance(value, str):
+                continue
+            if _is_list(field.annotation):
+                changed[key] = [item.strip() for item in value.split(",")]
+            elif _is_scalar(field.annotation, (bool, int)):
+                changed[key] = _Quoted(value)  # (fails the field's own check, naming the key)
+        return {**data, **changed} if changed else data
 
     @pydantic.model_validator(mode="wrap")
     @classmethod
@@ -115,6 +122,25 @@ class ComponentConfig(pydantic.BaseModel):
             if missing:
                 raise pydantic_core.ValidationError.from_exception_data(cls.__name__, missing)
         return handler(data)
+
+
+class _Quoted:
+    """A quoted scalar where Go wants a boolean or a number: no type takes it."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        looks_typed = self.text.strip().lower() in ("true", "false") or self.text.strip().lstrip("+-").isdigit()
+        return f"{self.text!r} (quoted: write it without quotes)" if looks_typed else repr(self.text)
+
+
+def _is_scalar(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a field's type is exactly one of ``kinds`` (or one of them or None)."""
+    if annotation in kinds:
+        return True
+    members = [member for member in typing.get_args(annotation) if member is not type(None)]
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(members) == 1 and members[0] in kinds
 
 
 def _is_list(annotation: Any) -> bool:

@@ -39,8 +39,8 @@ COMPONENTS = {
 }
 # What a section needs beside any of its keys, as in Go (a matcher needs its match_type).
 SECTION_NEEDS = {
-    ("processors_attributes", "include"): {"include": {"match_type": "strict"}},
-    ("processors_attributes", "exclude"): {"exclude": {"match_type": "strict"}},
+    ("processors_attributes", "include"): {"include": {"match_type": "strict", "resources": [{"key": "service.name"}]}},
+    ("processors_attributes", "exclude"): {"exclude": {"match_type": "strict", "resources": [{"key": "service.name"}]}},
 }
 
 # Examples for keys whose Go default is no example, or which Go takes only with another key:
@@ -58,6 +58,10 @@ EXAMPLES = {
     **{f"exporters_otlphttp:{key}": {key: "https://backend:4318/v1/x"} for key in ("endpoint", "traces_endpoint", "metrics_endpoint", "logs_endpoint", "profiles_endpoint")},
     "exporters_otlphttp:proxy_url": {"proxy_url": "http://proxy.internal:3128"},
     "processors_attributes:actions": {"actions": [{"key": "k", "pattern": "^tmp_", "action": "delete"}]},
+    **{f"processors_attributes:{block}::resources": {block: {"match_type": "strict", "resources": [{"key": "k8s.pod.name"}]}}
+       for block in ("include", "exclude")},
+    "extensions_file_storage:directory": {"directory": "/tmp"},  # (Go's default directory is not on this machine)
+    "processors_k8sattributes:filter::node_from_env_var": {"filter": {"node_from_env_var": "PATH"}},  # (a variable that is set)
 }
 # Go's TLS sections need a certificate and its key, as ours do: a TLS key is set beside them.
 TLS_PAIR = {"cert": {"file": "/etc/ssl/collector.crt", "pem": "-----BEGIN CERTIFICATE-----"},
@@ -146,3 +150,36 @@ def test_every_component_we_share_with_go_has_its_key_list_and_release():
     for name in COMPONENTS:
         listed = go_keys(name)
         assert str(listed.get("go_release", "")).startswith("v0."), name
+
+
+# -- what Go refuses ------------------------------------------------------------------------------
+
+# Go's refusals this collector makes at another moment, or deliberately does not make (README).
+NOT_REFUSED_HERE = {
+    "processors_resource": ["default_value"],  # (a key of contrib 0.152, which the 0.150 list predates)
+    "processors_k8sattributes": ["replicaset is not a valid choice", "pod_delete_grace_period"],  # (0.152+ accept them)
+    "exporters_file": ["compression is not supported"],  # gzip is accepted beside Go's zstd
+}
+# When Go refuses: at config time (unmarshal, Validate) or only when the component is created or
+# started; this test reads configs, the start-time ones are the components' own tests.
+AT_START = ("start", "create")
+
+
+def refusals():
+    for name, (section, type_, base) in COMPONENTS.items():
+        for index, entry in enumerate(go_keys(name).get("invalid") or []):
+            config, error = entry.get("config"), str(entry.get("error", ""))
+            when = str(entry.get("phase") or entry.get("when") or "")
+            if not isinstance(config, dict) or when in AT_START or "at start" in error or "Start fails" in error or error.startswith("failed creating"):
+                continue
+            if entry.get("signal") not in (None, "profiles") or any(text in error for text in NOT_REFUSED_HERE.get(name, [])):
+                continue
+            yield pytest.param(section, type_, config, error, id=f"{name}:{index}")
+
+
+@pytest.mark.parametrize("section, type_, config, error", list(refusals()))
+def test_what_go_refuses_is_refused(section, type_, config, error, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (relative paths in the examples stay in a scratch directory)
+    problems = problems_of(section, type_, config)
+    assert problems, f"accepted, where Go says: {error}"
+    assert all(problem.startswith(f"{section}::{type_}") for problem in problems), problems

@@ -38,7 +38,7 @@ def test_the_processor_keeps_the_component_contract_without_a_cluster():
 def _plan(processor_config: dict):
     return build_plan(
         {
-            "receivers": {"otlp": {}},
+            "receivers": {"otlp": {"protocols": {"grpc": None}}},
             "processors": {"k8sattributes": processor_config},
             "exporters": {"debug": {}},
             "service": {"pipelines": {"traces": {"receivers": ["otlp"], "processors": ["k8sattributes"], "exporters": ["debug"]}}},
@@ -72,7 +72,7 @@ def test_the_old_name_k8sattributes_still_works_as_a_deprecated_alias():
     # The Go collector renamed k8sattributes to k8s_attributes in v0.146.0.
     plan = build_plan(
         {
-            "receivers": {"otlp": {}},
+            "receivers": {"otlp": {"protocols": {"grpc": None}}},
             "processors": {"k8sattributes": {"passthrough": True}},
             "exporters": {"debug": {}},
             "service": {"pipelines": {"profiles": {"receivers": ["otlp"], "processors": ["k8sattributes"], "exporters": ["debug"]}}},

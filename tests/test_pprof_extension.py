@@ -220,7 +220,7 @@ def test_save_to_file_that_cannot_be_created_stops_the_start(tmp_path):
 
 def test_bad_endpoint_is_a_config_error_naming_the_key():
     config = {
-        "receivers": {"otlp": {}},
+        "receivers": {"otlp": {"protocols": {"grpc": None}}},
         "exporters": {"debug": {}},
         "extensions": {"pprof": {"endpoint": "localhost"}},
         "service": {"extensions": ["pprof"], "pipelines": {"profiles": {"receivers": ["otlp"], "exporters": ["debug"]}}},

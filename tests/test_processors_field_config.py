@@ -10,7 +10,8 @@ from pycollector.registry import Registry
 FIELD_CONFIG = Path(__file__).parent / "testdata" / "processors" / "pyroscope_field.yaml"
 
 
-def test_the_pyroscope_field_config_validates():
+def test_the_pyroscope_field_config_validates(monkeypatch):
+    monkeypatch.setenv("KUBE_NODE_NAME", "node-1")  # (as the DaemonSet's pod gives it, from spec.nodeName)
     plan = build_plan(pycollector.config.load([str(FIELD_CONFIG)]), Registry())
     pipeline = plan.pipelines["profiles"]
     assert pipeline.processors == ["memory_limiter", "k8sattributes", "batch", "resource/pyroscope"]

@@ -407,7 +407,7 @@ def test_truncated_bytes_are_refused_with_a_reason():
 def test_an_unquoted_1_10_in_yaml_gets_the_fix(tmp_path, cli):
     config = tmp_path / "c.yaml"
     config.write_text(
-        "receivers: {otlp: {profiles_wire_version: 1.9}}\n"
+        "receivers: {otlp: {protocols: {grpc: }, profiles_wire_version: 1.9}}\n"
         "exporters: {otlp_grpc: {endpoint: 'backend:4317', profiles_wire_version: 1.10, tls: {insecure: true}}}\n"
         "service: {pipelines: {profiles: {receivers: [otlp], exporters: [otlp_grpc]}}}\n"
     )

@@ -8,9 +8,11 @@ space than data (``on_rebound``, with the same thresholds).
 
 from __future__ import annotations
 
+import os
+
 import pydantic
 
-from pycollector.component import ComponentConfig
+from pycollector.component import ComponentConfig, as_written
 from pycollector.config.types import NonNegativeDuration
 
 # The Go extension's default on Linux.
@@ -49,10 +51,36 @@ class FileStorageConfig(ComponentConfig):
     @pydantic.field_validator("directory_permissions")
     @classmethod
     def _octal(cls, value: str) -> str:
-        try:
-            mode = int(value, 8)
-        except ValueError:
-            raise ValueError(f"expected an octal mode such as '0750' (got {value!r})") from None
-        if not 0 <= mode <= 0o7777:
+        if not value or not all(digit in "01234567" for digit in value):
             raise ValueError(f"expected an octal mode such as '0750' (got {value!r})")
+        if int(value, 8) > 0o777:
+            raise ValueError(f"only permission bits (within 0777), as Go (got {value!r})")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _directories_and_thresholds(self, info: pydantic.ValidationInfo) -> "FileStorageConfig":
+        compaction = self.compaction
+        if compaction.on_rebound:
+            if compaction.check_interval <= 0:
+                raise ValueError("compaction::check_interval must be positive when rebound compaction is on")
+            if self.max_size and compaction.rebound_needed_threshold_mib * 1024 * 1024 > self.max_size:
+                raise ValueError("compaction::rebound_needed_threshold_mib cannot be greater than max_size")
+            if self.max_size and compaction.rebound_trigger_threshold_mib * 1024 * 1024 > self.max_size:
+                raise ValueError("compaction::rebound_trigger_threshold_mib cannot be greater than max_size")
+        if as_written(info):
+            if not self.create_directory:
+                _must_be_a_directory(self.directory, "directory")
+            if (compaction.on_start or compaction.on_rebound) and compaction.directory:
+                _must_be_a_directory(compaction.directory, "compaction::directory")
+        return self
+
+
+def _must_be_a_directory(path: str, key: str) -> None:
+    """As Go's Validate: a directory the store needs is there (checked on a config as written;
+    the default built in code names one that may not exist on this machine)."""
+    if not os.path.exists(path):
+        raise ValueError(f"{key}: {path} must exist (or set create_directory: true)")
+    if not os.path.isdir(path):
+        raise ValueError(f"{key}: {path} is not a directory")
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise ValueError(f"{key}: {path} cannot be written by this process")

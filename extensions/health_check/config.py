@@ -74,7 +74,9 @@ class HealthCheckConfig(WithOptionalSections):
     @pydantic.field_validator("path")
     @classmethod
     def _absolute(cls, value: str) -> str:
-        return value if value.startswith("/") else "/" + value
+        if not value.startswith("/"):
+            raise ValueError(f"must start with / (got {value!r})")
+        return value
 
     @pydantic.field_validator("response_body", mode="before")
     @classmethod

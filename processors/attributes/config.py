@@ -25,10 +25,21 @@ _LibraryCriterion = not_supported("match by services, attributes or resources")
 
 
 class MatchAttribute(ComponentConfig):
-    key: str
+    key: str = pydantic.Field(min_length=1)
     # strict: the value to equal (no value: the key only has to be present);
     # regexp: a Python regular expression searched in the value's string form.
     value: Any = None
+
+
+class RegexpCache(ComponentConfig):
+    cacheenabled: bool = False
+    cachemaxnumentries: int = 0
+
+    @pydantic.model_validator(mode="after")
+    def _a_size_when_on(self) -> "RegexpCache":
+        if self.cacheenabled and self.cachemaxnumentries <= 0:
+            raise ValueError("cachemaxnumentries: must provide a positive size when cacheenabled")
+        return self
 
 
 class MatchProperties(ComponentConfig):
@@ -47,7 +58,14 @@ class MatchProperties(ComponentConfig):
     metric_names: _OneSignalCriterion = None
     libraries: _LibraryCriterion = None
     # Go's regexp cache settings; patterns are compiled once here, so there is nothing to cache.
-    regexp: dict[str, Any] | None = None
+    regexp: RegexpCache | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _some_criterion(self) -> "MatchProperties":
+        # As Go: a matcher that names nothing to match is a mistake, not "match everything".
+        if not (self.services or self.attributes or self.resources):
+            raise ValueError("at least one of services, attributes or resources must be specified")
+        return self
 
     @pydantic.field_validator("services")
     @classmethod

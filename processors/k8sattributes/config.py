@@ -14,7 +14,7 @@ from typing import Literal
 
 import pydantic
 
-from pycollector.component import ComponentConfig, only_go_default
+from pycollector.component import ComponentConfig, as_written, only_go_default
 from pycollector.config.types import NonNegativeDuration, parse_duration
 
 AUTH_NONE = "none"
@@ -128,6 +128,14 @@ class FilterConfig(ComponentConfig):
     # downward API); wins over `node`.
     node_from_env_var: str = ""
     namespace: str = ""
+
+    @pydantic.field_validator("node_from_env_var")
+    @classmethod
+    def _variable_set(cls, name: str, info: pydantic.ValidationInfo) -> str:
+        # As Go's Validate: a node named by a variable the collector was not given filters nothing.
+        if name and as_written(info) and not os.environ.get(name):
+            raise ValueError(f"environment variable {name} is not set (give it the pod's spec.nodeName through the downward API)")
+        return name
     fields: list[FieldFilterConfig] = []
     labels: list[FieldFilterConfig] = []
 

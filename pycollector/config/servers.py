@@ -244,6 +244,8 @@ def response_header_map(value: Any) -> Any:
         for entry in value:
             if not isinstance(entry, dict) or set(entry) - {"name", "value"} or "name" not in entry:
                 raise ValueError("expected a map of header names to values, or a list of {name, value}")
+            if str(entry["name"]).lower() in {str(name).lower() for name in pairs}:
+                raise ValueError(f"duplicate header name {entry['name']!r}")
             pairs[entry["name"]] = entry.get("value", "")
         value = pairs
     if isinstance(value, dict):

@@ -93,10 +93,23 @@ class QueueSettings(ComponentConfig):
     # across restarts and crashes; none: the queue lives in memory.
     storage: str | None = None
 
+    @pydantic.field_validator("storage")
+    @classmethod
+    def _an_extension_id(cls, storage: str | None) -> str | None:
+        if storage is not None and not storage.strip():
+            raise ValueError("must name a storage extension (file_storage or file_storage/NAME), not be empty")
+        return storage
+
     @pydantic.model_validator(mode="after")
     def _batching_an_in_memory_queue(self) -> "QueueSettings":
-        if self.batch is not None and self.storage is not None:
+        if self.batch is None:
+            return self
+        if self.storage is not None:
             raise ValueError("batch: not supported by pycollector with a persistent queue (storage): put the batch processor before the exporter")
+        if self.batch.sizer is None and "sizer" in self.model_fields_set and self.sizer == "requests":
+            raise ValueError("batch: counts items or bytes, and would take the queue's sizer 'requests': set batch::sizer")
+        if self.batch_sizer() == self.sizer and self.batch.min_size > self.queue_size:
+            raise ValueError(f"batch::min_size ({self.batch.min_size}) must not exceed queue_size ({self.queue_size}), both counting {self.sizer}")
         return self
 
     def batch_sizer(self) -> str:

@@ -117,6 +117,14 @@ class HttpServerSettings(_ServerSettings):
         path = urlsplit(value).path
         return path if path.startswith("/") else "/" + path
 
+    @pydantic.model_validator(mode="after")
+    def _one_path_per_signal(self) -> "HttpServerSettings":
+        # (Go accepts it and then fails at start, two handlers on one path)
+        paths = [self.traces_url_path, self.metrics_url_path, self.logs_url_path]
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"traces_url_path, metrics_url_path and logs_url_path must differ (got {', '.join(paths)})")
+        return self
+
     def url_paths(self) -> dict[str, str]:
         """The URL path of each signal; profiles has no key in Go and keeps its fixed path."""
         return {
@@ -139,6 +147,8 @@ class Protocols(ComponentConfig):
 
 
 class OtlpReceiverConfig(ComponentConfig):
+    # As in Go, a config names its protocols (the default built in code serves both).
+    required_as_written = ("protocols",)
     protocols: Protocols = Protocols(grpc=GrpcServerSettings(), http=HttpServerSettings())
     # The profiles.proto layout senders write: "auto" recognizes it in each request (a body that
     # fits none is refused with the reason); "1.8", "1.9" or "1.10" reads every request as that.
