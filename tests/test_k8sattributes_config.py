@@ -88,6 +88,7 @@ def test_the_ebpf_profiling_daemonset_config_validates(monkeypatch):
     config = build_plan(load([str(DAEMONSET)]), Registry()).component("processors", "k8sattributes").config
     assert (config.filter.node_name(), config.extract.otel_annotations, config.wait_for_metadata) == ("node-a", True, True)
     assert [[(getattr(s, "from"), s.name) for s in rule.sources] for rule in config.pod_association] == [[("resource_attribute", "container.id")]]
-    # Validated outside the pod (in CI, on a laptop) the variable is unset: still a valid config.
+    # Validated where the variable is not set (outside the pod), it is named, as Go's Validate names it.
     monkeypatch.delenv("KUBE_NODE_NAME")
-    assert build_plan(load([str(DAEMONSET)]), Registry()).component("processors", "k8sattributes").config.filter.node_name() == ""
+    with pytest.raises(ConfigError, match="processors::k8sattributes::filter::node_from_env_var: environment variable KUBE_NODE_NAME is not set"):
+        build_plan(load([str(DAEMONSET)]), Registry())

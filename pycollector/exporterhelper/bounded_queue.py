@@ -49,20 +49,13 @@ class BoundedQueue:
 
     def take(self) -> Any:
         """The oldest request, waiting for one; None once closed and empty."""
-        with self._changed:
-            while not self._items and not self._closed:
-                self._changed.wait()
-            if not self._items:
-                return None
-            item, size = self._items.popleft()
-            self._used -= size
-            self._changed.notify_all()
-            return item
+        return self.take_within(None)
 
-    def take_within(self, seconds: float) -> Any:
-        """The oldest request, waiting at most ``seconds``; None if none came (or closed and empty)."""
+    def take_within(self, seconds: float | None) -> Any:
+        """The oldest request, waiting at most ``seconds`` (None: as long as it takes); None if
+        none came, or the queue is closed and empty."""
         with self._changed:
-            self._changed.wait_for(lambda: self._items or self._closed, timeout=max(0.0, seconds))
+            self._changed.wait_for(lambda: self._items or self._closed, timeout=None if seconds is None else max(0.0, seconds))
             if not self._items:
                 return None
             item, size = self._items.popleft()
