@@ -4,6 +4,7 @@ refused, the nop receiver and exporter, durations written as bare integers (nano
 
 from __future__ import annotations
 
+import functools
 import http.server
 import os
 import threading
@@ -124,10 +125,18 @@ def test_a_bare_integer_duration_is_nanoseconds_as_in_go():
 # -- what Go refuses is refused here, with the key's path ----------------------------------------
 
 
+@functools.cache
+def _registry():
+    """One registry for every check here: reading the installed entry points is the slow part of
+    a validation, and the key-list tests validate a thousand configs."""
+    from pycollector.registry import Registry
+
+    return Registry()
+
+
 def problems_of(section: str, type_: str, config: dict, signal: str = "profiles") -> list[str]:
     from pycollector.config import ConfigError
     from pycollector.config.validate import build_plan
-    from pycollector.registry import Registry
 
     full = {"receivers": {"nop": {}}, "exporters": {"nop": {}}, "service": {"pipelines": {signal: {"receivers": ["nop"], "exporters": ["nop"]}}}}
     full.setdefault(section, {})[type_] = config
@@ -140,7 +149,7 @@ def problems_of(section: str, type_: str, config: dict, signal: str = "profiles"
     elif section == "extensions":
         full["service"]["extensions"] = [type_]
     try:
-        build_plan(full, Registry())
+        build_plan(full, _registry())
     except ConfigError as error:
         return error.problems
     return []
