@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_go_conventions import problems_of
+from tests.test_processors_support import problems_of
 
 GO_CONFIG = Path(__file__).parent / "testdata" / "go_config"
 

@@ -4,7 +4,6 @@ refused, the nop receiver and exporter, durations written as bare integers (nano
 
 from __future__ import annotations
 
-import functools
 import http.server
 import os
 import threading
@@ -14,6 +13,7 @@ import pytest
 from pycollector.config import load
 from pycollector.config.types import parse_duration
 from tests.conftest import run_cli
+from tests.test_processors_support import problems_of
 
 AGENT = """\
 receivers: {nop: {}}
@@ -123,36 +123,6 @@ def test_a_bare_integer_duration_is_nanoseconds_as_in_go():
 
 
 # -- what Go refuses is refused here, with the key's path ----------------------------------------
-
-
-@functools.cache
-def _registry():
-    """One registry for every check here: reading the installed entry points is the slow part of
-    a validation, and the key-list tests validate a thousand configs."""
-    from pycollector.registry import Registry
-
-    return Registry()
-
-
-def problems_of(section: str, type_: str, config: dict, signal: str = "profiles") -> list[str]:
-    from pycollector.config import ConfigError
-    from pycollector.config.validate import build_plan
-
-    full = {"receivers": {"nop": {}}, "exporters": {"nop": {}}, "service": {"pipelines": {signal: {"receivers": ["nop"], "exporters": ["nop"]}}}}
-    full.setdefault(section, {})[type_] = config
-    if section == "processors":
-        full["service"]["pipelines"][signal]["processors"] = [type_]
-    elif section == "exporters":
-        full["service"]["pipelines"][signal]["exporters"] = [type_]
-    elif section == "receivers":
-        full["service"]["pipelines"][signal]["receivers"] = [type_]
-    elif section == "extensions":
-        full["service"]["extensions"] = [type_]
-    try:
-        build_plan(full, _registry())
-    except ConfigError as error:
-        return error.problems
-    return []
 
 
 @pytest.mark.parametrize("section, type_, config, problem", [

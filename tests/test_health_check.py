@@ -125,7 +125,7 @@ def test_response_body_tls_and_keep_alive_as_go(tmp_path):
     ({"transport": "unix"}, "extensions::health_check::transport"),
 ])
 def test_what_it_does_not_do_is_refused_by_name(settings, problem):
-    from tests.test_go_conventions import problems_of
+    from tests.test_processors_support import problems_of
 
     problems = problems_of("extensions", "health_check", settings)
     assert len(problems) == 1 and problems[0].startswith(problem), problems

@@ -18,7 +18,7 @@ from processors.resourcedetection.config import ResourceDetectionConfig
 from processors.resourcedetection.detectors import DetectionError, detect_env
 from processors.resourcedetection.factory import factory
 from processors.resourcedetection.processor import ResourceDetectionProcessor
-from tests.test_go_conventions import problems_of
+from tests.test_processors_support import problems_of
 from tests.test_k8sattributes_auth import write_kubeconfig
 from tests.test_k8sattributes_fake_api import FakeKubeApi
 
