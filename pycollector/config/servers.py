@@ -69,14 +69,27 @@ class GoTlsTuning(ComponentConfig):
     tpm: _NoTpm = None
 
 
-class ServerTLSSettings(GoTlsTuning):
-    """configtls.ServerConfig: the certificate and key (files or inline PEM), and the CA clients
-    must be signed by (mutual TLS)."""
+class CertificateAndKey(GoTlsTuning):
+    """configtls's certificate and key, each a file or inline PEM, not both: a server's own, or a
+    client's for mutual TLS."""
 
     cert_file: str = ""
     cert_pem: str = ""
     key_file: str = ""
     key_pem: OpaqueString | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _one_form_each(self) -> "CertificateAndKey":
+        for name in ("ca", "cert", "key"):  # (a server has no ca_*: getattr gives None)
+            if getattr(self, f"{name}_file", None) and getattr(self, f"{name}_pem", None):
+                raise ValueError(f"{name}_file and {name}_pem: give one, not both")
+        return self
+
+
+class ServerTLSSettings(CertificateAndKey):
+    """configtls.ServerConfig: the certificate and key (files or inline PEM), and the CA clients
+    must be signed by (mutual TLS)."""
+
     # When set, clients must present a certificate signed by one of these CAs (mutual TLS).
     client_ca_file: str = ""
     ca_file: _NoServerCa = None
@@ -86,13 +99,9 @@ class ServerTLSSettings(GoTlsTuning):
 
     @pydantic.model_validator(mode="after")
     def _certificate_and_key(self) -> "ServerTLSSettings":
-        # As Go: a server's TLS needs its certificate and key, each as a file or inline, not both.
-        for name in ("cert", "key"):
-            given = [f"{name}_{form}" for form in ("file", "pem") if getattr(self, f"{name}_{form}")]
-            if len(given) > 1:
-                raise ValueError(f"{name}_file and {name}_pem: give one, not both")
-            if not given:
-                raise ValueError("a certificate and its key are needed (cert_file or cert_pem, key_file or key_pem)")
+        # As Go: a server's TLS needs its certificate and key.
+        if not (self.cert_file or self.cert_pem) or not (self.key_file or self.key_pem):
+            raise ValueError("a certificate and its key are needed (cert_file or cert_pem, key_file or key_pem)")
         return self
 
     def certificate(self) -> bytes:

@@ -7,8 +7,7 @@ import dataclasses
 import pydantic
 
 from pycollector.component import StartError, only_go_default
-from pycollector.config.servers import GoTlsTuning
-from pycollector.config.types import OpaqueString
+from pycollector.config.servers import CertificateAndKey
 
 # (declared here: a call in an annotation reads as a string to linters under `annotations`)
 _OnlyGivenCa = only_go_default(False, "with a CA given, only that CA is trusted (without one, the system's)")
@@ -23,27 +22,20 @@ class TLSFiles:
     key: bytes | None
 
 
-class ClientTLSSettings(GoTlsTuning):
+class ClientTLSSettings(CertificateAndKey):
     # gRPC: plaintext instead of TLS. (otlp_http takes TLS from the endpoint's https:// scheme.)
     insecure: bool = False
     # Accept any server certificate; for tests against self-signed servers, never in production.
     insecure_skip_verify: bool = False
-    # Each as a file or inline PEM (not both).
+    # The CA the server's certificate must be signed by, a file or inline PEM (not both).
     ca_file: str = ""
     ca_pem: str = ""
-    cert_file: str = ""
-    cert_pem: str = ""
-    key_file: str = ""
-    key_pem: OpaqueString | None = None
     # The name the server certificate must carry, when it differs from the endpoint's host.
     server_name_override: str = ""
     include_system_ca_certs_pool: _OnlyGivenCa = None
 
     @pydantic.model_validator(mode="after")
     def _cert_and_key_together(self) -> "ClientTLSSettings":
-        for name in ("ca", "cert", "key"):
-            if getattr(self, f"{name}_file") and getattr(self, f"{name}_pem"):
-                raise ValueError(f"{name}_file and {name}_pem: give one, not both")
         if bool(self.cert_file or self.cert_pem) != bool(self.key_file or self.key_pem):
             raise ValueError("'cert_file' and 'key_file' are set together (a client certificate needs its key)")
         return self
