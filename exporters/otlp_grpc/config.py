@@ -12,7 +12,7 @@ from typing import Any, Literal
 import pydantic
 
 from pycollector.component import ComponentConfig, OptionalSection
-from pycollector.config.servers import Middlewares, RefusedAuth, grpc_buffer_options
+from pycollector.config.servers import Middlewares, RefusedAuth, WithOptionalSections, grpc_buffer_options
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.exporterhelper.tls import ClientTLSSettings
@@ -41,7 +41,7 @@ class KeepaliveClient(ComponentConfig):
         return options
 
 
-class OtlpGrpcConfig(ComponentConfig):
+class OtlpGrpcConfig(WithOptionalSections):
     required_as_written = ("endpoint",)  # (Go has no default endpoint)
     endpoint: str = DEFAULT_ENDPOINT
     tls: ClientTLSSettings = ClientTLSSettings()
@@ -99,10 +99,6 @@ class OtlpGrpcConfig(ComponentConfig):
         if self.uses_tls() and self.tls.server_name_override:
             options.append(("grpc.ssl_target_name_override", self.tls.server_name_override))
         return options
-
-    @pydantic.model_serializer(mode="wrap")
-    def _leave_out_sections_that_are_off(self, serialize: Any) -> dict[str, Any]:
-        return {key: value for key, value in serialize(self).items() if value is not None or key not in ("keepalive", "auth")}
 
     @pydantic.field_validator("endpoint")
     @classmethod

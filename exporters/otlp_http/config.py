@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pydantic
 
 from pycollector.component import ComponentConfig, OptionalSection, only_go_default
-from pycollector.config.servers import Middlewares, RefusedAuth
+from pycollector.config.servers import Middlewares, RefusedAuth, WithOptionalSections
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion, parse_duration
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.otlp import OTLP_SIGNALS
@@ -49,7 +49,7 @@ class Cookies(ComponentConfig):
     pass
 
 
-class OtlpHttpConfig(ComponentConfig):
+class OtlpHttpConfig(WithOptionalSections):
     # (Go has no default endpoint: the endpoint, or a signal's own)
     required_as_written = (("endpoint", "traces_endpoint", "metrics_endpoint", "logs_endpoint", "profiles_endpoint"),)
     endpoint: str = DEFAULT_ENDPOINT
@@ -91,11 +91,6 @@ class OtlpHttpConfig(ComponentConfig):
     # The profiles.proto layout the backend reads: "1.10" (current), "1.9" (Collector 0.139-0.147,
     # Pyroscope 1.18/1.19), "1.8" (older). See the README's table.
     profiles_wire_version: ProfilesWireVersion = DEFAULT_PROFILES_WIRE_VERSION
-
-    @pydantic.model_serializer(mode="wrap")
-    def _leave_out_sections_that_are_off(self, serialize):
-        # (written null, a section would read back as on)
-        return {key: value for key, value in serialize(self).items() if value is not None or key not in ("cookies", "auth")}
 
     @pydantic.field_validator("proxy_url")
     @classmethod

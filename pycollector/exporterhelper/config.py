@@ -11,6 +11,7 @@ from typing import Literal
 import pydantic
 
 from pycollector.component import ComponentConfig, OptionalSection, only_go_default
+from pycollector.config.servers import WithOptionalSections
 from pycollector.config.types import Duration, NonNegativeDuration
 
 DEFAULT_INITIAL_INTERVAL = 5.0
@@ -76,7 +77,7 @@ class QueueBatchSettings(ComponentConfig):
         return self
 
 
-class QueueSettings(ComponentConfig):
+class QueueSettings(WithOptionalSections):
     enabled: bool = True
     wait_for_result: _WaitForResult = None
     # Merge queued requests before sending them (Go's exporter-side batching; off unless written).
@@ -117,9 +118,4 @@ class QueueSettings(ComponentConfig):
         if self.batch is None or self.batch.sizer is not None:
             return self.batch.sizer if self.batch is not None else "items"
         return self.sizer if self.sizer in ("items", "bytes") else "items"
-
-    @pydantic.model_serializer(mode="wrap")
-    def _leave_out_batch_when_off(self, serialize):
-        # (written null, batch would read back as on)
-        return {key: value for key, value in serialize(self).items() if value is not None or key != "batch"}
 
