@@ -9,7 +9,7 @@ from typing import Sequence
 
 import yaml
 
-from pycollector import logs
+from pycollector import logs, process_memory
 from pycollector.component import KINDS, StartError
 from pycollector.config import ConfigError, load
 from pycollector.config.providers import SCHEMES
@@ -82,6 +82,7 @@ def _merge_flags(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    process_memory.limit_heaps()
     args = _parser().parse_args(argv)
     _merge_flags(args)
     logs.configure(args.log_format or "console", args.log_level or "info")

@@ -259,6 +259,10 @@ class Factory:
 
     ``mutates_data``: a processor that edits the message in place says so, and the engine hands it
     its own copy when a receiver fans out to several pipelines.
+
+    ``takes_serialized_profiles``: a component that only passes profiles on, counts or appends them
+    takes ``pycollector.pdata.serialized.SerializedProfiles`` as well as messages, and is handed the
+    bytes a receiver got without a message being built; any other is handed a message.
     """
 
     type: ClassVar[str]
@@ -269,6 +273,7 @@ class Factory:
     stability: ClassVar[str] = "Development"
     config_model: ClassVar[type[pydantic.BaseModel]] = ComponentConfig
     mutates_data: ClassVar[bool] = False
+    takes_serialized_profiles: ClassVar[bool] = False
 
     def default_config(self) -> pydantic.BaseModel:
         return self.config_model()

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from pycollector.component import ComponentError, Consumer, PermanentError, RefusedError
 from pycollector.pdata import signal_of
+from pycollector.pdata.serialized import SerializedProfiles
 
 
 class Fanout:
@@ -29,7 +30,8 @@ class Fanout:
         last = len(self.consumers) - 1
         for index, consumer in enumerate(self.consumers):
             message = data
-            if self.copy_for_each and index != last:
+            # Serialized profiles are never edited (an editor parses its own message): shared.
+            if self.copy_for_each and index != last and not isinstance(data, SerializedProfiles):
                 message = type(data)()
                 message.CopyFrom(data)
             try:
@@ -38,6 +40,19 @@ class Fanout:
                 errors.append(error)
         if errors:
             raise _combine(errors)
+
+
+class Parsing:
+    """In front of a component that reads profiles as messages: serialized profiles become one.
+
+    Components that pass profiles on as bytes say so (``Factory.takes_serialized_profiles``) and
+    are handed them as they came."""
+
+    def __init__(self, consumer: Consumer):
+        self.consumer = consumer
+
+    def consume(self, data: Any) -> None:
+        self.consumer.consume(data.to_message() if isinstance(data, SerializedProfiles) else data)
 
 
 def _combine(errors: list[BaseException]) -> BaseException:

@@ -16,7 +16,7 @@ from typing import Any
 from pycollector.component import Settings, StartError
 from pycollector.config.errors import ConfigError
 from pycollector.config.validate import ComponentSpec, Plan
-from pycollector.consumers import Fanout, SignalRouter
+from pycollector.consumers import Fanout, Parsing, SignalRouter
 from pycollector.logs import get_logger
 from pycollector.obsreport import ExporterObserver, ProcessorObserver, ReceiverObserver
 from pycollector.telemetry import Telemetry
@@ -130,6 +130,8 @@ class Graph:
         else:  # connectors: an exporter of some pipelines, a receiver of others
             node.component = spec.factory.create(settings, spec.config, self._router(key))
             node.consumer = node.component
+        if node.consumer is not None and not spec.factory.takes_serialized_profiles:
+            node.consumer = Parsing(node.consumer)
 
     def _downstream(self, key: NodeKey) -> Any:
         targets = [self.nodes[target] for target in self.edges[key]]

@@ -22,6 +22,7 @@ from pycollector.component import KINDS, SIGNALS, Component, ComponentID, Factor
 from pycollector.logs import get_logger
 from pycollector.pdata import ProfilesBuilder, item_count, signal_of
 from pycollector.pdata.attributes import key_values
+from pycollector.pdata.serialized import as_message
 from pycollector.registry import Registry
 from pycollector.telemetry import Telemetry
 
@@ -39,15 +40,20 @@ def registry_with(**factories_by_kind: dict[str, Any]) -> Registry:
 
 
 class CapturingConsumer:
-    """A next consumer that keeps what it is given; ``wait_for`` blocks until a condition holds."""
+    """A next consumer that keeps what it is given; ``wait_for`` blocks until a condition holds.
+
+    Serialized profiles are kept as the message they hold, as the engine hands them to a component
+    that reads messages; ``given`` keeps each as it was given."""
 
     def __init__(self) -> None:
         self.messages: list[Any] = []
+        self.given: list[Any] = []
         self._changed = threading.Condition()
 
     def consume(self, data: Any) -> None:
         with self._changed:
-            self.messages.append(data)
+            self.given.append(data)
+            self.messages.append(as_message(data))
             self._changed.notify_all()
 
     def items(self, signal: str | None = None) -> int:

@@ -32,6 +32,16 @@ def read_uvarint(data: bytes | bytearray | memoryview, position: int, end: int |
     raise VarintError(f"a varint runs past its end or past {limit} bytes")
 
 
+def encode_uvarint(value: int) -> bytes:
+    """The unsigned varint of ``value`` (at least 0)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def read_svarint(data: bytes | bytearray | memoryview, position: int, end: int | None = None,
                  limit: int = MAX_VARINT_BYTES) -> tuple[int, int]:
     """The signed LEB128 varint at ``position`` (two's complement, its sign the last byte's bit 6)

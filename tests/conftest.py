@@ -106,12 +106,13 @@ STARTUP_TIMEOUT = 20.0
 class Collector:
     """A pycollector process run from a config written to ``folder``; stop() sends Ctrl-C."""
 
-    def __init__(self, folder: Path, name: str, config: dict):
+    def __init__(self, folder: Path, name: str, config: dict, env: dict[str, str] | None = None):
         self.config_path = folder / f"{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = folder / f"{name}.log"
         self._log = self.log_path.open("w")
-        self.process = subprocess.Popen([PYCOLLECTOR, "--config", str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen([PYCOLLECTOR, "--config", str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {})})
 
     def wait_listening(self, port: int) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -145,11 +146,26 @@ class Collector:
 def collectors(tmp_path):
     started: list[Collector] = []
 
-    def start(name: str, config: dict) -> Collector:
-        collector = Collector(tmp_path, name, config)
+    def start(name: str, config: dict, env: dict[str, str] | None = None) -> Collector:
+        collector = Collector(tmp_path, name, config, env)
         started.append(collector)
         return collector
 
     yield start
     for collector in started:
         collector.kill()
+
+
+@pytest.fixture(params=["C extension", "pure Python"])
+def profiles_codec(request, monkeypatch):
+    """Run a test twice: with the C extension over serialized profiles, and with the pure-Python
+    fallback a pycollector installed without a compiler runs (pycollector.pdata.serialized)."""
+    from pycollector.pdata import serialized
+
+    if request.param == "C extension":
+        if serialized._native is None:
+            pytest.fail("pycollector.pdata.serialized._native is not built: pip install -e . builds it")
+        monkeypatch.setattr(serialized, "native", serialized._native)
+    else:
+        monkeypatch.setattr(serialized, "native", None)
+    return request.param

@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 from pycollector.component import PermanentError, RefusedError
 from pycollector.config.validate import build_plan
 from pycollector.pdata import ProfilesBuilder, item_count, key_values, sample_count, split_at, validate_indices
+from pycollector.pdata.serialized import SerializedProfiles
 from pycollector.service import Service
 from pycollector.telemetry import Telemetry
 from pycollector.testing import CapturingConsumer, TestHost, make_settings, registry_with
@@ -27,6 +28,9 @@ from tests.test_pdata import _actual_samples, _build, _inputs, _table_sizes
 from tests.test_processors_support import component, validation_problems
 
 LABELS = {"processor": "batch"}
+
+# Every test here runs with the C extension and with the pure-Python fallback.
+pytestmark = pytest.mark.usefixtures("profiles_codec")
 
 
 def started_batch(downstream, telemetry: Telemetry | None = None, **config):
@@ -251,13 +255,17 @@ def test_profiles_that_refer_outside_their_dictionary_are_a_permanent_error():
     processor.shutdown()
 
 
-def test_the_first_message_goes_out_as_it_came_and_is_never_changed():
+def test_the_first_message_goes_out_as_it_came_and_is_never_changed(profiles_codec):
     first, second = with_links(one_profile(samples=3)), one_profile(samples=2)
     first_bytes = first.SerializeToString()
     downstream = CapturingConsumer()
     processor = started_batch(downstream, timeout=0)
     processor.consume(first)
-    assert downstream.messages == [first] and downstream.messages[0] is first  # not copied
+    assert downstream.messages == [first]
+    if profiles_codec == "pure Python":
+        assert downstream.messages[0] is first  # not copied
+    else:  # as bytes, never parsed
+        assert isinstance(downstream.given[0], SerializedProfiles) and downstream.given[0].samples == 3
     kept = CapturingConsumer()
     batched = started_batch(kept, timeout="1h", send_batch_size=100)
     batched.consume(first)

@@ -261,6 +261,7 @@ def gateway():
             service.shutdown()
 
 
+@pytest.mark.usefixtures("profiles_codec")  # recognized by the C extension and in Python alike
 def test_a_v1_9_sender_reaches_a_v1_10_exporter_intact_over_grpc(gateway):
     backend, grpc_endpoint, _ = gateway
     ours, theirs = _v1_9_sender_message()
@@ -271,6 +272,7 @@ def test_a_v1_9_sender_reaches_a_v1_10_exporter_intact_over_grpc(gateway):
 
 
 @pytest.mark.parametrize("version", ["1.8", "1.9"])
+@pytest.mark.usefixtures("profiles_codec")  # recognized by the C extension and in Python alike
 def test_an_older_sender_reaches_a_v1_10_exporter_intact_over_http(gateway, version):
     backend, _, url = gateway
     ours = a_message()
@@ -294,6 +296,7 @@ def test_a_v1_8_json_sender_is_read_by_its_names(gateway):
     assert_same(ours, received)
 
 
+@pytest.mark.usefixtures("profiles_codec")  # recognized by the C extension and in Python alike
 def test_a_v1_7_body_is_refused_with_the_reason(gateway):
     _, grpc_endpoint, url = gateway
     v17 = official_profiles.layout("1.7")
@@ -353,6 +356,7 @@ def _tells_nothing(sample: dict, attributes: int) -> bool:
     dropped=_index,
     profile_attributes=st.lists(_index, max_size=3),
 )
+@pytest.mark.usefixtures("profiles_codec")  # recognized by the C extension and in Python alike
 def test_every_layout_round_trips_and_reads_officially(parts, profile_id, dropped, profile_attributes):
     attributes, samples = parts
     data = profiles_pb2.ProfilesData()
@@ -375,6 +379,7 @@ def test_every_layout_round_trips_and_reads_officially(parts, profile_id, droppe
             assert recognized == profiles_wire.CURRENT
 
 
+@pytest.mark.usefixtures("profiles_codec")  # recognized by the C extension and in Python alike
 def test_recognizing_tells_the_layouts_apart_by_their_shapes():
     message = a_message().SerializeToString()
     for version in VERSIONS:
@@ -395,6 +400,7 @@ def test_v1_8_comments_and_temporality_are_left_out_and_counted():
     assert current.profile_id == bytes(16) and list(current.samples[0].values) == [3]
 
 
+@pytest.mark.usefixtures("profiles_codec")  # recognized by the C extension and in Python alike
 def test_truncated_bytes_are_refused_with_a_reason():
     written = profiles_wire.to_wire(a_message().SerializeToString(), profiles_wire.LAYOUTS["1.9"])
     with pytest.raises(ValueError):

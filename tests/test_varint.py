@@ -7,7 +7,8 @@ import random
 import pytest
 from hypothesis import given, strategies as st
 
-from pycollector.otlp.profiles_wire.wire import WireError, encode_varint, read_varint
+from pycollector.otlp.profiles_wire.wire import WireError, read_varint
+from pycollector.varint import encode_uvarint
 from pycollector.varint import MAX_VARINT_BYTES, VarintError, read_svarint, read_uvarint
 
 
@@ -24,7 +25,7 @@ def sleb128(value: int) -> bytes:
 
 @given(st.integers(min_value=0, max_value=2**64 - 1))
 def test_unsigned_values_round_trip(value):
-    data = b"\x01" + encode_varint(value) + b"\x02"
+    data = b"\x01" + encode_uvarint(value) + b"\x02"
     assert read_uvarint(data, 1) == (value, len(data) - 1)
 
 
@@ -43,7 +44,7 @@ def test_a_long_run_of_continuation_bytes_is_refused_after_the_bound(reader):
 
 
 def test_a_varint_cut_by_its_end_is_refused():
-    data = encode_varint(random.getrandbits(40) | 1 << 35)
+    data = encode_uvarint(random.getrandbits(40) | 1 << 35)
     with pytest.raises(VarintError):
         read_uvarint(data + b"\x00", 0, end=len(data) - 1)
     with pytest.raises(WireError):  # the protobuf reader says it in its own terms

@@ -19,6 +19,7 @@ class ForwardConnector(Component):
 class ForwardConnectorFactory(Factory):
     type = "forward"
     config_model = ForwardConfig
+    takes_serialized_profiles = True  # passes them on as they came
 
     def create(self, settings, config, next_consumer):
         return ForwardConnector(next_consumer)

@@ -17,6 +17,7 @@ class NopExporter(Component):
 class NopExporterFactory(Factory):
     type = "nop"
     config_model = NopConfig
+    takes_serialized_profiles = True  # passes them on as they came
 
     def create(self, settings, config, next_consumer):
         return NopExporter()

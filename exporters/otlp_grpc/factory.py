@@ -8,6 +8,7 @@ class OtlpGrpcExporterFactory(Factory):
     aliases = ("otlp",)
     signals = frozenset({"profiles", "traces", "metrics", "logs"})
     config_model = OtlpGrpcConfig
+    takes_serialized_profiles = True  # sends their bytes
 
     def create(self, settings, config, next_consumer):
         # Imported here so that validating a config does not load gRPC.

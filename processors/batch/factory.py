@@ -7,6 +7,7 @@ class BatchProcessorFactory(Factory):
     type = "batch"
     signals = frozenset({"profiles", "traces", "metrics", "logs"})
     config_model = BatchConfig
+    takes_serialized_profiles = True  # appends their bytes (pycollector.pdata.serialized.batch)
 
     def create(self, settings, config, next_consumer):
         from processors.batch.processor import BatchProcessor

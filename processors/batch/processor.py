@@ -29,7 +29,7 @@ from pycollector.logs import log_once
 from pycollector.pdata import item_count, signal_of
 
 from processors.batch.config import BatchConfig
-from processors.batch.pending import Pending
+from processors.batch.pending import Pending, SerializedPending, pending_for
 from processors.batch.telemetry import SIZE_TRIGGER, TIMEOUT_TRIGGER, BatchTelemetry
 
 
@@ -45,7 +45,7 @@ class BatchProcessor(Component):
         self._config = config
         self._next = next_consumer
         self._telemetry = BatchTelemetry(settings.telemetry, settings.logger)
-        self._pending: dict[BatchKey, Pending] = {}
+        self._pending: dict[BatchKey, Pending | SerializedPending] = {}
         self._deadlines: dict[BatchKey, float] = {}  # per batch: when it times out
         self._changed = threading.Condition()
         self._timer: threading.Thread | None = None
@@ -97,7 +97,7 @@ class BatchProcessor(Component):
         client = pycollector.client.current()
         return tuple((key.lower(), client.get(key)) for key in self._config.metadata_keys)
 
-    def _pending_for(self, signal: str, metadata: Metadata) -> Pending:
+    def _pending_for(self, signal: str, metadata: Metadata) -> Pending | SerializedPending:
         key = (signal, metadata)
         pending = self._pending.get(key)
         if pending is None:
@@ -107,12 +107,12 @@ class BatchProcessor(Component):
                          "too many metadata value combinations; data with a new one is refused for good",
                          setting="metadata_cardinality_limit", limit=self._config.metadata_cardinality_limit)
                 raise PermanentError(f"too many batcher metadata-value combinations (metadata_cardinality_limit {self._config.metadata_cardinality_limit})")
-            pending = self._pending[key] = Pending(signal)
+            pending = self._pending[key] = pending_for(signal)
             self._deadlines[key] = time.monotonic() + self._config.timeout
             self._telemetry.batchers(len(self._pending))
         return pending
 
-    def _due(self, pending: Pending) -> bool:
+    def _due(self, pending: Pending | SerializedPending) -> bool:
         """Send now: the batch is full, or nothing is batching and all goes out at once."""
         if not self._batching:
             return pending.count > 0

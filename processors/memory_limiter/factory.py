@@ -7,6 +7,7 @@ class MemoryLimiterFactory(Factory):
     type = "memory_limiter"
     signals = frozenset({"profiles", "traces", "metrics", "logs"})
     config_model = MemoryLimiterConfig
+    takes_serialized_profiles = True  # passes them on as they came
 
     def create(self, settings, config, next_consumer):
         from processors.memory_limiter import memory

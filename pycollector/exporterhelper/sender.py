@@ -38,6 +38,7 @@ from pycollector.exporterhelper.sizer import Sizer
 from pycollector.obsreport import ItemCounters
 from pycollector.pdata import item_count, signal_of
 from pycollector.pdata.builder import merge as merge_profiles
+from pycollector.pdata.serialized import as_message
 
 # How long a stopping exporter keeps sending what its queue holds.
 DRAIN_TIMEOUT = 5.0
@@ -68,6 +69,7 @@ def merge_requests(parts: list[Any]) -> Any:
     one dictionary, other signals' resource lists put end to end."""
     if len(parts) == 1:
         return parts[0]
+    parts = [as_message(part) for part in parts]
     merged = type(parts[0])()
     merged.CopyFrom(parts[0])
     for part in parts[1:]:

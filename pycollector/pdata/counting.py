@@ -17,6 +17,8 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from pycollector.pdata.serialized import SerializedProfiles
+
 # The item each signal counts, named as in the Go collector's telemetry.
 ITEM_NAMES = {
     "profiles": "profile_samples",
@@ -36,6 +38,7 @@ RESOURCE_FIELDS = {
 _SIGNALS: dict[type, str] = {
     profiles_pb2.ProfilesData: "profiles",
     profiles_service_pb2.ExportProfilesServiceRequest: "profiles",
+    SerializedProfiles: "profiles",
     trace_pb2.TracesData: "traces",
     trace_service_pb2.ExportTraceServiceRequest: "traces",
     metrics_pb2.MetricsData: "metrics",
@@ -47,7 +50,7 @@ _SIGNALS: dict[type, str] = {
 
 def message_types() -> dict[str, type]:
     """The pipelines' message classes by their full protobuf name (for data read back from disk)."""
-    return {message_type.DESCRIPTOR.full_name: message_type for message_type in _SIGNALS}
+    return {message_type.DESCRIPTOR.full_name: message_type for message_type in _SIGNALS if message_type is not SerializedProfiles}
 
 
 def resource_entries(message: Message):
@@ -65,8 +68,10 @@ def signal_of(message: Message) -> str:
         ) from None
 
 
-def sample_count(data: profiles_pb2.ProfilesData) -> int:
+def sample_count(data: profiles_pb2.ProfilesData | SerializedProfiles) -> int:
     """Number of ``Sample`` messages (not the sum of their values)."""
+    if isinstance(data, SerializedProfiles):
+        return data.samples
     return sum(
         len(profile.samples)
         for resource_profiles in data.resource_profiles

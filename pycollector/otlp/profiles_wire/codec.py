@@ -10,6 +10,7 @@ from pycollector.otlp.json_codec import dump_document, from_document, parse_docu
 from pycollector.otlp.profiles_wire.convert import Dropped, convert
 from pycollector.otlp.profiles_wire.layouts import CURRENT, V1_8, Layout
 from pycollector.otlp.profiles_wire.recognize import recognize
+from pycollector.pdata.serialized import as_message
 
 # v1.8's comments in JSON: the pipeline's layout has no field for them.
 _JSON_COMMENTS = ("commentStrindices", "comment_strindices")
@@ -25,7 +26,7 @@ class Decoded:
 def encode(data: Message, encoding: str, layout: Layout) -> bytes:
     """``data`` (the pipeline's layout) as a body of ``encoding`` ("proto" or "json") in ``layout``."""
     if encoding == "json":
-        document = to_document(data)
+        document = to_document(as_message(data))
         _rename(document, layout.json_names)
         return dump_document(document)
     return convert(data.SerializeToString(), CURRENT, layout)[0]

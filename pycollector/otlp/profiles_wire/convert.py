@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 
 from pycollector.otlp.profiles_wire.layouts import Layout
-from pycollector.otlp.profiles_wire.wire import LEN, WireError, encode_varint, fields, read_varint
+from pycollector.otlp.profiles_wire.wire import LEN, WireError, fields, read_varint
+from pycollector.varint import encode_uvarint
 
 # Field numbers on the way from ProfilesData down to a Profile, the same in every layout.
 _RESOURCE_PROFILES, _SCOPE_PROFILES, _PROFILES = 1, 2, 2
@@ -76,7 +77,7 @@ def _message(buffer: bytearray, start: int, end: int, number: int, rewrite) -> l
     for field, wire_type, key_start, value_start, field_end in fields(buffer, start, end):
         if field == number and wire_type == LEN:
             content = b"".join(rewrite(value_start, field_end))
-            out += (buffer[key_start : key_start + 1], encode_varint(len(content)), content)
+            out += (buffer[key_start : key_start + 1], encode_uvarint(len(content)), content)
         else:
             out.append(buffer[key_start:field_end])
     return out
@@ -99,14 +100,14 @@ def _profile(buffer: bytearray, start: int, end: int, plan: _Plan, dropped: Drop
             out.append(buffer[key_start:field_end])
         elif number in (_SAMPLE_TYPE, _PERIOD_TYPE) and wire_type == LEN and plan.value_type:
             content = b"".join(_value_type(buffer, value_start, field_end, plan, dropped))
-            out += (buffer[key_start : key_start + 1], encode_varint(len(content)), content)
+            out += (buffer[key_start : key_start + 1], encode_uvarint(len(content)), content)
         elif number in plan.profile:
             new = plan.profile[number]
             if new is None:
                 dropped.profile_comments += 1
                 continue
             _, after_key = read_varint(buffer, key_start, field_end)
-            out += (encode_varint(new << 3 | wire_type), buffer[after_key:field_end])
+            out += (encode_uvarint(new << 3 | wire_type), buffer[after_key:field_end])
         else:
             out.append(buffer[key_start:field_end])
     return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from pycollector.otlp.profiles_wire.layouts import CURRENT, V1_8, V1_9, V1_10, Layout
 from pycollector.otlp.profiles_wire.wire import LEN, VARINT, count_varints, fields, read_varint
+from pycollector.pdata import serialized as serialized_profiles
 
 _PROFILE_ID_SIZE = 16
 # Enough samples to find a telling one in any real profile; a body that tells nothing by then is
@@ -52,6 +53,29 @@ class _Evidence:
 def recognize(serialized: bytes) -> Layout:
     """The layout ``serialized`` (a ProfilesData or Export request) was written in.
     UnplaceableProfiles, naming the reason, when it is none that is read here."""
+    evidence = _native_evidence(serialized) if serialized_profiles.native is not None else None
+    if evidence is None:  # no C extension, or bytes it cannot read, which this walk says why of
+        evidence = _python_evidence(serialized)
+    return _layout(evidence)
+
+
+# The bits the C extension (pycollector/pdata/serialized/_native.c) sets for each layout told.
+_NATIVE_SAMPLE = {1: "v1.9", 2: "v1.10"}
+_NATIVE_PROFILE = {1: "v1.8", 2: "v1.9+"}
+
+
+def _native_evidence(serialized: bytes) -> _Evidence | None:
+    told = serialized_profiles.native.recognize(serialized)
+    if told is None:
+        return None
+    evidence = _Evidence()
+    sample, profile, evidence.samples_seen = told
+    evidence.sample = {name for bit, name in _NATIVE_SAMPLE.items() if sample & bit}
+    evidence.profile = {name for bit, name in _NATIVE_PROFILE.items() if profile & bit}
+    return evidence
+
+
+def _python_evidence(serialized: bytes) -> _Evidence:
     evidence = _Evidence()
     top = list(fields(serialized, 0, len(serialized)))
     for number, wire_type, _, start, end in top:
@@ -61,7 +85,7 @@ def recognize(serialized: bytes) -> Layout:
         if number == 1 and wire_type == LEN and not evidence.decided():
             for profile_start, profile_end in _profiles(serialized, start, end):
                 _profile(serialized, profile_start, profile_end, evidence)
-    return _layout(evidence)
+    return evidence
 
 
 def _layout(evidence: _Evidence) -> Layout:

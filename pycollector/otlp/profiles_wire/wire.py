@@ -25,15 +25,6 @@ def read_varint(buffer: bytes | bytearray, position: int, end: int) -> tuple[int
         raise WireError(str(error)) from None
 
 
-def encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def fields(buffer: bytes | bytearray, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
     """Each field of the message in ``buffer[start:end]``: (number, wire type, where its key
     starts, where its value starts, where it ends). For a length-delimited field the value is

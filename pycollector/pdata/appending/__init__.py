@@ -47,7 +47,7 @@ from pycollector.pdata.appending.tables import (
 from pycollector.pdata.validate import validate_indices
 from pycollector.pdata.zero_entries import TABLES
 
-__all__ = ["append", "check"]
+__all__ = ["append", "check", "outside_error"]
 
 # -- append ---------------------------------------------------------------------------------------
 
@@ -96,7 +96,7 @@ def _move_profile(profile: Any, strings: Move, attributes: Move) -> None:
         profile.attribute_indices[:] = [attributes(index) for index in profile.attribute_indices]
 
 
-def _outside(src: Message) -> ValueError:
+def outside_error(src: Message) -> ValueError:
     problems = validate_indices(src)
     first = problems[0] if problems else "an index is outside its table"
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -139,7 +139,7 @@ def append(dst: profiles_pb2.ProfilesData, src: Message) -> None:
             )
         tables["stack_table"] = moved_stacks(entries["stack_table"], move["location_table"])
     except Outside:
-        raise _outside(src) from None
+        raise outside_error(src) from None
     except (DecodeError, IndexError) as error:
         raise ValueError(f"profiles could not be read: {error!r}") from error
     for name, table in tables.items():
@@ -191,4 +191,4 @@ def check(src: Message, serialized: bytes | None = None) -> None:
     if any(max(values[:], default=0) >= sizes[table] for values, table in unsigned) or any(
         values and (max(values) >= sizes[table] or min(values) < 0) for values, table in signed
     ):
-        raise _outside(src)
+        raise outside_error(src)
