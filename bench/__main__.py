@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             writer_runs = span_context.run_writer_rounds(settings, workdir)
             pipeline_dir = workdir / "pipeline"
             pipeline_dir.mkdir()
-            pipeline_results, pipeline_shape = pipeline.run_rounds(pipeline_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
+            pipeline_results, pipeline_shape = pipeline.run_rounds(pipeline_dir, settings.rounds, settings.distinct_payloads, settings.pipeline_seconds)
             queue_dir = workdir / "persistent_queue"
             queue_dir.mkdir()
             queue_results = persistent_queue.run_rounds(queue_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)

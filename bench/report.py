@@ -95,12 +95,19 @@ METHOD = """\
   50000 `await asyncio.sleep(0)` in a task inside a span, with the writer on
   (`OTEL_PYTHON_CONTEXT=pycollector_thread_context`) and off, rotated.
 - **Pipeline.** A `pycollector` process runs otlp receiver (gRPC) → batch (defaults) → otlp_grpc
-  exporter (uncompressed) → a sink in the bench. {senders} client threads send {payloads_per_burst}
-  host reports (ProfilesBuilder: {processes} processes, stacks 8–64 frames deep through shared
-  libraries and the kernel, one shared dictionary; about {samples_per_payload} samples and
-  {payload_kib} KiB each) per burst, timed until the sink has every sample; CPU is the collector's.
-  The peer decodes and re-encodes the same payloads in one Python process (`python -m
-  bench.raw_codec`). A sample is one `Sample` message.
+  exporter (uncompressed) → a sink in the bench. {senders} client threads, each waiting for its
+  answer before sending again as agents do, stream requests to it for {stream_seconds:g} s, timed
+  until the sink has every sample; CPU and RSS are the collector's (RSS right after the stream,
+  less what it held started and idle). Two sets of requests, each through a collector of its own:
+  the bench's host reports (ProfilesBuilder: {processes} processes, stacks 8–64 frames deep through
+  shared libraries and the kernel, one shared dictionary; {bench_count} of them, about
+  {bench_samples} samples and {bench_kib} KiB each), and real agent reports (`bench/agent_reports.py
+  capture`: the profiling receiver at its defaults on this host made busy with every known
+  workload; {agent_count} of them, about {agent_samples} samples and {agent_kib} KiB each). Peers,
+  in the same rounds: decoding and re-encoding the same requests in one Python process (`python -m
+  bench.raw_codec`); and a grpcio server that answers each request of the same stream and does
+  nothing else (`python -m bench.grpc_floor`, built as the otlp receiver's), the most any gateway
+  on Python's gRPC server can take. A sample is one `Sample` message.
 - **Persistent queue.** The same pipeline in two `pycollector` processes, the exporter's
   `sending_queue` in a `file_storage` extension (SQLite, WAL, no fsync) in one and in memory in the
   other, the same bursts sent to each in turn; bytes written are the process's `write_bytes` in

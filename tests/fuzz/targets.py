@@ -47,9 +47,10 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2
 from pycollector.config import ConfigError, load
 from pycollector.config.validate import Plan, build_plan
 from pycollector.otlp import ENCODINGS, OTLP_SIGNALS
-from pycollector.pdata import ProfilesBuilder, item_count, iter_samples, sample_type, validate_indices
+from pycollector.pdata import ProfilesBuilder, item_count, iter_samples, sample_count, sample_type, validate_indices
 from pycollector.pdata.attributes import from_any_value
 from pycollector.pdata.zero_entries import with_zero_entries
+from pycollector.pdata.serialized import SerializedProfiles
 from pycollector.registry import Registry
 from processors.batch.pending import Pending
 from receivers.otlp.decoding import RequestDecoder
@@ -188,7 +189,11 @@ def decode_case(case: OtlpCase) -> int:
         data = decoder.decode(otlp, body, encoding)
     except ValueError as error:  # what both servers answer with 400 / INVALID_ARGUMENT
         return _refused(undecodable(otlp.signal, error), case)
-    assert isinstance(data, otlp.data_type), f"decoded a {type(data).__name__}"
+    if isinstance(data, SerializedProfiles):  # accepted without the parser: it must agree
+        message = data.to_message()
+        assert isinstance(message, otlp.data_type) and sample_count(message) == data.samples
+    else:
+        assert isinstance(data, otlp.data_type), f"decoded a {type(data).__name__}"
     item_count(data)  # Delivery counts before it pushes
     data.SerializeToString()  # every exporter does
     encoding.encode(otlp.response_type())
