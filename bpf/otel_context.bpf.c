@@ -55,7 +55,7 @@ static __always_inline void keep_span_attributes(struct sample_key *key, u64 rec
     size &= 2 * THREAD_CTX_ATTRS_MAX - 1;  /* for the verifier: it is at most THREAD_CTX_ATTRS_MAX */
     if (size > THREAD_CTX_ATTRS_MAX || size == 0)
         return;
-    if (bpf_probe_read_user(attrs->data, size, (void *)(record + THREAD_CTX_HEAD_SIZE))) {
+    if (read_user(attrs->data, size, (void *)(record + THREAD_CTX_HEAD_SIZE))) {
         count(COUNTER_THREAD_CTX_READ_ERRORS);
         if (known)
             attrs->size = 0;  /* (the failed read zeroed what it held) */
@@ -81,20 +81,20 @@ static __always_inline void read_thread_context(struct sample_key *key)
         variable = tp + where->tp_offset;
     } else {
         u64 dtv, block;
-        if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + TLS_TCB_DTV_OFFSET)) || !dtv)
+        if (read_user(&dtv, sizeof(dtv), (void *)(tp + TLS_TCB_DTV_OFFSET)) || !dtv)
             return;
         if (where->module >= 65536 ||
-            bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + where->module * TLS_DTV_ENTRY_SIZE)))
+            read_user(&block, sizeof(block), (void *)(dtv + where->module * TLS_DTV_ENTRY_SIZE)))
             return;
         if (!block || block == (u64)-1)  /* the thread never touched the module's TLS: no context */
             return;
         variable = block + where->offset;
     }
     u64 record;
-    if (bpf_probe_read_user(&record, sizeof(record), (void *)variable) || !record)
+    if (read_user(&record, sizeof(record), (void *)variable) || !record)
         return;
     struct otel_thread_ctx_head head;
-    if (bpf_probe_read_user(&head, sizeof(head), (void *)record)) {
+    if (read_user(&head, sizeof(head), (void *)record)) {
         count(COUNTER_THREAD_CTX_READ_ERRORS);
         return;
     }

@@ -25,6 +25,12 @@
 #include <linux/sched.h>
 #include "profile.h"
 
+/* bpf_probe_read_user by another name. BCC's rewriter looks each call of that name up in
+ * /proc/kallsyms (whether an old kernel lacks the helper), which parses the whole symbol table
+ * in the middle of the compile: 0.4 s of the agent's start-up and the memory of every kernel
+ * symbol. The helper is the kernel's since 5.5, which every kernel this runs on is past. */
+static long (*read_user)(void *dst, u32 size, const void *unsafe_ptr) = (void *)BPF_FUNC_probe_read_user;
+
 #ifndef STACK_STORAGE_SIZE
 #define STACK_STORAGE_SIZE 16384
 #endif
@@ -157,7 +163,7 @@ static __always_inline u64 user_leaf_return(struct pt_regs *interrupted)
             return 0;
     }
     u64 ret = 0;
-    if (bpf_probe_read_user(&ret, sizeof(ret), (void *)sp))
+    if (read_user(&ret, sizeof(ret), (void *)sp))
         return 0;
     /* Not a code address: NULL page, kernel half, or a pointer into this stack (saved rbp). */
     if (ret < 4096 || ret >= (1ULL << 47))
@@ -165,7 +171,7 @@ static __always_inline u64 user_leaf_return(struct pt_regs *interrupted)
     if (ret + (8ULL << 20) > sp && ret < sp + (8ULL << 20))
         return 0;
     u8 code[6] = {};
-    if (bpf_probe_read_user(code, sizeof(code), (void *)(ret - 6)))
+    if (read_user(code, sizeof(code), (void *)(ret - 6)))
         return 0;
     if (code[1] == 0xe8)                                     /* call rel32 */
         return ret;

@@ -16,7 +16,7 @@ BPF_TABLE("lru_hash", u32, u64, python_threads, 4096);  /* tid -> its PyThreadSt
 
 static __always_inline int read_pointer(u64 *value, u64 address)
 {
-    if (bpf_probe_read_user(value, sizeof(*value), (void *)address)) {
+    if (read_user(value, sizeof(*value), (void *)address)) {
         count(COUNTER_PYTHON_READ_ERRORS);
         return -1;
     }
@@ -39,7 +39,7 @@ static __always_inline u64 thread_state_of(struct python_process *py, u32 tid)
         return 0;
     u64 thread_id;
     u64 *known = python_threads.lookup(&tid);
-    if (known && bpf_probe_read_user(&thread_id, sizeof(thread_id), (void *)(*known + py->thread_id)) == 0 &&
+    if (known && read_user(&thread_id, sizeof(thread_id), (void *)(*known + py->thread_id)) == 0 &&
         thread_id == fsbase)
         return *known;
     u64 interp, tstate;
@@ -85,7 +85,7 @@ static __always_inline u64 record_python_frame(struct unwind_state *state, struc
     u64 last_of_call = PYTHON_FRAME_LAST_OF_CALL;
     if (py->layout == PYTHON_INTERPRETER_FRAMES) {
         u8 owner = 0;
-        if (bpf_probe_read_user(&owner, sizeof(owner), (void *)(frame + py->frame_owner))) {
+        if (read_user(&owner, sizeof(owner), (void *)(frame + py->frame_owner))) {
             count(COUNTER_PYTHON_READ_ERRORS);
             return 0;
         }
@@ -102,7 +102,7 @@ static __always_inline u64 record_python_frame(struct unwind_state *state, struc
         instruction = pointer > first ? (pointer - first) / 2 : 0;
     } else {
         s32 lasti = 0;
-        if (bpf_probe_read_user(&lasti, sizeof(lasti), (void *)(frame + py->frame_instruction))) {
+        if (read_user(&lasti, sizeof(lasti), (void *)(frame + py->frame_instruction))) {
             count(COUNTER_PYTHON_READ_ERRORS);
             return 0;
         }
@@ -111,7 +111,7 @@ static __always_inline u64 record_python_frame(struct unwind_state *state, struc
     if (instruction > PYTHON_INSTRUCTION_MAX)
         instruction = PYTHON_INSTRUCTION_MAX;
     s32 first_line = 0;
-    if (bpf_probe_read_user(&first_line, sizeof(first_line), (void *)(code + py->code_first_line))) {
+    if (read_user(&first_line, sizeof(first_line), (void *)(code + py->code_first_line))) {
         count(COUNTER_PYTHON_READ_ERRORS);
         return 0;
     }

@@ -196,7 +196,7 @@ static __always_inline enum step_result frame_pointer_step(struct unwind_state *
     if (state->bp == 0)  /* the ABI's mark of the outermost frame (_start clears rbp) */
         return STEP_COMPLETE;
     u64 frame[2];
-    if (bpf_probe_read_user(frame, sizeof(frame), (void *)state->bp)) {
+    if (read_user(frame, sizeof(frame), (void *)state->bp)) {
         count(COUNTER_UNWIND_READ_ERRORS);
         return STEP_DONE;
     }
@@ -283,7 +283,7 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
             return STEP_DONE;
         u32 packed = row->cfa_offset;
         u64 slot = (row->cfa_type == CFA_RSP_DEREF ? state->sp : state->bp) + (s16)(packed & 0xffff);
-        if (bpf_probe_read_user(&cfa, sizeof(cfa), (void *)slot)) {
+        if (read_user(&cfa, sizeof(cfa), (void *)slot)) {
             count(COUNTER_UNWIND_READ_ERRORS);
             return STEP_DONE;
         }
@@ -300,12 +300,12 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
     }
     count(COUNTER_UNWIND_TABLE_FRAMES);
     u64 return_address;
-    if (bpf_probe_read_user(&return_address, sizeof(return_address), (void *)(cfa - 8))) {
+    if (read_user(&return_address, sizeof(return_address), (void *)(cfa - 8))) {
         count(COUNTER_UNWIND_READ_ERRORS);
         return STEP_DONE;
     }
     if (row->rbp_type == RBP_AT_CFA) {
-        if (bpf_probe_read_user(&state->bp, sizeof(state->bp), (void *)(cfa + row->rbp_offset)))
+        if (read_user(&state->bp, sizeof(state->bp), (void *)(cfa + row->rbp_offset)))
             state->bp_known = 0;
     } else if (row->rbp_type == RBP_UNSUPPORTED) {
         state->bp_known = 0;
