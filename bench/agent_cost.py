@@ -21,6 +21,18 @@ def _rss_target(_ours: Summary, _peer: Summary, ratio: Summary) -> str:
     return f"≤ profile-bpfcc's: {verdict}"
 
 
+def _startup_target(most: float):
+    def target(_ours: Summary, _peer: Summary, ratio: Summary) -> str:
+        verdict = "met" if ratio.median <= most else f"missed: {ratio.median / most:.2f}x over"
+        return f"≤ {most:g}x profile-bpfcc's: {verdict}"
+
+    return target
+
+
+# Start-up targets against profile-bpfcc: launch to first sample, CPU from launch to first sample.
+STARTUP_TARGETS = {"startup_seconds": _startup_target(1.2), "startup_cpu_seconds": _startup_target(1.0)}
+
+
 def rows(runs: list) -> list[Row]:
     ours = PycollectorAgent.name
     both = (PerfRecord.name, ProfileBpfcc.name)
@@ -32,5 +44,6 @@ def rows(runs: list) -> list[Row]:
     out.append(Row("Agent cost", "BPF run time per sample, ns (bpf_stats)", per_round(runs, ours, "bpf_ns_per_sample"), ProfileBpfcc.name, per_round(runs, ProfileBpfcc.name, "bpf_ns_per_sample"), "{:.0f}"))
     for figure, title in (("startup_seconds", "Launch to first sample, s"), ("startup_cpu_seconds", "CPU from launch to first sample, s"), ("settle_cpu_seconds", "CPU from first sample to the steady-state window (pycollector: its first report), s")):
         for peer in both:
-            out.append(Row("Start-up", title, per_round(runs, ours, figure), peer, per_round(runs, peer, figure), "{:.2f}"))
+            target = STARTUP_TARGETS.get(figure) if peer == ProfileBpfcc.name else None
+            out.append(Row("Start-up", title, per_round(runs, ours, figure), peer, per_round(runs, peer, figure), "{:.2f}", target))
     return out

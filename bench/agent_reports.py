@@ -48,10 +48,10 @@ def _save(reports: list[bytes], path: Path) -> None:
     path.write_bytes(zstandard.ZstdCompressor(level=19).compress(framed))
 
 
-def _busy_host(workdir: Path, seconds: float) -> list[subprocess.Popen]:
+def busy_host(workdir: Path, seconds: float) -> list[subprocess.Popen]:
     """One copy of each workload, each running ``seconds``."""
     built = workdir / "bin"
-    built.mkdir()
+    built.mkdir(exist_ok=True)
     compile_steps = [
         ["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(built / "known_split_c"), str(WORKLOADS / "known_split.c")],
         ["rustc", "-O", "-o", str(built / "known_split_rs"), str(WORKLOADS / "known_split.rs")],
@@ -82,7 +82,7 @@ def capture(seconds: float, path: Path) -> int:
             "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["otlp_grpc"]}}},
         }
         (workdir / "agent.yaml").write_text(yaml.safe_dump(config))
-        workloads = _busy_host(workdir, seconds + 15)
+        workloads = busy_host(workdir, seconds + 15)
         agent = children.start([str(PYCOLLECTOR), "--config", str(workdir / "agent.yaml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(seconds)

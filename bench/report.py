@@ -108,6 +108,11 @@ METHOD = """\
   bench.raw_codec`); and a grpcio server that answers each request of the same stream and does
   nothing else (`python -m bench.grpc_floor`, built as the otlp receiver's), the most any gateway
   on Python's gRPC server can take. A sample is one `Sample` message.
+- **Agent memory.** pycollector (the Agent cost config) profiles this host made busy with one
+  copy of every known workload (C, Rust, Go, Node, Java, and the Python one under each of pyenv's
+  CPython 3 versions; `bench/agent_reports.py`) for {agent_memory_seconds:g} s, its RSS read every
+  {agent_memory_interval:g} s: the RSS at the end against its own after a minute (caches filled,
+  first reports sent), and its peak.
 - **Persistent queue.** The same pipeline in two `pycollector` processes, the exporter's
   `sending_queue` in a `file_storage` extension (SQLite, WAL, no fsync) in one and in memory in the
   other, the same bursts sent to each in turn; bytes written are the process's `write_bytes` in
