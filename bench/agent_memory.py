@@ -33,7 +33,7 @@ def run(settings: Settings, workdir: Path, sink: ProfilesSink) -> MemoryRun:
     seconds, interval = settings.agent_memory_seconds, settings.agent_memory_interval
     settled = min(SETTLED_S, seconds / 2)
     workdir.mkdir()
-    workloads = agent_reports.busy_host(workdir, seconds + 60)
+    workloads = agent_reports.busy_host(workdir, seconds + 60, settings.agent_memory_every_runtime)
     agent = PycollectorAgent(workdir, settings.hz, sink.endpoint, settings.reporter_interval_s, unwind_cache_dir(workdir))
     try:
         agent.launch()

@@ -48,8 +48,13 @@ def _save(reports: list[bytes], path: Path) -> None:
     path.write_bytes(zstandard.ZstdCompressor(level=19).compress(framed))
 
 
-def busy_host(workdir: Path, seconds: float) -> list[subprocess.Popen]:
-    """One copy of each workload, each running ``seconds``."""
+def busy_host(workdir: Path, seconds: float, every_runtime: bool = True) -> list[subprocess.Popen]:
+    """One copy of each workload, each running ``seconds``; without ``every_runtime``, the C
+    workload alone, a copy per CPU (the quick bench's smoke run)."""
+    if not every_runtime:
+        binary = workdir / "known_split_c"
+        subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(binary), str(WORKLOADS / "known_split.c")], check=True, capture_output=True)
+        return [children.start([str(binary), str(seconds)], stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 1)]
     built = workdir / "bin"
     built.mkdir(exist_ok=True)
     compile_steps = [
