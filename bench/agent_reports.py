@@ -24,11 +24,12 @@ from pathlib import Path
 import yaml
 import zstandard
 
-from bench import children
+from bench import children, workload
+from bench.python_frames import PYENV
+from bench.workload import WORKLOADS
 from bench.sink import ProfilesSink
 
 REPORTS = Path(__file__).resolve().with_name("agent_reports.bin.zst")
-WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
 PYCOLLECTOR = Path(sys.executable).with_name("pycollector")
 
 
@@ -51,14 +52,12 @@ def _save(reports: list[bytes], path: Path) -> None:
 def busy_host(workdir: Path, seconds: float, every_runtime: bool = True) -> list[subprocess.Popen]:
     """One copy of each workload, each running ``seconds``; without ``every_runtime``, the C
     workload alone, a copy per CPU (the quick bench's smoke run)."""
-    if not every_runtime:
-        binary = workdir / "known_split_c"
-        subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(binary), str(WORKLOADS / "known_split.c")], check=True, capture_output=True)
-        return [children.start([str(binary), str(seconds)], stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 1)]
     built = workdir / "bin"
     built.mkdir(exist_ok=True)
+    known_split_c = workload.build_known_split(built)
+    if not every_runtime:
+        return [children.start([str(known_split_c), str(seconds)], stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 1)]
     compile_steps = [
-        ["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(built / "known_split_c"), str(WORKLOADS / "known_split.c")],
         ["rustc", "-O", "-o", str(built / "known_split_rs"), str(WORKLOADS / "known_split.rs")],
         ["go", "build", "-o", str(built / "known_split_go"), str(WORKLOADS / "known_split.go")],
         ["javac", "-d", str(built), str(WORKLOADS / "KnownSplit.java")],
@@ -66,9 +65,9 @@ def busy_host(workdir: Path, seconds: float, every_runtime: bool = True) -> list
     env = {**os.environ, "GOCACHE": str(workdir / "gocache"), "GOPATH": str(workdir / "gopath")}
     for step in compile_steps:
         subprocess.run(step, check=True, env=env, cwd=workdir, capture_output=True)
-    pythons = sorted(Path(os.environ.get("PYENV_ROOT", "/root/.pyenv"), "versions").glob("3.*/bin/python3"))
+    pythons = sorted(PYENV.glob("3.*/bin/python3"))
     commands = [
-        [str(built / "known_split_c"), str(seconds)],
+        [str(known_split_c), str(seconds)],
         [str(built / "known_split_rs"), str(seconds)],
         [str(built / "known_split_go"), str(seconds)],
         *[[str(python), str(WORKLOADS / "known_split.py"), str(seconds), "2"] for python in pythons],
@@ -93,8 +92,7 @@ def capture(seconds: float, path: Path) -> int:
             time.sleep(seconds)
         finally:
             children.stop(agent)
-            for workload in workloads:
-                children.stop(workload)
+            children.stop(*workloads)
         reports = sink.take()
     # The first report holds the agent's start-up, not a steady interval.
     _save(reports[1:], path)

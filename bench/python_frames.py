@@ -27,8 +27,9 @@ from bench.peers import PycollectorAgent
 from bench.rounds import Run
 from bench.settings import Settings
 from bench.sink import ProfilesSink
+from bench.workload import WORKLOADS
 
-SCRIPT = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "known_split.py"
+SCRIPT = WORKLOADS / "known_split.py"
 PYENV = Path(os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))) / "versions"
 PY_SPY = "py-spy"
 MODES = (PycollectorAgent.name, PY_SPY)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from bench import children
 
-SOURCE = Path(__file__).resolve().parents[2] / "shared" / "workloads" / "known_split.c"
+WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"  # one known 75/25 workload per language
+SOURCE = WORKLOADS / "known_split.c"
 
 
 @dataclasses.dataclass

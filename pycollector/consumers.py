@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from pycollector.component import ComponentError, Consumer, PermanentError, RefusedError
 from pycollector.pdata import signal_of
-from pycollector.pdata.serialized import SerializedProfiles
+from pycollector.pdata.serialized import SerializedProfiles, as_message
 
 
 class Fanout:
@@ -52,7 +52,7 @@ class Parsing:
         self.consumer = consumer
 
     def consume(self, data: Any) -> None:
-        self.consumer.consume(data.to_message() if isinstance(data, SerializedProfiles) else data)
+        self.consumer.consume(as_message(data))
 
 
 def _combine(errors: list[BaseException]) -> BaseException:

@@ -6,12 +6,12 @@ a message serialized once), and a batch goes out as serialized profiles: nothing
 off less than the whole batch parses it and splits the message (``split_at``), which only a
 ``send_batch_max_size`` below the batch's size asks for.
 
-Profiles without the C extension: the first message into an empty batch is held as it came, checked but not copied, since
-its sender may still hold it too; it goes out as it is when a cut takes it whole. The next message
-makes it ours (one parse of what the check serialized) and is appended to it: dictionary tables
-concatenated, the new message's indices shifted (``appending.append``). Traces, metrics and logs are
-merged by appending their resource entries. The front of the batch is cut off with ``split_at``,
-which keeps every item whole.
+Profiles without the C extension: the first message into an empty batch is held as it came,
+checked but not copied, since its sender may still hold it too; it goes out as it is when a cut
+takes it whole. The next message makes it ours (one parse of what the check serialized) and is
+appended to it: dictionary tables concatenated, the new message's indices shifted
+(``appending.append``). Traces, metrics and logs are merged by appending their resource entries.
+The front of the batch is cut off with ``split_at``, which keeps every item whole.
 """
 
 from __future__ import annotations

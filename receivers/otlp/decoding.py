@@ -9,7 +9,6 @@ from google.protobuf.message import Message
 
 from pycollector.logs import log_once
 from pycollector.otlp import Encoding, OtlpSignal, profiles_wire
-from pycollector.pdata import serialized as serialized_profiles
 from pycollector.pdata.serialized import SerializedProfiles
 
 AUTO = "auto"
@@ -28,32 +27,24 @@ class RequestDecoder:
         protobuf's parser would check them: a gateway's batch and exporter never build a message."""
         if otlp.signal != "profiles":
             return encoding.decode(body, otlp.data_type)
-        if encoding.name == "proto":
-            converted, layout, dropped = profiles_wire.from_wire(body, self._layout)
-            profiles = serialized_profiles.read(converted)
-            self._say_what_was_read(layout, dropped, encoding)
-            return profiles
         decoded = profiles_wire.decode(body, encoding.name, otlp.data_type, self._layout)
-        self._say_what_was_read(decoded.layout, decoded.dropped, encoding)
-        return decoded.message
-
-    def _say_what_was_read(self, layout: profiles_wire.Layout, dropped: profiles_wire.Dropped, encoding: Encoding) -> None:
-        if layout != profiles_wire.CURRENT:
+        if decoded.layout != profiles_wire.CURRENT:
             log_once(
                 self.log,
-                (self._id, "profiles layout", layout.version, encoding.name),
+                (self._id, "profiles layout", decoded.layout.version, encoding.name),
                 "info",
-                f"a sender writes profiles in the profiles.proto v{layout.version} layout; "
+                f"a sender writes profiles in the profiles.proto v{decoded.layout.version} layout; "
                 f"they are read as such and carried on as v{profiles_wire.CURRENT.version}",
                 encoding=encoding.name,
             )
-        if dropped:
+        if decoded.dropped:
             log_once(
                 self.log,
                 (self._id, "profiles dropped fields"),
                 "warning",
-                f"profile comments and aggregation temporalities of v{layout.version} have no field "
+                f"profile comments and aggregation temporalities of v{decoded.layout.version} have no field "
                 f"in v{profiles_wire.CURRENT.version}: left out (samples are all kept)",
-                comments=dropped.profile_comments,
-                aggregation_temporalities=dropped.aggregation_temporalities,
+                comments=decoded.dropped.profile_comments,
+                aggregation_temporalities=decoded.dropped.aggregation_temporalities,
             )
+        return decoded.message

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from pycollector.otlp.json_codec import dump_document, from_document, parse_document, to_document
 from pycollector.otlp.profiles_wire.convert import Dropped, convert
 from pycollector.otlp.profiles_wire.layouts import CURRENT, V1_8, Layout
 from pycollector.otlp.profiles_wire.recognize import recognize
-from pycollector.pdata.serialized import as_message
+from pycollector.pdata.serialized import SerializedProfiles, as_message
+from pycollector.pdata.serialized import read as read_serialized
 
 # v1.8's comments in JSON: the pipeline's layout has no field for them.
 _JSON_COMMENTS = ("commentStrindices", "comment_strindices")
@@ -18,7 +19,7 @@ _JSON_COMMENTS = ("commentStrindices", "comment_strindices")
 
 @dataclasses.dataclass
 class Decoded:
-    message: Message
+    message: Message | SerializedProfiles  # a protobuf body: its bytes, checked (``serialized.read``)
     layout: Layout  # the layout the body was in
     dropped: Dropped  # what the pipeline's layout had no place for
 
@@ -34,15 +35,14 @@ def encode(data: Message, encoding: str, layout: Layout) -> bytes:
 
 def decode(body: bytes, encoding: str, message_type: type[Message], layout: Layout | None = None) -> Decoded:
     """A body of ``encoding`` in ``layout`` (recognized when None) as ``message_type`` of the
-    pipeline's layout. ValueError naming the reason when it cannot be read."""
+    pipeline's layout; a protobuf body as its bytes in that layout (``SerializedProfiles``, which
+    stands for a ProfilesData), checked as protobuf's parser checks them. ValueError naming the
+    reason when it cannot be read."""
     if encoding == "json":
         return _decode_json(body, message_type, layout)
     source = layout or recognize(body)
     converted, dropped = convert(body, source, CURRENT)
-    try:
-        return Decoded(message_type.FromString(converted), source, dropped)
-    except DecodeError as error:
-        raise ValueError(str(error)) from error
+    return Decoded(read_serialized(converted), source, dropped)
 
 
 def _decode_json(body: bytes, message_type: type[Message], layout: Layout | None) -> Decoded:

@@ -20,6 +20,9 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
+# The module, not its function: counting imports this package (for SerializedProfiles), so its
+# names exist only once both are imported.
+from pycollector.pdata import counting
 from pycollector.pdata.serialized.schema import compile_schema
 
 try:
@@ -84,8 +87,4 @@ def read(serialized: bytes) -> SerializedProfiles:
         message = profiles_pb2.ProfilesData.FromString(serialized)
     except DecodeError as error:
         raise ValueError(str(error)) from error
-    return SerializedProfiles(serialized, _sample_count(message), message)
-
-
-def _sample_count(message: profiles_pb2.ProfilesData) -> int:
-    return sum(len(profile.samples) for resource in message.resource_profiles for scope in resource.scope_profiles for profile in scope.profiles)
+    return SerializedProfiles(serialized, counting.sample_count(message), message)
