@@ -152,8 +152,9 @@ def _decode_otlp(body: bytes, encoding: str):
     from opentelemetry.proto.profiles.v1development import profiles_pb2
 
     from pycollector.otlp.profiles_wire.codec import decode
+    from pycollector.pdata.serialized import as_message
 
-    return decode(body, encoding, profiles_pb2.ProfilesData).message
+    return as_message(decode(body, encoding, profiles_pb2.ProfilesData).message)
 
 
 def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, int]], tuple[str, str], bool]:
