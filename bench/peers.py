@@ -96,10 +96,15 @@ class PycollectorAgent(_BpfProfiler):
     name = "pycollector"
 
     def __init__(self, workdir: Path, hz: int, sink_endpoint: str, reporter_interval_s: float, unwind_cache_dir: Path, metrics_port: int = 0,
-                 off_cpu_threshold: float = 0.0) -> None:
+                 off_cpu_threshold: float = 0.0, bpf_cache_dir: Path | None = None) -> None:
         super().__init__(workdir, hz)
         self.config_path = workdir / "pycollector-bench.yaml"
-        receiver = {"samples_per_second": hz, "reporter_interval": f"{reporter_interval_s:g}s", "unwind_cache_dir": str(unwind_cache_dir)}
+        # The compiled BPF program is kept beside the rows unless told, in a folder of the bench's
+        # (never the host's default, which tests may have filled): the first start compiles, the
+        # others load.
+        self.bpf_cache_dir = bpf_cache_dir or unwind_cache_dir.parent / "bpf-cache"
+        receiver = {"samples_per_second": hz, "reporter_interval": f"{reporter_interval_s:g}s", "unwind_cache_dir": str(unwind_cache_dir),
+                    "bpf_cache_dir": str(self.bpf_cache_dir)}
         if off_cpu_threshold:
             receiver["off_cpu_threshold"] = off_cpu_threshold
         config = {
@@ -116,6 +121,10 @@ class PycollectorAgent(_BpfProfiler):
 
     def argv(self) -> list[str]:
         return [str(PYCOLLECTOR), "--config", str(self.config_path)]
+
+    def compiles_at_start(self) -> bool:
+        """No compiled program is kept yet: this launch compiles it (a first start, not a restart)."""
+        return not any(self.bpf_cache_dir.glob("*.bpf.json"))
 
 
 class ProfileBpfcc(_BpfProfiler):

@@ -61,9 +61,12 @@ def unwind_cache_dir(rundir: Path) -> Path:
     return rundir.parent / "unwind-cache"
 
 
-def _profiler(mode: str, settings: Settings, rundir: Path, sink: ProfilesSink) -> Profiler | None:
+def _profiler(mode: str, index: int, settings: Settings, rundir: Path, sink: ProfilesSink) -> Profiler | None:
     if mode == PycollectorAgent.name:
-        return PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, unwind_cache_dir(rundir))
+        # The first round's agent starts as on a new host: its compiled program cache is empty, so
+        # it compiles; the later rounds' share one, as restarts do (Start-up rows, agent_cost.py).
+        first_start = rundir / "bpf-cache" if index == 0 else None
+        return PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, unwind_cache_dir(rundir), bpf_cache_dir=first_start)
     if mode == PerfRecord.name:
         return PerfRecord(rundir, settings.hz)
     if mode == PerfDwarf.name:
@@ -74,12 +77,13 @@ def _profiler(mode: str, settings: Settings, rundir: Path, sink: ProfilesSink) -
 
 
 def _run(mode: str, index: int, settings: Settings, binary: Path, rundir: Path, sink: ProfilesSink) -> Run:
-    profiler = _profiler(mode, settings, rundir, sink)
+    profiler = _profiler(mode, index, settings, rundir, sink)
     copies = procfs.online_cpus()
     if profiler is None:
         load = procfs.load_average()
         result = workload.run(binary, settings.workload_seconds, copies)
         return Run(mode, index, load, _workload_figures(result))
+    compiles = isinstance(profiler, PycollectorAgent) and profiler.compiles_at_start()
     profiler.launch()
     try:
         startup_seconds, startup_cpu = profiler.wait_until_sampling()
@@ -93,6 +97,8 @@ def _run(mode: str, index: int, settings: Settings, binary: Path, rundir: Path, 
         peers.stop(profiler)
     sink.take()  # pycollector's reports: sent, and not needed here
     figures.update(startup_seconds=startup_seconds, startup_cpu_seconds=startup_cpu, settle_cpu_seconds=settle_cpu)
+    if isinstance(profiler, PycollectorAgent):
+        figures["compiled_at_start"] = float(compiles)
     return Run(mode, index, load, figures)
 
 

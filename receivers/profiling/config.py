@@ -30,6 +30,7 @@ DEFAULT_UNWIND_ROW_IDLE_TIMEOUT = 120.0
 # tail calls a sample).
 MAX_UNWIND_FRAMES = 16 * 30
 DEFAULT_UNWIND_CACHE_DIR = "/var/cache/pycollector/unwind"
+DEFAULT_BPF_CACHE_DIR = "/var/cache/pycollector/bpf"
 
 # CamelCase keys of older profiling distributions -> today's key.
 LEGACY_KEYS = {
@@ -65,6 +66,9 @@ class ProfilingConfig(ComponentConfig):
     unwind_row_budget: int = pydantic.Field(DEFAULT_UNWIND_ROW_BUDGET, ge=1024, le=1 << 28)
     unwind_max_frames: int = pydantic.Field(DEFAULT_UNWIND_MAX_FRAMES, ge=16, le=MAX_UNWIND_FRAMES)
     unwind_cache_dir: str = DEFAULT_UNWIND_CACHE_DIR
+    # Where the compiled BPF program is kept, so a restart loads it without compiling (""
+    # compiles at every start). Only a directory that root alone can write is used.
+    bpf_cache_dir: str = DEFAULT_BPF_CACHE_DIR
     # When the budget is short, the rows of files no walk used for this long go to a file whose
     # code is running (the processes mapping them are walked by frame pointer there meanwhile).
     unwind_row_idle_timeout: Duration = pydantic.Field(DEFAULT_UNWIND_ROW_IDLE_TIMEOUT, gt=0)

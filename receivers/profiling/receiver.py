@@ -166,6 +166,7 @@ class ProfilingReceiver(Component):
             off_cpu_threshold=self.config.off_cpu_threshold,
             off_cpu_threads=BASE_OFF_CPU_THREADS * scale,
             probabilistic=self.config.probabilistic_threshold < ALWAYS,
+            program_cache_dir=self.config.bpf_cache_dir,
         )
 
     def _start_targeting(self, sampler: Sampler) -> None:

@@ -1,21 +1,29 @@
-"""Compiling, loading and attaching the profiler's BPF program with BCC, and every way that fails.
+"""Getting the profiler's BPF program into the kernel and attached, and every way that fails.
 
-Each failure is a ``SamplerError`` subclass whose message says what is wrong and what to do about
-it; ``log`` keeps what clang, libbpf and the verifier printed.  ``bcc`` is imported by ``load()``
-only, so importing this module does not need BCC.
+``load`` takes the compiled program from the cache (program_cache.py) or has a child process
+compile it with BCC (compiler.py), then loads it without BCC's compiler (loader.py). Each failure is
+a ``SamplerError`` subclass whose message says what is wrong and what to do about it; ``log`` keeps
+what clang, libbpf and the verifier printed. Only the compiler child imports ``bcc``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes as ct
 import errno
 import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from receivers.profiling.kernel.loader import LoadedProgram
+    from receivers.profiling.kernel.program_cache import ProgramCache
+
+PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
 
 class SamplerError(RuntimeError):
     """The profiler cannot run.  `str(err)` is meant for the user; `log` holds BCC's output."""
@@ -101,7 +109,7 @@ def find_kernel_headers() -> str | None:
 
 
 @contextlib.contextmanager
-def _capture_stderr_fd() -> Iterator[list[str]]:
+def capture_stderr_fd() -> Iterator[list[str]]:
     """Capture what C code (clang, libbpf, the verifier log) writes to fd 2."""
     out: list[str] = []
     sys.stderr.flush()
@@ -119,7 +127,7 @@ def _capture_stderr_fd() -> Iterator[list[str]]:
             out.append(tmp.read().decode("utf-8", "replace"))
 
 
-def _tail(text: str, lines: int = 40) -> str:
+def tail(text: str, lines: int = 40) -> str:
     kept = text.strip().splitlines()[-lines:]
     return "\n".join(kept)
 
@@ -135,80 +143,41 @@ def program_text(source: Path) -> str:
     return _LOCAL_PART.sub(lambda match: (source.parent / match.group(1)).read_text(), source.read_text())
 
 
-def load(source: Path, cflags: list[str], verifier_log_level: int, functions: dict[bytes, str]) -> tuple[object, str]:
-    """Compile ``source`` and load each of ``functions`` (name -> BCC program type name, e.g.
-    "PERF_EVENT"); the BPF object and what the compiler and verifier printed.  Raises a
-    SamplerError subclass; nothing stays loaded when it does."""
+def load(source: Path, cflags: list[str], verifier_log_level: int, functions: dict[bytes, str],
+         cache: ProgramCache | None = None) -> tuple[LoadedProgram, str]:
+    """``source`` compiled (or read from ``cache``) and each of ``functions`` (name -> program type
+    name, "PERF_EVENT" or "RAW_TRACEPOINT") loaded; the loaded program and what the compiler and
+    verifier printed. Raises a SamplerError subclass; nothing stays loaded when it does."""
+    from receivers.profiling.kernel.compiler import compile_in_child
+    from receivers.profiling.kernel.loader import LoadedProgram
+    from receivers.profiling.kernel.program_cache import cache_key
+
     check_privileges()
-    if find_kernel_headers() is None:
-        raise KernelHeadersMissingError(kernel_headers_hint())
     if not source.is_file():
         raise BPFCompileError(f"BPF program not found: {source}")
-    try:
-        import bcc
-    except ImportError as e:
-        raise SamplerError(
-            "the `bcc` Python module is missing: install BCC's Python bindings "
-            "(Debian/Ubuntu: `apt-get install python3-bpfcc`; the virtualenv must see system "
-            f"site-packages) ({e})"
-        ) from e
-
-    debug = {1: bcc.DEBUG_BPF, 2: bcc.DEBUG_BPF_REGISTER_STATE}.get(verifier_log_level, 0)
-    logs: list[str] = []
-    bpf = None
-    try:
-        with _capture_stderr_fd() as out:
-            try:
-                bpf = bcc.BPF(text=program_text(source).encode(), cflags=cflags, debug=debug)
-            except Exception as e:  # BCC raises bare Exception
-                failure = e
-            else:
-                failure = None
-        logs.extend(out)
-        if failure is not None:
-            log = "".join(logs)
-            if "kernel headers" in log.lower() or "linux/kconfig.h" in log:
-                raise KernelHeadersMissingError(kernel_headers_hint(), log) from failure
-            if "super-user" in str(failure) or "Operation not permitted" in log:
-                raise BPFPermissionError(f"loading BPF was refused: {failure}", log)
-            raise BPFCompileError(f"BCC could not compile {source}: {failure}\n{_tail(log)}", log) from failure
-        for name, program_type in functions.items():
-            with _capture_stderr_fd() as out:
-                try:
-                    bpf.load_func(name, getattr(bcc.BPF, program_type))
-                except Exception as e:
-                    failure = e
-                    err = ct.get_errno()
-                else:
-                    failure = None
-            logs.extend(out)
-            if failure is not None:
-                log = "".join(logs)
-                if "super-user" in str(failure) or err == errno.EPERM:
-                    raise BPFPermissionError(f"the kernel refused to load BPF: {failure}", log)
-                raise BPFLoadError(f"the kernel verifier rejected {name.decode()}: {failure}\n{_tail(log)}", log) from failure
-    except BaseException:
-        if bpf is not None:
-            with contextlib.suppress(Exception):
-                bpf.cleanup()
-        raise
-    return bpf, "".join(logs)
+    headers = find_kernel_headers()
+    key = cache_key(program_text(source), source.parent, cflags, headers) if cache is not None else ""
+    compiled = cache.get(key) if cache is not None else None
+    compile_log, compile_seconds = "", None
+    if compiled is None:
+        if headers is None:
+            raise KernelHeadersMissingError(kernel_headers_hint())
+        began = time.monotonic()
+        compiled, compile_log = compile_in_child(source, cflags)
+        compile_seconds = time.monotonic() - began
+        if cache is not None:
+            cache.put(key, compiled)
+    loaded = LoadedProgram.load(compiled, functions, verifier_log_level)
+    loaded.compile_seconds = compile_seconds
+    return loaded, compile_log + loaded.log
 
 
 def attach_cpu_clock(bpf, function: bytes, frequency_hz: int) -> None:
     """Run ``function`` on every CPU at ``frequency_hz`` from the software cpu-clock event."""
-    import bcc
-
     try:
-        bpf.attach_perf_event(
-            ev_type=bcc.PerfType.SOFTWARE,
-            ev_config=bcc.PerfSWConfig.CPU_CLOCK,
-            fn_name=function,
-            sample_freq=frequency_hz,
-            cpu=-1,
-        )
-    except Exception as e:
-        err = ct.get_errno()
+        bpf.attach_perf_event(function, PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK, frequency_hz)
+    except OSError as e:
+        err = e.errno
         hint = ""
         if err == errno.EINVAL:
             hint = " (is samples_per_second above /proc/sys/kernel/perf_event_max_sample_rate?)"
@@ -224,8 +193,8 @@ def attach_raw_tracepoint(bpf, tracepoint: bytes, program: bytes, hint: str = ""
     """Run ``program`` on the kernel's ``tracepoint`` (e.g. sched_switch); ``hint`` says what the
     program needs of it, for the error."""
     try:
-        bpf.attach_raw_tracepoint(tp=tracepoint, fn_name=program)
-    except Exception as e:
-        err = ct.get_errno()
+        bpf.attach_raw_tracepoint(tracepoint, program)
+    except OSError as e:
+        err = e.errno
         raise BPFAttachError(f"could not attach to the {tracepoint.decode()} tracepoint: {os.strerror(err) if err else e}"
                              + (f" ({hint})" if hint else "")) from e

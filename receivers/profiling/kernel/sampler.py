@@ -17,7 +17,7 @@ Threading: `poll()` and `collect()` may run on different threads, but neither ma
 concurrently with itself.  collect() makes sure the perf buffers were read after its flip (it polls
 them itself, or waits for the poll under way on the other thread to end and the next one to
 complete), so the collided samples of an interval are in that interval.  `counters()` may be called
-from any thread.  `bcc` is imported by `start()` only, so importing this module does not need BCC.
+from any thread.  Only the compiler child imports `bcc` (program.py), so importing this module does not need BCC.
 What collect() returns is in samples.py; count_maps.py reads a retired slot.
 """
 
@@ -39,6 +39,7 @@ from receivers.profiling.kernel import btf as kernel_btf, program as bpf_program
 from receivers.profiling.kernel.count_maps import SlotReader
 from receivers.profiling.kernel.counters import USER_COUNTERS, read_counter_names
 from receivers.profiling.kernel.program import SamplerError
+from receivers.profiling.kernel.program_cache import ProgramCache
 from receivers.profiling.kernel.samples import Interval, stack_count
 from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
 
@@ -140,6 +141,7 @@ class Sampler:
         except kernel_btf.BtfError as error:
             self.python_frames_error = str(error)
 
+        self.program_cache = ProgramCache(settings.program_cache_dir, self.log)
         self._bpf = None
         self._closed = False
         self._slot = 0
@@ -211,7 +213,7 @@ class Sampler:
         programs = {PROGRAM_NAME: "PERF_EVENT", UNWIND_STEP_NAME: "PERF_EVENT", PYTHON_WALK_NAME: "PERF_EVENT"}
         if settings.off_cpu_threshold:
             programs.update(dict.fromkeys((OFF_CPU_PROGRAM_NAME, *OFF_CPU_WALK_NAMES), "RAW_TRACEPOINT"))
-        bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), settings.verifier_log_level, programs)
+        bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), settings.verifier_log_level, programs, self.program_cache)
         try:
             self._fill_tail_call_arrays(bpf)
             self._find_maps(bpf)
@@ -230,17 +232,20 @@ class Sampler:
             sys.stderr.write(self.compile_log)  # the user asked to see the verifier log
         self._bpf = bpf
         self._interval_start = (time.monotonic_ns(), time.time_ns())
+        if bpf.compile_seconds is not None:
+            self.log.info("BPF program compiled (by a child process) for this kernel and configuration",
+                          seconds=round(bpf.compile_seconds, 2),
+                          kept_in=settings.program_cache_dir or "nowhere: bpf_cache_dir is empty")
         self.log.debug("profiler attached", frequency_hz=settings.frequency_hz, cpus=os.cpu_count())
 
     def _fill_tail_call_arrays(self, bpf) -> None:
         """The programs a walk tail-calls, at their places: bpf/unwind.bpf.c's
-        UNWIND_STEP_PROGRAM and PYTHON_WALK_PROGRAM (load() loaded them: BCC hands back the
-        same fds)."""
+        UNWIND_STEP_PROGRAM and PYTHON_WALK_PROGRAM (load() loaded them)."""
         for index, name in enumerate((UNWIND_STEP_NAME, PYTHON_WALK_NAME)):
-            bpf[b"unwind_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
+            bpf[b"unwind_programs"][ct.c_int(index)] = ct.c_int(bpf.function_fd(name))
         if self.settings.off_cpu_threshold:
             for index, name in enumerate(OFF_CPU_WALK_NAMES):
-                bpf[b"off_cpu_programs"][ct.c_int(index)] = ct.c_int(bpf.load_func(name, 0).fd)
+                bpf[b"off_cpu_programs"][ct.c_int(index)] = ct.c_int(bpf.function_fd(name))
 
     def _find_maps(self, bpf) -> None:
         """The maps user space reads and fills, and the switches it sets before the first sample."""
@@ -265,27 +270,24 @@ class Sampler:
             self._off_cpu_waits = bpf[b"off_cpu_waits"]
 
     def _open_event_readers(self, bpf) -> None:
-        """A reader on each perf buffer, each event decoded with the struct BCC generated from
-        profile.h.  The tables are not kept: BCC's cleanup() must drop the last reference to close
-        the perf buffer readers."""
-        from bcc import table as bcc_table
-
+        """A reader on each perf buffer, each event decoded with the struct BCC derived from
+        profile.h when it compiled the program."""
         pages = self.settings.perf_buffer_pages
         unwind_events = bpf[b"unwind_events"]
-        self._unwind_event_type = bcc_table._get_event_class(unwind_events)
+        self._unwind_event_type = unwind_events.event_type
         unwind_events.open_perf_buffer(self._on_unwind_event, page_cnt=8, lost_cb=self._on_lost)
         events = bpf[b"new_processes"]
-        self._event_type = bcc_table._get_event_class(events)
+        self._event_type = events.event_type
         events.open_perf_buffer(self._on_event, page_cnt=pages, lost_cb=self._on_lost)
         overflow = bpf[b"stack_overflow"]
-        overflow_type = bcc_table._get_event_class(overflow)
+        overflow_type = overflow.event_type
         self._overflow_header = overflow_type.user_ips.offset
         self._overflow_kernel_offset = overflow_type.kernel_ips.offset
         self._overflow_type = overflow_type
         overflow.open_perf_buffer(self._on_overflow, page_cnt=pages, lost_cb=self._on_overflow_lost)
         if self.settings.target_tgids_size:
             exec_events = bpf[b"exec_events"]
-            self._exec_event_type = bcc_table._get_event_class(exec_events)
+            self._exec_event_type = exec_events.event_type
             exec_events.open_perf_buffer(self._on_exec_event, page_cnt=pages, lost_cb=self._on_lost)
 
     # ---------------------------------------------------------------------------------------

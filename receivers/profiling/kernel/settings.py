@@ -46,6 +46,8 @@ class SamplerSettings:
     off_cpu_threads: int = 16384
     # Probabilistic profiling: samples are taken only while Sampler.set_profiling(True) holds.
     probabilistic: bool = False
+    # Where compiled programs are kept, so a restart loads without compiling ("": compile each start).
+    program_cache_dir: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.frequency_hz <= 100_000:

@@ -1,0 +1,177 @@
+"""Compiled programs kept on disk, so a restart loads the profiler without compiling it.
+
+A compiled program depends on the program's text and the headers clang read (bpf/), the flags
+(which carry offsets into the running kernel's structures), the kernel (release, build, its
+headers), the number of possible CPUs (BCC sizes perf output maps by it) and BCC's version; the
+file is named by the SHA-256 of all of them, so anything that changes one of them misses.
+
+The agent loads what it reads here into the kernel as root, so the cache trusts only what root
+could have written: the directory must be owned by this user, not writable by group or others,
+and reached through directories nobody else can rename it out of; a file must be a regular file of
+this user's, not writable by others, opened without following links or blocking (a FIFO). A file
+that fails any check, or that does not parse as a whole compiled program (compiled.py checks every
+field), is ignored with a warning and compiled again. Writes go through a temporary file renamed
+into place. ``prune`` keeps the ``MAX_FILES`` most recently used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from receivers.profiling.kernel.compiled import FORMAT, CompiledProgram, ProgramFormatError
+
+SUFFIX = ".bpf.json"
+MAX_FILES = 32
+MAX_FILE_BYTES = 64 << 20
+
+
+class UntrustedCacheError(Exception):
+    """The cache directory or file could have been written by someone other than this user."""
+
+
+def cache_key(program_text: str, include_dir: Path, cflags: list[str], kernel_headers: str | None) -> str:
+    """The name of the compiled program these inputs make."""
+    digest = hashlib.sha256()
+
+    def feed(*parts: str | bytes) -> None:
+        for part in parts:
+            data = part.encode() if isinstance(part, str) else part
+            digest.update(len(data).to_bytes(8, "little") + data)
+
+    uname = os.uname()
+    feed(f"format {FORMAT}", uname.release, uname.version, uname.machine, _read("/sys/devices/system/cpu/possible"))
+    feed(program_text, *cflags, _bcc_version())
+    for path in sorted(include_dir.iterdir()):
+        if path.is_file():
+            feed(path.name, path.read_bytes())
+    if kernel_headers:
+        feed(kernel_headers)
+        for generated in ("include/generated/autoconf.h", "include/generated/utsrelease.h", "include/config/auto.conf"):
+            feed(_read(os.path.join(kernel_headers, generated)))
+    return digest.hexdigest()
+
+
+class ProgramCache:
+    def __init__(self, directory: str, logger: Any) -> None:
+        """``directory``: where compiled programs are kept ("" keeps none)."""
+        self.directory = directory
+        self.log = logger
+        self.stats = dict.fromkeys(("hits", "misses", "rejected", "write_errors"), 0)
+
+    def get(self, key: str) -> CompiledProgram | None:
+        if not self.directory:
+            return None
+        path = self._path(key)
+        try:
+            self._check_directory(create=False)
+            data = _read_trusted(path)
+        except FileNotFoundError:
+            self.stats["misses"] += 1
+            return None
+        except (OSError, UntrustedCacheError) as error:
+            self.stats["rejected"] += 1
+            self.log.warning("compiled BPF program cache not used: compiling instead", path=path, reason=str(error))
+            return None
+        try:
+            program = CompiledProgram.from_json(data)
+        except ProgramFormatError as error:
+            self.stats["rejected"] += 1
+            self.log.warning("compiled BPF program in the cache is damaged or of another version: compiling it again",
+                             path=path, reason=str(error))
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used: prune() keeps the most recently used
+        self.stats["hits"] += 1
+        return program
+
+    def put(self, key: str, program: CompiledProgram) -> None:
+        if not self.directory:
+            return
+        try:
+            self._check_directory(create=True)
+            descriptor, temporary = tempfile.mkstemp(dir=self.directory, prefix=".program-")
+            try:
+                with os.fdopen(descriptor, "wb") as stream:
+                    stream.write(program.to_json())
+                os.replace(temporary, self._path(key))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise
+            self.prune()
+        except (OSError, UntrustedCacheError) as error:
+            self.stats["write_errors"] += 1
+            self.log.warning("cannot keep the compiled BPF program: each start will compile it "
+                             "(set bpf_cache_dir to a directory only root can write, or \"\" to keep none)",
+                             directory=self.directory, error=str(error))
+
+    def prune(self, keep: int = MAX_FILES) -> None:
+        try:
+            entries = [entry for entry in os.scandir(self.directory)
+                       if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False)]
+        except OSError:
+            return
+        entries.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime, reverse=True)
+        for entry in entries[keep:]:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, key + SUFFIX)
+
+    def _check_directory(self, create: bool) -> None:
+        directory = os.path.abspath(self.directory)
+        if create and not os.path.lexists(directory):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        status = os.lstat(directory)
+        if not stat.S_ISDIR(status.st_mode):
+            raise UntrustedCacheError(f"{directory} is not a directory (or is a link)")
+        if status.st_uid != os.geteuid() or status.st_mode & 0o022:
+            raise UntrustedCacheError(f"{directory} is owned by uid {status.st_uid} with mode {status.st_mode & 0o7777:o}: "
+                                      "only this user may write it")
+        parent = os.path.dirname(directory)
+        while True:
+            status = os.stat(parent)
+            sticky = status.st_mode & stat.S_ISVTX
+            if status.st_uid not in (0, os.geteuid()) or (status.st_mode & 0o022 and not sticky):
+                raise UntrustedCacheError(f"{parent} (above the cache) can be changed by others: uid {status.st_uid}, "
+                                          f"mode {status.st_mode & 0o7777:o}")
+            if parent == os.path.dirname(parent):
+                return
+            parent = os.path.dirname(parent)
+
+
+def _read_trusted(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as stream:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise UntrustedCacheError("not a regular file")
+        if status.st_uid != os.geteuid() or status.st_mode & 0o022:
+            raise UntrustedCacheError(f"owned by uid {status.st_uid} with mode {status.st_mode & 0o7777:o}")
+        if status.st_size > MAX_FILE_BYTES:
+            raise UntrustedCacheError(f"{status.st_size} bytes")
+        return stream.read(MAX_FILE_BYTES + 1)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _bcc_version() -> str:
+    """BCC's version, read without importing BCC (which loads LLVM)."""
+    spec = importlib.util.find_spec("bcc")
+    if spec is None or not spec.origin:
+        return ""
+    return _read(os.path.join(os.path.dirname(spec.origin), "version.py"))

@@ -1,0 +1,232 @@
+"""The compiled BPF program: its on-disk form read as untrusted input, the cache's trust checks, and a
+profiler that starts from the cache without compiling and without loading LLVM."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import structlog
+
+from receivers.profiling.kernel import compiled as compiled_program, ctypes_layout
+from receivers.profiling.kernel.compiled import CompiledProgram, FunctionSpec, MapSpec, ProgramFormatError
+from receivers.profiling.kernel.program_cache import MAX_FILES, ProgramCache
+from receivers.profiling.kernel.sampler import Sampler
+from receivers.profiling.kernel.settings import SamplerSettings
+from tests.test_profiling_sampler import HZ, require_bpf
+
+REPO = Path(__file__).resolve().parent.parent
+EXIT = bytes([0x95, 0, 0, 0, 0, 0, 0, 0])
+
+
+def ld_map(register: int = 1, source: int = compiled_program.PSEUDO_MAP_FD, immediate: int = 0) -> bytes:
+    return bytes([compiled_program.LD_IMM64, source << 4 | register, 0, 0]) + immediate.to_bytes(4, "little") + bytes(8)
+
+
+def a_program(references=((0, 0),), instructions=None) -> CompiledProgram:
+    spec = MapSpec("counts", 1, 4, 8, 16, 0, "c_uint", "c_ulonglong", None)
+    function = FunctionSpec("on_sample", instructions if instructions is not None else ld_map() + EXIT, tuple(references))
+    return CompiledProgram("GPL", 0, (spec,), (function,))
+
+
+def tampered(program: CompiledProgram, change) -> bytes:
+    document = json.loads(program.to_json())
+    change(document)
+    return json.dumps(document).encode()
+
+
+# -- layouts and the program's form ----------------------------------------------------------
+
+
+def test_a_layout_rebuilds_the_same_type():
+    class Inner(ct.Union):
+        _fields_ = [("word", ct.c_uint64), ("bytes", ct.c_ubyte * 8)]
+
+    class Event(ct.Structure):
+        _pack_ = 1
+        _fields_ = [("pid", ct.c_uint32), ("flags", ct.c_uint32, 3), ("comm", ct.c_char * 16),
+                    ("ips", ct.c_ulonglong * 127), ("inner", Inner)]
+
+    rebuilt = ctypes_layout.build(json.loads(json.dumps(ctypes_layout.describe(Event))))
+    assert ct.sizeof(rebuilt) == ct.sizeof(Event)
+    assert [(name, getattr(rebuilt, name).offset) for name, *_ in Event._fields_] == \
+        [(name, getattr(Event, name).offset) for name, *_ in Event._fields_]
+    value = rebuilt(pid=7, comm=b"spin")
+    value.ips[126] = 0xFFFF
+    copy = Event.from_buffer_copy(bytes(value))
+    assert (copy.pid, copy.comm, copy.ips[126]) == (7, b"spin", 0xFFFF)
+
+
+@pytest.mark.parametrize("layout", ["c_nothing", {"array": "c_int", "length": 1 << 30}, {"array": "c_int"},
+                                    {"struct": [["a", "c_int", 99]], "pack": 0, "anonymous": []},
+                                    {"struct": [["a", "c_int"]], "pack": 3, "anonymous": []},
+                                    {"struct": [["a", "c_int"]], "pack": 0, "anonymous": ["b"]}, 5, None])
+def test_a_layout_that_is_not_one_is_refused(layout):
+    with pytest.raises(ctypes_layout.LayoutError):
+        ctypes_layout.build(layout)
+
+
+def test_a_program_survives_its_file_form():
+    program = a_program()
+    assert CompiledProgram.from_json(program.to_json()) == program
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda d: d["functions"][0].update(map_references=[[0, 1]]), "map index"),  # a map that is not there
+    (lambda d: d["functions"][0].update(map_references=[[1, 0]]), "do not match"),  # not at a map load
+    (lambda d: d["functions"][0].update(map_references=[]), "do not match"),  # a map load left with fd 0
+    (lambda d: d["functions"][0].update(instructions="AAAA"), "bytes of instructions"),
+    (lambda d: d["functions"][0].update(instructions="not base64!"), "base64"),
+    (lambda d: d["maps"][0].update(key_size=-4), "key_size"),
+    (lambda d: d["maps"][0].update(name="../etc"), "C identifier"),
+    (lambda d: d["maps"][0].update(value={"array": "c_int", "length": -1}), "array length"),
+    (lambda d: d.update(format=0), "format"),
+    (lambda d: d.update(extra=1), "expected the keys"),
+    (lambda d: d["maps"].append(d["maps"][0]), "given twice"),
+])
+def test_a_damaged_program_is_refused_with_its_reason(change, reason):
+    with pytest.raises(ProgramFormatError, match=reason):
+        CompiledProgram.from_json(tampered(a_program(), change))
+
+
+def test_a_64_bit_load_the_loader_cannot_place_is_refused():
+    """Kind 2 (a map value's address) and the rest are relocations the loader does not make: such a
+    program is refused, not loaded with the compiling process's numbers in it."""
+    program = a_program(references=(), instructions=ld_map(source=2) + EXIT)
+    with pytest.raises(ProgramFormatError, match="of kind 2"):
+        CompiledProgram.from_json(program.to_json())
+
+
+# -- the cache --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cache(tmp_path):
+    directory = tmp_path / "bpf"
+    directory.mkdir(mode=0o700)
+    return ProgramCache(str(directory), structlog.get_logger("test"))
+
+
+def test_what_the_cache_keeps_it_gives_back(cache):
+    cache.put("k", a_program())
+    assert cache.get("k") == a_program()
+    assert cache.get("other") is None
+    assert cache.stats["hits"] == 1 and cache.stats["misses"] == 1
+    assert os.stat(cache.directory + "/k.bpf.json").st_mode & 0o077 == 0
+
+
+def test_the_cache_keeps_the_most_recently_used(cache):
+    for index in range(MAX_FILES + 3):
+        cache.put(f"k{index}", a_program())
+        os.utime(f"{cache.directory}/k{index}.bpf.json", (index, index))
+    cache.prune()
+    kept = sorted(os.listdir(cache.directory))
+    assert len(kept) == MAX_FILES and "k0.bpf.json" not in kept and f"k{MAX_FILES + 2}.bpf.json" in kept
+
+
+def _refused(cache, key="k"):
+    with structlog.testing.capture_logs() as logs:
+        assert cache.get(key) is None
+    assert cache.stats["rejected"] == 1, cache.stats
+    return " ".join(str(entry) for entry in logs)
+
+
+def test_a_directory_others_can_write_is_not_trusted(cache):
+    cache.put("k", a_program())
+    os.chmod(cache.directory, 0o777)
+    assert "only this user may write it" in _refused(cache)
+
+
+def test_a_file_of_another_user_is_not_trusted(cache):
+    cache.put("k", a_program())
+    os.chown(cache.directory + "/k.bpf.json", 65534, 65534)
+    assert "owned by uid 65534" in _refused(cache)
+
+
+def test_a_link_in_place_of_a_file_is_not_followed(cache, tmp_path):
+    real = tmp_path / "elsewhere.json"
+    real.write_bytes(a_program().to_json())
+    os.symlink(real, cache.directory + "/k.bpf.json")
+    _refused(cache)
+
+
+def test_a_fifo_in_place_of_a_file_does_not_hang_the_agent(cache):
+    os.mkfifo(cache.directory + "/k.bpf.json", 0o600)
+    started = time.monotonic()
+    assert "not a regular file" in _refused(cache)
+    assert time.monotonic() - started < 5
+
+
+def test_a_damaged_file_is_compiled_again_not_loaded(cache):
+    cache.put("k", a_program())
+    Path(cache.directory, "k.bpf.json").write_bytes(tampered(a_program(), lambda d: d["functions"][0].update(map_references=[])))
+    assert "damaged" in _refused(cache)
+
+
+def test_a_cache_directory_that_cannot_be_trusted_is_not_written(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # (no sticky bit: anyone could rename the cache out of it)
+    cache = ProgramCache(str(shared / "bpf"), structlog.get_logger("test"))
+    with structlog.testing.capture_logs() as logs:
+        cache.put("k", a_program())
+    assert cache.stats["write_errors"] == 1 and "can be changed by others" in str(logs)
+    assert not (shared / "bpf" / "k.bpf.json").exists()
+
+
+# -- a profiler started from the cache ----------------------------------------------------------
+
+_START = textwrap.dedent("""
+    import json, resource, subprocess, sys, time
+    from receivers.profiling.kernel.sampler import Sampler
+    from receivers.profiling.kernel.settings import SamplerSettings
+    sampler = Sampler(SamplerSettings({hz}, 4096, 4096, program_cache_dir=sys.argv[1]))
+    sampler.start()
+    maps = open("/proc/self/maps").read()
+    busy = subprocess.run([sys.executable, "-c", "import time\\nend = time.time() + 1\\nwhile time.time() < end: pass"])
+    time.sleep(0.1)
+    samples = sum(sampler.collect().sample_count for _ in range(1))
+    sampler.close()
+    print(json.dumps({{"stats": sampler.program_cache.stats, "samples": samples, "llvm": "libLLVM" in maps,
+                      "libbcc": "libbcc.so" in maps}}))
+""").format(hz=HZ)
+
+
+def _start_profiler(directory: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", _START, str(directory)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_restart_loads_the_program_without_compiling_it_and_without_llvm(tmp_path):
+    """The first start compiles in a child (whose LLVM goes when it exits) and keeps the program;
+    the second loads it. Both sample; neither maps LLVM or libbcc into the agent."""
+    require_bpf()
+    directory = tmp_path / "bpf"
+    first = _start_profiler(directory)
+    assert first["stats"]["misses"] == 1 and first["stats"]["hits"] == 0
+    assert len(list(directory.glob("*.bpf.json"))) == 1
+    second = _start_profiler(directory)
+    assert second["stats"]["hits"] == 1 and second["stats"]["misses"] == 0
+    for start in (first, second):
+        assert start["samples"] >= HZ // 2, start  # (a one-second busy child: about HZ samples)
+        assert not start["llvm"] and not start["libbcc"], start
+
+
+def test_a_cache_that_does_not_match_the_program_is_not_used(tmp_path):
+    """Anything that changes the compiled program changes its name: other map sizes miss."""
+    require_bpf()
+    directory = tmp_path / "bpf"
+    for size in (1024, 2048):
+        sampler = Sampler(SamplerSettings(HZ, size, 1024, program_cache_dir=str(directory)))
+        sampler.start()
+        sampler.close()
+        assert sampler.program_cache.stats["misses"] == 1
+    assert len(list(directory.glob("*.bpf.json"))) == 2
