@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 warm_up_seconds = unwinding.warm_up(settings, [binary, binary_without_frame_pointers], workdir, sink)
                 print(f"bench: unwind rows of the host built in {warm_up_seconds:.0f} s", file=sys.stderr)
                 runs = rounds.run_rounds(settings, binary, workdir, sink)
+                first_start_runs = rounds.first_starts(settings, workdir, sink)
                 side_by_side_runs = side_by_side.run_rounds(settings, binary, workdir, sink)
                 unwinding_runs, startup_runs = unwinding.run_rounds(settings, binary_without_frame_pointers, workdir, sink)
                 python_runs = python_frames.run_rounds(settings, workdir, sink)
@@ -64,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         children.kill_all()
         children.restore_signals(handlers)
-    loads += [run.load for run in runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + off_cpu_runs + span_runs]
+    loads += [run.load for run in runs + first_start_runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + off_cpu_runs + span_runs]
     loads += [procfs.load_average()]
-    rows = (overhead.rows(runs) + agent_cost.rows(runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
+    rows = (overhead.rows(runs) + agent_cost.rows(runs, first_start_runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
             + python_frames.rows(python_runs) + off_cpu.rows(off_cpu_runs) + span_context.rows(span_runs, writer_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
             + sizes.rows(side_by_side_runs) + agent_memory.rows(memory_run, settings))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)

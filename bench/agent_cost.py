@@ -33,7 +33,7 @@ def _startup_target(most: float):
 STARTUP_TARGETS = {"startup_seconds": _startup_target(1.2), "startup_cpu_seconds": _startup_target(1.0)}
 
 
-def rows(runs: list) -> list[Row]:
+def rows(runs: list, first_starts: list) -> list[Row]:
     ours = PycollectorAgent.name
     both = (PerfRecord.name, ProfileBpfcc.name)
     out = []
@@ -44,15 +44,11 @@ def rows(runs: list) -> list[Row]:
     out.append(Row("Agent cost", "BPF run time per sample, ns (bpf_stats)", per_round(runs, ours, "bpf_ns_per_sample"), ProfileBpfcc.name, per_round(runs, ProfileBpfcc.name, "bpf_ns_per_sample"), "{:.0f}"))
     # A restart (the compiled program in the cache) is what a deploy, a crash or a reboot of the
     # agent pays; the first start on a host (or after a kernel or config change) compiles, in a
-    # child process. Each is set against profile-bpfcc in the same rounds.
-    first = {run.round for run in runs if run.mode == ours and run.figures.get("compiled_at_start")}
-    restarts = [run for run in runs if run.round not in first]
-    firsts = [run for run in runs if run.round in first]
+    # child process (rounds.first_starts). Each against profile-bpfcc in the same rounds.
     for figure, title in (("startup_seconds", "Launch to first sample, s"), ("startup_cpu_seconds", "CPU from launch to first sample, s"), ("settle_cpu_seconds", "CPU from first sample to the steady-state window (pycollector: its first report), s")):
         for peer in both:
             target = STARTUP_TARGETS.get(figure) if peer == ProfileBpfcc.name else None
-            out.append(Row("Start-up", f"{title} (a restart: program from the cache)", per_round(restarts, ours, figure), peer, per_round(restarts, peer, figure), "{:.2f}", target))
+            out.append(Row("Start-up", f"{title} (a restart: program from the cache)", per_round(runs, ours, figure), peer, per_round(runs, peer, figure), "{:.2f}", target))
     for figure, title in (("startup_seconds", "Launch to first sample, s"), ("startup_cpu_seconds", "CPU from launch to first sample, s")):
-        if firsts:
-            out.append(Row("Start-up", f"{title} (first start: compiles in a child)", per_round(firsts, ours, figure), ProfileBpfcc.name, per_round(firsts, ProfileBpfcc.name, figure), "{:.2f}"))
+        out.append(Row("Start-up", f"{title} (first start: compiles in a child process)", per_round(first_starts, ours, figure), ProfileBpfcc.name, per_round(first_starts, ProfileBpfcc.name, figure), "{:.2f}"))
     return out

@@ -40,7 +40,11 @@ METHOD = """\
   window. perf has no BPF program.
 - **Start-up.** From launch to the first sample: for the BPF tools, the first run of their program
   (run_cnt > 0); for perf, its ring buffers mapped on every CPU. CPU is the process tree's over
-  the same span (BCC tools compile their C program with clang in-process).
+  the same span (BCC tools compile their C program with clang in-process). pycollector keeps its
+  compiled BPF program (`bpf_cache_dir`): the rounds' agents share the cache the row cache's
+  warm-up filled, so theirs is a restart's start-up; "first start" rounds of their own start it
+  with an empty cache (it compiles, in a child process whose CPU is counted) against
+  profile-bpfcc in the same round.
 - **Truth** and **Sizes** come from rounds of their own in which pycollector and perf profile the
   same {side_by_side_seconds:g} s of workload at the same time and are stopped together.
   spin_heavy's share: leaf frames of the workload processes' samples, from the OTLP pycollector

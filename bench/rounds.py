@@ -61,12 +61,9 @@ def unwind_cache_dir(rundir: Path) -> Path:
     return rundir.parent / "unwind-cache"
 
 
-def _profiler(mode: str, index: int, settings: Settings, rundir: Path, sink: ProfilesSink) -> Profiler | None:
+def _profiler(mode: str, settings: Settings, rundir: Path, sink: ProfilesSink) -> Profiler | None:
     if mode == PycollectorAgent.name:
-        # The first round's agent starts as on a new host: its compiled program cache is empty, so
-        # it compiles; the later rounds' share one, as restarts do (Start-up rows, agent_cost.py).
-        first_start = rundir / "bpf-cache" if index == 0 else None
-        return PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, unwind_cache_dir(rundir), bpf_cache_dir=first_start)
+        return PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, unwind_cache_dir(rundir))
     if mode == PerfRecord.name:
         return PerfRecord(rundir, settings.hz)
     if mode == PerfDwarf.name:
@@ -77,13 +74,12 @@ def _profiler(mode: str, index: int, settings: Settings, rundir: Path, sink: Pro
 
 
 def _run(mode: str, index: int, settings: Settings, binary: Path, rundir: Path, sink: ProfilesSink) -> Run:
-    profiler = _profiler(mode, index, settings, rundir, sink)
+    profiler = _profiler(mode, settings, rundir, sink)
     copies = procfs.online_cpus()
     if profiler is None:
         load = procfs.load_average()
         result = workload.run(binary, settings.workload_seconds, copies)
         return Run(mode, index, load, _workload_figures(result))
-    compiles = isinstance(profiler, PycollectorAgent) and profiler.compiles_at_start()
     profiler.launch()
     try:
         startup_seconds, startup_cpu = profiler.wait_until_sampling()
@@ -97,9 +93,29 @@ def _run(mode: str, index: int, settings: Settings, binary: Path, rundir: Path, 
         peers.stop(profiler)
     sink.take()  # pycollector's reports: sent, and not needed here
     figures.update(startup_seconds=startup_seconds, startup_cpu_seconds=startup_cpu, settle_cpu_seconds=settle_cpu)
-    if isinstance(profiler, PycollectorAgent):
-        figures["compiled_at_start"] = float(compiles)
     return Run(mode, index, load, figures)
+
+
+def first_starts(settings: Settings, workdir: Path, sink: ProfilesSink) -> list[Run]:
+    """Start-up as on a host pycollector never ran on (its compiled program cache empty: it
+    compiles, in a child process), against profile-bpfcc's in the same round. The rounds' agents
+    share one cache, which the bench's warm-up filled: their start-up is a restart's."""
+    def start(mode: str, index: int, rundir: Path) -> Run:
+        profiler = _profiler(mode, settings, rundir, sink)
+        if isinstance(profiler, PycollectorAgent):
+            profiler.bpf_cache_dir = rundir / "empty-bpf-cache"
+            profiler.write_config()
+            assert profiler.compiles_at_start()
+        load = procfs.load_average()
+        profiler.launch()
+        try:
+            startup_seconds, startup_cpu = profiler.wait_until_sampling()
+        finally:
+            peers.stop(profiler)
+        sink.take()
+        return Run(mode, index, load, {"startup_seconds": startup_seconds, "startup_cpu_seconds": startup_cpu})
+
+    return rotated(settings.rounds, (PycollectorAgent.name, ProfileBpfcc.name), workdir, "first start", start)
 
 
 def _workload_figures(result: workload.WorkloadResult) -> dict[str, float]:
