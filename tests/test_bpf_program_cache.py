@@ -230,3 +230,62 @@ def test_a_cache_that_does_not_match_the_program_is_not_used(tmp_path):
         sampler.close()
         assert sampler.program_cache.stats["misses"] == 1
     assert len(list(directory.glob("*.bpf.json"))) == 2
+
+
+# -- the loader and the maps, on the real kernel ----------------------------------------------
+
+MOV_R0_0 = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0])
+
+
+def _tiny(maps: tuple[MapSpec, ...], instructions: bytes | None = None) -> CompiledProgram:
+    """A program whose one function loads each map's address and returns 0."""
+    body = b"".join(ld_map() for _ in maps) + MOV_R0_0 + EXIT
+    references = tuple((2 * index, index) for index in range(len(maps)))
+    return CompiledProgram("GPL", 0, maps, (FunctionSpec("tiny", instructions or body, references if instructions is None else ()),))
+
+
+def test_the_verifier_s_refusal_is_a_load_error_with_its_log():
+    require_bpf()
+    from receivers.profiling.kernel.loader import LoadedProgram
+    from receivers.profiling.kernel.program import BPFLoadError
+
+    with pytest.raises(BPFLoadError) as refused:
+        LoadedProgram.load(_tiny((), instructions=EXIT), {b"tiny": "PERF_EVENT"})  # r0 never set
+    assert "tiny" in str(refused.value) and "R0" in refused.value.log
+
+
+def test_maps_behave_as_bcc_tables_do():
+    require_bpf()
+    from receivers.profiling.kernel.loader import LoadedProgram
+
+    point = {"struct": [["pid", "c_uint"], ["count", "c_ulonglong"]], "pack": 0, "anonymous": []}
+    loaded = LoadedProgram.load(_tiny((MapSpec("by_pid", 1, 4, 16, 64, 0, "c_uint", point),
+                                       MapSpec("slots", 2, 4, 4, 8, 0, "c_uint", "c_uint"),
+                                       MapSpec("totals", 6, 4, 8, 2, 0, "c_uint", "c_ulonglong"))), {b"tiny": "PERF_EVENT"})
+    try:
+        by_pid, slots, totals = loaded[b"by_pid"], loaded["slots"], loaded[b"totals"]
+        assert loaded.function_fd(b"tiny") > 0
+        with pytest.raises(KeyError):
+            by_pid[by_pid.Key(1)]
+        assert by_pid.get(by_pid.Key(1)) is None
+        by_pid[by_pid.Key(1)] = by_pid.Leaf(1, 10)
+        keys = (by_pid.Key * 3)(2, 3, 4)
+        by_pid.items_update_batch(keys, (by_pid.Leaf * 3)(by_pid.Leaf(2, 20), by_pid.Leaf(3, 30), by_pid.Leaf(4, 40)))
+        assert sorted((key.value, value.count) for key, value in by_pid.items()) == [(1, 10), (2, 20), (3, 30), (4, 40)]
+        assert sorted(key for key, _ in by_pid.items_lookup_batch()) == [1, 2, 3, 4] and len(by_pid) == 4
+        del by_pid[by_pid.Key(2)]
+        with pytest.raises(KeyError):
+            del by_pid[by_pid.Key(2)]
+        assert sorted(value.count for _, value in by_pid.items_lookup_and_delete_batch()) == [10, 30, 40]
+        assert len(by_pid) == 0
+        slots[3] = slots.Leaf(7)
+        assert slots[slots.Key(3)].value == 7 and len(slots) == 8 and len(list(slots.keys())) == 8
+        del slots[3]  # an array's entry is zeroed
+        assert slots[3].value == 0
+        with pytest.raises(IndexError):
+            slots[8]
+        assert totals.sum(totals.Key(0)).value == 0
+        totals[totals.Key(1)] = totals.Leaf(*[5] * len(totals.Leaf()))
+        assert totals.sum(totals.Key(1)).value == 5 * len(totals.Leaf())
+    finally:
+        loaded.cleanup()
