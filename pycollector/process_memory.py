@@ -40,10 +40,11 @@ def limit_heaps(heaps: int = HEAPS) -> None:
     gateway's batches of a few MiB came from the heap and stayed there: a fixed threshold of
     1 MiB took the collector's RSS after the bench's stream from 68 to 37 MiB above idle (256 KiB
     took it to 32 and cost 17% of the throughput; 1 MiB is within the noise of it). An operator's
-    MALLOC_ARENA_MAX and MALLOC_MMAP_THRESHOLD_ win. Not glibc: nothing to do."""
-    if _mallopt is not None and "MALLOC_ARENA_MAX" not in os.environ:
+    MALLOC_ARENA_MAX and MALLOC_MMAP_THRESHOLD_ (or GLIBC_TUNABLES) win. Not glibc: nothing to do."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if _mallopt is not None and "MALLOC_ARENA_MAX" not in os.environ and "glibc.malloc.arena_max" not in tunables:
         _mallopt(_M_ARENA_MAX, heaps)
-    if _mallopt is not None and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+    if _mallopt is not None and "MALLOC_MMAP_THRESHOLD_" not in os.environ and "glibc.malloc.mmap_threshold" not in tunables:
         _mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 

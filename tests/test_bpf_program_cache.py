@@ -289,3 +289,57 @@ def test_maps_behave_as_bcc_tables_do():
         assert totals.sum(totals.Key(1)).value == 5 * len(totals.Leaf())
     finally:
         loaded.cleanup()
+
+
+def test_layouts_that_do_not_fill_the_map_s_sizes_are_refused():
+    """The kernel writes value_size bytes into a buffer of the value layout's size: a file that
+    says a 4096-byte value is one char would have it write past the buffer."""
+    with pytest.raises(ProgramFormatError, match="layouts of 4 and 1 bytes"):
+        CompiledProgram.from_json(tampered(a_program(), lambda d: d["maps"][0].update(value="c_char", value_size=4096)))
+
+
+@pytest.mark.parametrize("data", [b"[" * 100_000 + b"]" * 100_000,
+                                  json.dumps({"array": {"array": "c_ulonglong", "length": 1 << 24}, "length": 1 << 24}).encode()])
+def test_whatever_a_damaged_file_holds_is_a_format_error(data, cache):
+    if data.startswith(b"{"):  # (a layout ctypes would overflow on, inside an otherwise good program)
+        data = tampered(a_program(), lambda d: d["maps"][0].update(value=json.loads(data)))
+    with pytest.raises(ProgramFormatError):
+        CompiledProgram.from_json(data)
+    Path(cache.directory, "k.bpf.json").write_bytes(data)
+    _refused(cache)
+
+
+def test_a_kept_program_the_kernel_refuses_is_replaced(tmp_path):
+    """A program in the cache under the right name that the verifier rejects (a kernel that
+    changed under the same release, say) is removed and compiled again; the profiler starts."""
+    require_bpf()
+    from receivers.profiling.kernel.program import find_kernel_headers, program_text
+    from receivers.profiling.kernel.program_cache import cache_key
+
+    directory = tmp_path / "bpf"
+    sampler = Sampler(SamplerSettings(HZ, 1024, 1024, program_cache_dir=str(directory)))
+    key = cache_key(program_text(sampler.source), sampler.source.parent, sampler.cflags(), find_kernel_headers())
+    refused = CompiledProgram("GPL", 0, (), (FunctionSpec("on_cpu_sample", EXIT, ()),))  # r0 never set
+    sampler.program_cache.put(key, refused)
+    with structlog.testing.capture_logs() as logs:
+        sampler.start()
+    try:
+        assert sampler.program_cache.stats["rejected"] == 1 and "the kernel refused it" in str(logs)
+        assert CompiledProgram.from_json((directory / f"{key}.bpf.json").read_bytes()) != refused
+    finally:
+        sampler.close()
+
+
+def test_the_compiler_child_imports_nothing_from_the_current_directory(tmp_path):
+    """It runs as root: a json.py where the agent was started must not run (the agent itself is
+    started as its console script is, without the current directory on its path: -P)."""
+    require_bpf()
+    marker = tmp_path / "imported"
+    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\nfrom importlib import import_module\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from receivers.profiling.kernel.sampler import Sampler; "
+            "from receivers.profiling.kernel.settings import SamplerSettings; s = Sampler(SamplerSettings(97, 1024, 1024)); "
+            "s.start(); s.close(); print('started')")
+    done = subprocess.run([sys.executable, "-P", "-c", code, str(REPO)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert "started" in done.stdout, done.stderr[-2000:]
+    assert not marker.exists()

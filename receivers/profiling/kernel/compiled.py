@@ -15,9 +15,11 @@ program loaded with a reference pointing somewhere else.
 from __future__ import annotations
 
 import base64
+import ctypes
 import dataclasses
 import json
 import re
+import sys
 
 from receivers.profiling.kernel import ctypes_layout
 
@@ -81,6 +83,15 @@ class CompiledProgram:
     @classmethod
     def from_json(cls, data: bytes) -> CompiledProgram:
         try:
+            return cls._from_json(data)
+        except ProgramFormatError:
+            raise
+        except Exception as error:  # (deep nesting, sizes ctypes refuses: whatever a damaged file holds)
+            raise ProgramFormatError(f"{type(error).__name__}: {error}") from error
+
+    @classmethod
+    def _from_json(cls, data: bytes) -> CompiledProgram:
+        try:
             document = json.loads(data)
         except (ValueError, UnicodeDecodeError) as error:
             raise ProgramFormatError(f"not JSON: {error}") from error
@@ -92,13 +103,18 @@ class CompiledProgram:
         for kind, names in (("map", [spec.name for spec in maps]), ("function", [function.name for function in functions])):
             if len(set(names)) != len(names):
                 raise ProgramFormatError(f"a {kind} name is given twice")
-        return cls(_text(fields["license"], "license"), _integer(fields["kern_version"], "kern_version", 1 << 32),
+        license = _text(fields["license"], "license")
+        if not license.isascii() or not license.isprintable():
+            raise ProgramFormatError("license: not printable ASCII")
+        return cls(license, _integer(fields["kern_version"], "kern_version", 1 << 32),
                    maps, functions)
 
 
 def references(instructions: bytes) -> list[tuple[int, int]]:
     """(index, immediate) of every ld_imm64 that loads a map descriptor; ProgramFormatError for an
     ld_imm64 of another kind (the loader knows no other relocation)."""
+    if sys.byteorder != "little":  # (the register nibbles and immediates are read as x86-64 and arm64 lay them out)
+        raise ProgramFormatError("compiled programs are read on little-endian hosts only")
     found = []
     index, count = 0, len(instructions) // INSTRUCTION_SIZE
     while index < count:
@@ -137,10 +153,15 @@ def _map_spec(item: object) -> MapSpec:
                    _integer(fields["flags"], f"map {name}: flags", 1 << 32),
                    fields["key"], fields["value"], fields["event"])
     try:
-        for layout in (spec.key, spec.value, *([spec.event] if spec.event is not None else [])):
-            ctypes_layout.build(layout)
+        key, value = ctypes_layout.build(spec.key), ctypes_layout.build(spec.value)
+        if spec.event is not None:
+            ctypes_layout.build(spec.event)
     except ctypes_layout.LayoutError as error:
         raise ProgramFormatError(f"map {name}: {error}") from error
+    # The kernel writes key_size and value_size bytes into buffers of the layouts' sizes.
+    if ctypes.sizeof(key) != spec.key_size or ctypes.sizeof(value) != spec.value_size:
+        raise ProgramFormatError(f"map {name}: layouts of {ctypes.sizeof(key)} and {ctypes.sizeof(value)} bytes "
+                                 f"for a key of {spec.key_size} and a value of {spec.value_size}")
     return spec
 
 

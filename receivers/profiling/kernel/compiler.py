@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import ctypes as ct
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from receivers.profiling.kernel import compiled as compiled_program, ctypes_layout
 from receivers.profiling.kernel.program import (BPFCompileError, BPFPermissionError, KernelHeadersMissingError,
-                                                SamplerError, capture_stderr_fd, kernel_headers_hint, program_text,
+                                                SamplerError, capture_stderr_fd, kernel_headers_hint,
                                                 tail)
 
 _PERF_EVENT_ARRAY = 4
@@ -29,18 +30,23 @@ _IMPORT_ROOT = str(Path(__file__).resolve().parents[3])
 CHILD_TIMEOUT_S = 600.0
 
 
-def compile_in_child(source: Path, cflags: list[str]) -> tuple[compiled_program.CompiledProgram, str]:
-    """``source`` compiled with ``cflags`` by a child process: the program, and what clang printed.
-    Raises the SamplerError subclass the failure calls for."""
-    request = json.dumps({"source": str(source), "cflags": cflags})
-    command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {_IMPORT_ROOT!r}); "
+def compile_in_child(source: Path, text: str, cflags: list[str]) -> tuple[compiled_program.CompiledProgram, str]:
+    """``text`` (the program ``source`` holds, as the cache key saw it) compiled with ``cflags`` by
+    a child process: the program, and what clang printed. Raises the SamplerError subclass the
+    failure calls for."""
+    request = json.dumps({"source": str(source), "text": text, "cflags": cflags})
+    # Isolated (-I): the child runs as root, so it imports nothing from the current directory or
+    # from PYTHON* variables; it sees the interpreter's site-packages and this package's root.
+    command = [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {_IMPORT_ROOT!r}); "
                "from receivers.profiling.kernel.compiler import main; main()"]
     try:
-        done = subprocess.run(command, input=request.encode(), capture_output=True, timeout=CHILD_TIMEOUT_S)
+        done = subprocess.run(command, input=request.encode(), capture_output=True, timeout=CHILD_TIMEOUT_S, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as error:
         raise BPFCompileError(f"the BPF compiler process did not finish: {error}") from error
     try:
         answer = json.loads(done.stdout)
+        if not isinstance(answer, dict):
+            raise ValueError("not an object")
     except ValueError:
         stderr = done.stderr.decode("utf-8", "replace")
         raise BPFCompileError(f"the BPF compiler process ended with status {done.returncode} and no answer:\n"
@@ -54,19 +60,25 @@ def compile_in_child(source: Path, cflags: list[str]) -> tuple[compiled_program.
 
 
 def main() -> None:
+    # The answer goes to the parent's pipe alone: whatever else writes to fd 1 (clang, libbcc)
+    # goes to fd 2 with the rest of the compiler's output.
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)
     request = json.load(sys.stdin)
     try:
-        program, log = compile_here(Path(request["source"]), list(request["cflags"]))
+        program, log = compile_here(Path(request["source"]), request["text"], list(request["cflags"]))
     except SamplerError as error:
         kind = next((name for name, kind in _FAILURES.items() if type(error) is kind), "setup")
         answer = {"error": kind, "message": str(error), "log": error.log}
+    except Exception as error:  # (anything else: the parent reports it as a failed compile)
+        answer = {"error": "compile", "message": f"the BPF compiler process failed: {type(error).__name__}: {error}", "log": ""}
     else:
         answer = {"program": json.loads(program.to_json()), "log": log}
-    sys.stdout.write(json.dumps(answer))
-    sys.stdout.flush()
+    with os.fdopen(answer_fd, "w") as out:
+        out.write(json.dumps(answer))
 
 
-def compile_here(source: Path, cflags: list[str]) -> tuple[compiled_program.CompiledProgram, str]:
+def compile_here(source: Path, text: str, cflags: list[str]) -> tuple[compiled_program.CompiledProgram, str]:
     """Compile with BCC in this process: the program with its map references taken out."""
     try:
         import bcc
@@ -76,7 +88,7 @@ def compile_here(source: Path, cflags: list[str]) -> tuple[compiled_program.Comp
                            f"site-packages) ({error})") from error
     with capture_stderr_fd() as out:
         try:
-            bpf = bcc.BPF(text=program_text(source).encode(), cflags=cflags)
+            bpf = bcc.BPF(text=text.encode(), cflags=cflags)
         except Exception as error:  # BCC raises bare Exception
             failure = error
         else:
@@ -95,6 +107,7 @@ def compile_here(source: Path, cflags: list[str]) -> tuple[compiled_program.Comp
 
 
 def _extract(bpf) -> compiled_program.CompiledProgram:
+    import bcc
     from bcc import table as bcc_table
     from bcc.libbcc import lib
 
@@ -105,19 +118,21 @@ def _extract(bpf) -> compiled_program.CompiledProgram:
     maps, index_of_fd = [], {}
     for map_id in range(table_count(module)):
         name = table_name(module, map_id)
-        table = bpf.get_table(name)
         event = None
         map_type = lib.bpf_table_type_id(module, map_id)
         if map_type == _PERF_EVENT_ARRAY and lib.bpf_perf_event_fields(module, name) > 0:
             try:
-                event = ctypes_layout.describe(bcc_table._get_event_class(table))
-            except SystemExit:  # (BCC exits on a field type it cannot map: the reader then has none)
-                event = None
+                event = ctypes_layout.describe(bcc_table._get_event_class(bpf.get_table(name)))
+            except SystemExit:  # (BCC exits on a field type it cannot map)
+                raise BPFCompileError(f"BCC cannot describe the events of {name.decode()} in ctypes") from None
+        # (From BCC's descriptions, as BPF.get_table decodes them, without building its table classes.)
+        key_type = bcc.BPF._decode_table_type(json.loads(lib.bpf_table_key_desc(module, name)))
+        value_type = bcc.BPF._decode_table_type(json.loads(lib.bpf_table_leaf_desc(module, name)))
         index_of_fd[lib.bpf_table_fd(module, name)] = len(maps)
         maps.append(compiled_program.MapSpec(
             name.decode(), map_type, key_size(module, map_id), leaf_size(module, map_id),
             lib.bpf_table_max_entries_id(module, map_id), lib.bpf_table_flags_id(module, map_id),
-            ctypes_layout.describe(table.Key), ctypes_layout.describe(getattr(table, "sLeaf", table.Leaf)), event))
+            ctypes_layout.describe(key_type), ctypes_layout.describe(value_type), event))
     functions = []
     for function_id in range(function_count(module)):
         name = lib.bpf_function_name(module, function_id)

@@ -18,6 +18,7 @@ _NAME_OF = {kind: name for name, kind in reversed(list(_SIMPLE.items()))}  # (al
 
 MAX_DEPTH = 16
 MAX_LENGTH = 1 << 24
+MAX_BYTES = 1 << 26
 MAX_FIELDS = 4096
 
 
@@ -52,7 +53,10 @@ def build(layout: object, depth: int = 0) -> type:
         length = layout["length"]
         if not isinstance(length, int) or isinstance(length, bool) or not 0 <= length <= MAX_LENGTH:
             raise LayoutError(f"array length {length!r}")
-        return build(layout["array"], depth + 1) * length
+        element = build(layout["array"], depth + 1)
+        if ct.sizeof(element) * length > MAX_BYTES:
+            raise LayoutError(f"an array of {length} x {ct.sizeof(element)} bytes")
+        return element * length
     kinds = {"struct": ct.Structure, "union": ct.Union}
     if len(layout) != 3 or "pack" not in layout or "anonymous" not in layout or not set(layout) & set(kinds):
         raise LayoutError(f"unknown layout keys {sorted(layout)}")

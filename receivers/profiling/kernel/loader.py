@@ -18,7 +18,8 @@ import os
 from receivers.profiling.kernel import bcc_bpf
 from receivers.profiling.kernel.compiled import CompiledProgram, FunctionSpec, with_immediates
 from receivers.profiling.kernel.maps import BpfMap, map_over
-from receivers.profiling.kernel.program import BPFLoadError, BPFPermissionError, capture_stderr_fd, tail
+from receivers.profiling.kernel.program import (BPFAttachError, BPFLoadError, BPFPermissionError, SamplerError,
+                                                capture_stderr_fd, tail)
 
 PROGRAM_TYPES = {"PERF_EVENT": 7, "RAW_TRACEPOINT": 17}
 RAW_TRACEPOINT_PREFIX = "raw_tracepoint__"
@@ -44,11 +45,18 @@ class LoadedProgram:
         """The maps created and ``functions`` (name -> "PERF_EVENT" or "RAW_TRACEPOINT") loaded, with
         the functions BCC would attach by name. Raises BPFLoadError (BPFPermissionError when
         refused for privileges); nothing stays loaded when it does."""
-        loaded = cls(compiled)
+        try:
+            loaded = cls(compiled)
+        except OSError as error:  # (libbcc_bpf missing)
+            raise SamplerError(str(error)) from error
         try:
             loaded._create_maps()
             for name, program_type in functions.items():
-                loaded._load_function(compiled.function(name.decode()), PROGRAM_TYPES[program_type], log_level)
+                try:
+                    function = compiled.function(name.decode())
+                except KeyError as error:
+                    raise BPFLoadError(str(error)) from None
+                loaded._load_function(function, PROGRAM_TYPES[program_type], log_level)
             loaded._autoload(log_level)
         except BaseException:
             loaded.cleanup()
@@ -84,7 +92,10 @@ class LoadedProgram:
         for function in self.compiled.functions:
             if function.name.startswith(RAW_TRACEPOINT_PREFIX):
                 fd = self._load_function(function, PROGRAM_TYPES["RAW_TRACEPOINT"], log_level)
-                self._attach_raw_tracepoint(fd, function.name[len(RAW_TRACEPOINT_PREFIX):].encode())
+                try:
+                    self._attach_raw_tracepoint(fd, function.name[len(RAW_TRACEPOINT_PREFIX):].encode())
+                except OSError as error:
+                    raise BPFAttachError(f"could not attach {function.name}: {error.strerror}") from error
             elif function.name.startswith(_OTHER_AUTOLOAD_PREFIXES):
                 raise BPFLoadError(f"{function.name}: BCC would attach it by its name, which this loader does not do")
 

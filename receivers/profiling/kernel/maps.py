@@ -136,7 +136,7 @@ class ArrayMap(BpfMap):
 
     def _key(self, key):
         if isinstance(key, int):
-            key = self.Key(key)
+            key = self.Key(key + self.max_entries if key < 0 else key)  # (from the end, as a list's)
         if not 0 <= key.value < self.max_entries:
             raise IndexError(f"map {self.name}: index {key.value} out of range")
         return key

@@ -156,19 +156,26 @@ def load(source: Path, cflags: list[str], verifier_log_level: int, functions: di
     if not source.is_file():
         raise BPFCompileError(f"BPF program not found: {source}")
     headers = find_kernel_headers()
-    key = cache_key(program_text(source), source.parent, cflags, headers) if cache is not None else ""
+    text = program_text(source)
+    key = cache_key(text, source.parent, cflags, headers) if cache is not None else ""
     compiled = cache.get(key) if cache is not None else None
-    compile_log, compile_seconds = "", None
-    if compiled is None:
-        if headers is None:
-            raise KernelHeadersMissingError(kernel_headers_hint())
-        began = time.monotonic()
-        compiled, compile_log = compile_in_child(source, cflags)
-        compile_seconds = time.monotonic() - began
-        if cache is not None:
-            cache.put(key, compiled)
+    if compiled is not None:
+        try:
+            loaded = LoadedProgram.load(compiled, functions, verifier_log_level)
+            return loaded, loaded.log
+        except BPFPermissionError:
+            raise
+        except SamplerError as error:  # (a kernel that changed under the same release, say: compile afresh)
+            cache.discard(key, f"the kernel refused it: {str(error).splitlines()[0]}")
+    if headers is None:
+        raise KernelHeadersMissingError(kernel_headers_hint())
+    began = time.monotonic()
+    compiled, compile_log = compile_in_child(source, text, cflags)
+    compile_seconds = time.monotonic() - began
     loaded = LoadedProgram.load(compiled, functions, verifier_log_level)
     loaded.compile_seconds = compile_seconds
+    if cache is not None:
+        cache.put(key, compiled)  # (once the kernel took it)
     return loaded, compile_log + loaded.log
 
 

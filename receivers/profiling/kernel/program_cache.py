@@ -25,9 +25,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from receivers.profiling.kernel.compiled import FORMAT, CompiledProgram, ProgramFormatError
+from receivers.profiling.kernel.compiled import FORMAT, CompiledProgram
 
 SUFFIX = ".bpf.json"
+# What BCC's compile reads from the environment besides the headers' location.
+_BCC_ENVIRONMENT = ("BCC_KERNEL_SOURCE", "BCC_LINUX_VERSION_CODE", "ARCH", "BCC_SYMFS")
+_EXTRACTION_MODULES = ("compiler.py", "compiled.py", "ctypes_layout.py")
 MAX_FILES = 32
 MAX_FILE_BYTES = 64 << 20
 
@@ -47,12 +50,15 @@ def cache_key(program_text: str, include_dir: Path, cflags: list[str], kernel_he
 
     uname = os.uname()
     feed(f"format {FORMAT}", uname.release, uname.version, uname.machine, _read("/sys/devices/system/cpu/possible"))
-    feed(program_text, *cflags, _bcc_version())
+    feed(program_text, *cflags, _bcc_version(), *_libbcc_identity())
+    feed(*(f"{name}={os.environ.get(name, '')}" for name in _BCC_ENVIRONMENT))
+    for module in _EXTRACTION_MODULES:  # (how a compiled program is taken out of BCC and written)
+        feed(Path(__file__).with_name(module).read_bytes())
     for path in sorted(include_dir.iterdir()):
         if path.is_file():
             feed(path.name, path.read_bytes())
     if kernel_headers:
-        feed(kernel_headers)
+        feed(os.path.realpath(kernel_headers))
         for generated in ("include/generated/autoconf.h", "include/generated/utsrelease.h", "include/config/auto.conf"):
             feed(_read(os.path.join(kernel_headers, generated)))
     return digest.hexdigest()
@@ -61,7 +67,8 @@ def cache_key(program_text: str, include_dir: Path, cflags: list[str], kernel_he
 class ProgramCache:
     def __init__(self, directory: str, logger: Any) -> None:
         """``directory``: where compiled programs are kept ("" keeps none)."""
-        self.directory = directory
+        # (Absolute, its links resolved once: the directory checked is the one files are opened in.)
+        self.directory = os.path.realpath(directory) if directory else ""
         self.log = logger
         self.stats = dict.fromkeys(("hits", "misses", "rejected", "write_errors"), 0)
 
@@ -81,7 +88,7 @@ class ProgramCache:
             return None
         try:
             program = CompiledProgram.from_json(data)
-        except ProgramFormatError as error:
+        except Exception as error:  # (from_json says ProgramFormatError; nothing read here may stop the agent)
             self.stats["rejected"] += 1
             self.log.warning("compiled BPF program in the cache is damaged or of another version: compiling it again",
                              path=path, reason=str(error))
@@ -89,7 +96,17 @@ class ProgramCache:
         with contextlib.suppress(OSError):
             os.utime(path)  # used: prune() keeps the most recently used
         self.stats["hits"] += 1
+        self.log.info("BPF program loaded from the cache, not compiled", path=path)
         return program
+
+    def discard(self, key: str, reason: str) -> None:
+        """A kept program that turned out unusable: removed, so the next start does not try it."""
+        if not self.directory:
+            return
+        self.stats["rejected"] += 1
+        self.log.warning("compiled BPF program in the cache cannot be used: compiling it again", path=self._path(key), reason=reason)
+        with contextlib.suppress(OSError):
+            os.unlink(self._path(key))
 
     def put(self, key: str, program: CompiledProgram) -> None:
         if not self.directory:
@@ -109,7 +126,7 @@ class ProgramCache:
         except (OSError, UntrustedCacheError) as error:
             self.stats["write_errors"] += 1
             self.log.warning("cannot keep the compiled BPF program: each start will compile it "
-                             "(set bpf_cache_dir to a directory only root can write, or \"\" to keep none)",
+                             "(set bpf_cache_dir to a directory only the agent's user can write, or \"\" to keep none)",
                              directory=self.directory, error=str(error))
 
     def prune(self, keep: int = MAX_FILES) -> None:
@@ -118,7 +135,13 @@ class ProgramCache:
                        if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False)]
         except OSError:
             return
-        entries.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime, reverse=True)
+        def used_at(entry: os.DirEntry) -> float:
+            try:
+                return entry.stat(follow_symlinks=False).st_mtime
+            except OSError:  # (another agent pruned it meanwhile)
+                return 0.0
+
+        entries.sort(key=used_at, reverse=True)
         for entry in entries[keep:]:
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
@@ -127,7 +150,7 @@ class ProgramCache:
         return os.path.join(self.directory, key + SUFFIX)
 
     def _check_directory(self, create: bool) -> None:
-        directory = os.path.abspath(self.directory)
+        directory = self.directory
         if create and not os.path.lexists(directory):
             os.makedirs(directory, mode=0o700, exist_ok=True)
         status = os.lstat(directory)
@@ -156,6 +179,8 @@ def _read_trusted(path: str) -> bytes:
             raise UntrustedCacheError("not a regular file")
         if status.st_uid != os.geteuid() or status.st_mode & 0o022:
             raise UntrustedCacheError(f"owned by uid {status.st_uid} with mode {status.st_mode & 0o7777:o}")
+        if status.st_nlink != 1:  # (a hard link to a file placed elsewhere)
+            raise UntrustedCacheError(f"{status.st_nlink} links to it")
         if status.st_size > MAX_FILE_BYTES:
             raise UntrustedCacheError(f"{status.st_size} bytes")
         return stream.read(MAX_FILE_BYTES + 1)
@@ -167,6 +192,16 @@ def _read(path: str) -> str:
             return stream.read(1 << 20).decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def _libbcc_identity() -> list[str]:
+    """Which libbcc (and so which clang and LLVM) would compile: its file's path, size and time."""
+    for directory in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"):
+        path = os.path.join(directory, "libbcc.so.0")
+        with contextlib.suppress(OSError):
+            status = os.stat(path)
+            return [os.path.realpath(path), str(status.st_size), str(status.st_mtime_ns)]
+    return []
 
 
 def _bcc_version() -> str:

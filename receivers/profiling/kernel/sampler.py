@@ -224,6 +224,10 @@ class Sampler:
                 bpf_program.attach_raw_tracepoint(bpf, b"sched_switch", OFF_CPU_PROGRAM_NAME,
                                                   hint="off-CPU profiling reads its prev_state argument: Linux 5.18 or later")
             bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, settings.frequency_hz)
+        except OSError as error:  # (a map the kernel refused to fill: a perf buffer, a program array)
+            with contextlib.suppress(Exception):
+                bpf.cleanup()
+            raise bpf_program.BPFAttachError(f"could not set the profiler up: {error}") from error
         except BaseException:
             with contextlib.suppress(Exception):
                 bpf.cleanup()
@@ -234,8 +238,7 @@ class Sampler:
         self._interval_start = (time.monotonic_ns(), time.time_ns())
         if bpf.compile_seconds is not None:
             self.log.info("BPF program compiled (by a child process) for this kernel and configuration",
-                          seconds=round(bpf.compile_seconds, 2),
-                          kept_in=settings.program_cache_dir or "nowhere: bpf_cache_dir is empty")
+                          seconds=round(bpf.compile_seconds, 2), cache=settings.program_cache_dir or "none: bpf_cache_dir is empty")
         self.log.debug("profiler attached", frequency_hz=settings.frequency_hz, cpus=os.cpu_count())
 
     def _fill_tail_call_arrays(self, bpf) -> None:
