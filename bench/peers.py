@@ -102,34 +102,25 @@ class PycollectorAgent(_BpfProfiler):
         # The compiled BPF program is kept beside the rows unless told, in a folder of the bench's
         # (never the host's default, which tests may have filled): the first start compiles, the
         # others load.
-        self.bpf_cache_dir = bpf_cache_dir or unwind_cache_dir.parent / "bpf-cache"
-        self.unwind_cache_dir = unwind_cache_dir
-        self.sink_endpoint, self.reporter_interval_s, self.off_cpu_threshold = sink_endpoint, reporter_interval_s, off_cpu_threshold
-        self.metrics_port = metrics_port
-        self.write_config()
-
-    def write_config(self) -> None:
-        receiver = {"samples_per_second": self.hz, "reporter_interval": f"{self.reporter_interval_s:g}s",
-                    "unwind_cache_dir": str(self.unwind_cache_dir), "bpf_cache_dir": str(self.bpf_cache_dir)}
-        if self.off_cpu_threshold:
-            receiver["off_cpu_threshold"] = self.off_cpu_threshold
+        bpf_cache_dir = bpf_cache_dir or unwind_cache_dir.parent / "bpf-cache"
+        receiver = {"samples_per_second": hz, "reporter_interval": f"{reporter_interval_s:g}s", "unwind_cache_dir": str(unwind_cache_dir),
+                    "bpf_cache_dir": str(bpf_cache_dir)}
+        if off_cpu_threshold:
+            receiver["off_cpu_threshold"] = off_cpu_threshold
         config = {
             "receivers": {"profiling": receiver},
-            "exporters": {"otlp_grpc": {"endpoint": self.sink_endpoint, "tls": {"insecure": True}}},
+            "exporters": {"otlp_grpc": {"endpoint": sink_endpoint, "tls": {"insecure": True}}},
             "service": {
                 "pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["otlp_grpc"]}},
                 # Port 0 picks a free one (runs may overlap others'): the bench reads it only when it asks.
-                "telemetry": {"metrics": {"address": f"127.0.0.1:{self.metrics_port}"}},
+                "telemetry": {"metrics": {"address": f"127.0.0.1:{metrics_port}"}},
             },
         }
+        self.metrics_port = metrics_port
         self.config_path.write_text(yaml.safe_dump(config))
 
     def argv(self) -> list[str]:
         return [str(PYCOLLECTOR), "--config", str(self.config_path)]
-
-    def compiles_at_start(self) -> bool:
-        """No compiled program is kept yet: this launch compiles it (a first start, not a restart)."""
-        return not any(self.bpf_cache_dir.glob("*.bpf.json"))
 
 
 class ProfileBpfcc(_BpfProfiler):

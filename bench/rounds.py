@@ -101,11 +101,11 @@ def first_starts(settings: Settings, workdir: Path, sink: ProfilesSink) -> list[
     compiles, in a child process), against profile-bpfcc's in the same round. The rounds' agents
     share one cache, which the bench's warm-up filled: their start-up is a restart's."""
     def start(mode: str, index: int, rundir: Path) -> Run:
-        profiler = _profiler(mode, settings, rundir, sink)
-        if isinstance(profiler, PycollectorAgent):
-            profiler.bpf_cache_dir = rundir / "empty-bpf-cache"
-            profiler.write_config()
-            assert profiler.compiles_at_start()
+        if mode == PycollectorAgent.name:  # (a cache folder of its own, empty)
+            profiler = PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, unwind_cache_dir(rundir),
+                                        bpf_cache_dir=rundir / "empty-bpf-cache")
+        else:
+            profiler = _profiler(mode, settings, rundir, sink)
         load = procfs.load_average()
         profiler.launch()
         try:

@@ -83,7 +83,7 @@ _NEW_PROCESS_CALLBACK = Callable[[int, int, str], None]
 
 @dataclass(frozen=True)
 class UnwindMaps:
-    """The BCC tables user space fills for the unwinder (receivers/profiling/unwind/)."""
+    """The maps user space fills for the unwinder (receivers/profiling/unwind/; maps.py)."""
 
     rows: object  # unwind_rows: struct unwind_row per index
     files: object  # unwind_files: file id -> (first row, row count)
