@@ -197,7 +197,8 @@ struct unwind_event {
 #endif
 #define PYTHON_NO_OFFSET 0xffff
 
-/* A Python frame among a user stack's frames: bit 63 set, which no user address has. Bit 62 marks
+/* A Python frame among a user stack's frames: bit 63 set, which no user address has (the unwinder
+ * stops at a "return address" read from the stack that is not one, see USER_ADDRESS_END). Bit 62 marks
  * the outermost frame one call of the eval loop runs (before 3.11, every frame): user space puts
  * the frames up to such a mark where that call's native frame was. Bits 47-61: the instruction
  * (raw f_lasti before 3.11, else the index of the code unit), saturating; bits 3-46: the code
@@ -206,6 +207,9 @@ struct unwind_event {
  * of a module's import are freed, and the next allocated there): it names a frame only from a
  * code object whose first line agrees. */
 #define PYTHON_FRAME_TAG (1ULL << 63)
+/* No user address is at or above it: x86-64's user space ends below 2^47, or 2^56 with 5-level
+ * paging (arm64's below 2^52). */
+#define USER_ADDRESS_END (1ULL << 56)
 #define PYTHON_FRAME_LAST_OF_CALL (1ULL << 62)
 #define PYTHON_INSTRUCTION_SHIFT 47
 #define PYTHON_INSTRUCTION_MAX 0x7fffULL
@@ -286,7 +290,8 @@ enum profile_counter {
     COUNTER_THREAD_CTX_SAMPLES = 37,     /* samples that ran in a span (an OpenTelemetry thread context) */
     COUNTER_THREAD_CTX_READ_ERRORS = 38, /* thread context records that could not be read */
     COUNTER_THREAD_CTX_ATTRS_CUT = 39,   /* records whose attributes passed THREAD_CTX_ATTRS_MAX bytes */
-    PROFILE_NR_COUNTERS = 40,
+    COUNTER_UNWIND_NOT_USER_ADDRESS = 40,/* walks stopped at a "return address" beyond user space */
+    PROFILE_NR_COUNTERS = 41,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

@@ -232,6 +232,13 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
     u32 depth = state->stack.len;
     if (depth >= UNWIND_MAX_FRAMES || depth + state->python_len >= UNWIND_MAX_FRAMES)
         return STEP_DONE;  /* (the Python frames are appended after the native ones) */
+    /* A return address comes from the process's stack, which holds anything once the walk leaves
+     * its frames (a Go thread's beyond runtime.mcall) or the process forges them: one beyond user
+     * space is not a frame, and one with bit 63 would pass for a Python frame. */
+    if (state->pc >= USER_ADDRESS_END) {
+        count(COUNTER_UNWIND_NOT_USER_ADDRESS);
+        return STEP_DONE;
+    }
     state->stack.ips[depth] = state->pc;
     state->stack.len = depth + 1;
     /* A return address follows its call: the call, one byte back, is what ran in this frame (a

@@ -312,6 +312,33 @@ def test_a_forged_build_id_lends_nobody_its_names_or_rows(arena):
     assert sum(roots.values()) > 50 and roots[True] / sum(roots.values()) > 0.8, (roots, unwind.stats)
 
 
+# A frame chain of the program's own making: main's frame pointer leads to a frame whose return
+# address lies beyond user space with bit 63 set, the mark of a Python frame among a stack's frames.
+FORGED_CHAIN_C = r"""
+static unsigned long forged_frame[2] = {0, 0x8000000000001230UL};
+int main(void) {
+    __asm__ volatile("mov %0, %%rbp\n1: pause\n jmp 1b" : : "r"(forged_frame) : "memory");
+    return 0;
+}
+"""
+
+
+def test_a_forged_return_address_beyond_user_space_passes_for_no_python_frame(arena):
+    """The unwinder stops at a "return address" no user address can be (counted), and so does a
+    stack the kernel walked: the attacker's stacks hold no Python frame for the agent to read."""
+    counters = arena.receiver._sampler.counters
+    stopped = counters()["unwind_not_user_address"]
+    forged = compile_c(FORGED_CHAIN_C, arena.attacker_dir / "forged-chain", "-fno-omit-frame-pointer")
+    os.chown(forged, NOBODY, NOBODY)
+    exported, attacker = arena.attack(lambda: arena.as_nobody([str(forged)]))
+    frames = [frame for message in exported for view in iter_samples(message)
+              if view.resource.get("process.pid") == attacker.pid for frame in view.frames]
+    assert frames, "the attacker was sampled"
+    assert {frame.frame_type for frame in frames} <= {"native", "kernel"}, collections.Counter(frame.frame_type for frame in frames)
+    assert "main" in {frame.function for frame in frames}
+    assert counters()["unwind_not_user_address"] > stopped
+
+
 def test_a_debug_file_behind_a_directory_the_attacker_cannot_search_is_not_read(arena):
     """The attacker's stripped program names, through its debug link and a symlink, a debug file
     with its build id that lies in a directory only root may search. The file itself is open to

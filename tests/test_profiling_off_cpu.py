@@ -200,7 +200,8 @@ def test_go_threads_park_in_the_scheduler_and_their_stacks_end_where_go_says(go_
           f"{in_compute} of {cpu} CPU samples in main.compute")
     assert in_compute >= 0.8 * cpu
     assert in_scheduler >= 0.9 * slept, "a thread parks in the scheduler while the goroutine sleeps"
-    assert not any(GO_ROOTS & set(names[:-1]) for _, names, _ in profile.off_cpu), "nothing beyond where Go's stacks start"
+    beyond = [(names, value) for _, names, value in profile.off_cpu if GO_ROOTS & set(names[:-1])]
+    assert not beyond, f"nothing beyond where Go's stacks start: {beyond[:3]}"
     assert sum(value for name, value in by_root.items() if name in GO_ROOTS) >= 0.99 * off_cpu, by_root.most_common(6)
 
 

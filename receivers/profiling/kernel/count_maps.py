@@ -12,6 +12,7 @@ from typing import NamedTuple
 from receivers.profiling.kernel.samples import StackCount, stack_count
 
 STACK_HASHED = -61  # profile.h: the stack id of a stack stored by its hash in user_stacks_N
+USER_ADDRESS_END = 1 << 56  # profile.h: no user address is at or above it (x86-64 with 5-level paging)
 
 
 class CountRow(NamedTuple):
@@ -84,7 +85,7 @@ class SlotReader:
                     kerr = -errno.ENOENT
                     missing += 1
             if uid >= 0:
-                uaddrs = stacks[uid]
+                uaddrs = _within_user_space(stacks[uid])
                 if uaddrs is None:
                     uerr = -errno.ENOENT
                     missing += 1
@@ -137,6 +138,19 @@ def _read_stack(table, stack_id: int) -> list[int] | None:
         return ips[: ips.index(0)]
     except ValueError:
         return ips
+
+
+def _within_user_space(addresses: list[int] | None) -> list[int] | None:
+    """A stack the kernel walked by frame pointer, up to its first "return address" beyond user
+    space: the kernel stores what it reads from the process's stack, which can be anything (or
+    forged), and one with bit 63 would pass for a Python frame (PYTHON_FRAME_TAG in profile.h).
+    The unwinder stops there itself (COUNTER_UNWIND_NOT_USER_ADDRESS)."""
+    if addresses is None:
+        return None
+    for i, address in enumerate(addresses):
+        if address >= USER_ADDRESS_END:
+            return addresses[:i]
+    return addresses
 
 
 def _empty_stack_map(table, known: set[int]) -> int:
