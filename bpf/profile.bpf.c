@@ -257,6 +257,7 @@ static __always_inline void announce(void *ctx, struct sample_key *key)
         count(COUNTER_PERF_OUTPUT_ERRORS);
 }
 
+#include "v8.bpf.c"
 #include "unwind.bpf.c"
 #include "python.bpf.c"
 #include "otel_context.bpf.c"

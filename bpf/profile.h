@@ -162,8 +162,10 @@ struct unwind_mapping {
     u64 end;
     u64 bias;
     u32 file_id;   /* index in unwind_files (row_count 0 while its rows load); 0: no file */
-    u32 reserved;
+    u32 kind;      /* MAPPING_NATIVE, or MAPPING_V8_CODE: V8's JIT code and embedded builtins */
 };
+#define MAPPING_NATIVE 0
+#define MAPPING_V8_CODE 1
 
 /* A process's executable mappings, sorted by start. */
 struct unwind_process {
@@ -247,6 +249,37 @@ struct python_process {
     u8 reserved[1];
 };
 
+/* ---- V8 frames: where user space found V8 in a Node.js process (receivers/profiling/v8/) ---- */
+
+/* Every frame of V8's code keeps a frame pointer; a JavaScript frame holds its JSFunction at
+ * fp + fp_function, and its context at fp + fp_context (a frame of another type holds its type
+ * marker there: a small integer shifted left once, so its low bit is clear, where a context
+ * pointer's is set). Offsets are V8's own (v8dbg_* symbols of the node binary), checked by user
+ * space: the frame slots within the 64 bytes below the frame pointer, the fields below 4096. */
+struct v8_process {
+    u8 context_slot;            /* the slots, as indices of the 8 words below the frame pointer */
+    u8 function_slot;
+    u8 bytecode_offset_slot;    /* an interpreted frame's bytecode offset (a Smi) */
+    u8 reserved_slot;
+    u16 function_shared;        /* JSFunction.shared: its SharedFunctionInfo */
+    u16 map_instance_type;      /* Map.instance_type (u16); a heap object's map is its first field */
+    u16 first_function_type;    /* the instance types of JSFunctions */
+    u16 last_function_type;
+    u16 reserved;
+};
+
+/* A V8 frame among a user stack's frames, in place of its pc: bit 63 (no user address has it),
+ * bits 60-62 its kind, bits 47-59 an interpreted frame's bytecode offset as the frame holds it
+ * (saturating at 0x1fff), bits 0-46 the SharedFunctionInfo (a tagged pointer), which user space
+ * names. A process is V8's or CPython's, never both: user space reads the tag by the process. */
+#define V8_FRAME_TAG (1ULL << 63)
+#define V8_FRAME_KIND_SHIFT 60
+#define V8_FRAME_INTERPRETED 1ULL
+#define V8_FRAME_COMPILED 2ULL
+#define V8_FRAME_OFFSET_SHIFT 47
+#define V8_FRAME_OFFSET_MAX 0x1fffULL
+#define V8_FRAME_POINTER_MASK ((1ULL << 47) - 1)
+
 /* Indices into the per-CPU `counters` array.  Cumulative since load; user space sums the CPUs. */
 enum profile_counter {
     COUNTER_SAMPLES = 0,                 /* non-idle samples seen */
@@ -291,7 +324,9 @@ enum profile_counter {
     COUNTER_THREAD_CTX_READ_ERRORS = 38, /* thread context records that could not be read */
     COUNTER_THREAD_CTX_ATTRS_CUT = 39,   /* records whose attributes passed THREAD_CTX_ATTRS_MAX bytes */
     COUNTER_UNWIND_NOT_USER_ADDRESS = 40,/* walks stopped at a "return address" beyond user space */
-    PROFILE_NR_COUNTERS = 41,
+    COUNTER_V8_FRAMES = 41,              /* JavaScript frames recorded by their SharedFunctionInfo */
+    COUNTER_V8_NOT_JS = 42,              /* frames in V8's code that are not JavaScript's (stubs, entries) */
+    PROFILE_NR_COUNTERS = 43,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

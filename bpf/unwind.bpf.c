@@ -225,6 +225,27 @@ static __always_inline enum step_result first_frame_pointer_step(struct unwind_s
     return result;
 }
 
+/* A frame in V8's code: recorded as the JavaScript function it runs (v8.bpf.c), and stepped by
+ * frame pointer. A leaf whose return address is on top of the stack (a builtin without a frame
+ * of its own, or a function before its prologue) has not moved rbp yet: rbp is its caller's
+ * frame, which is the frame that return address is in. */
+static __always_inline enum step_result v8_step(struct unwind_state *state, u32 depth)
+{
+    if (!state->bp_known)
+        return STEP_DONE;
+    if (depth == 0 && state->leaf_return) {
+        u64 caller = v8_frame(state->key.tgid, state->bp);
+        enum step_result result = first_frame_pointer_step(state);
+        if (caller && state->stack.len == 2 && state->stack.ips[1] == state->leaf_return)
+            state->stack.ips[1] = caller;
+        return result;
+    }
+    u64 value = v8_frame(state->key.tgid, state->bp);
+    if (value && depth < UNWIND_MAX_FRAMES)
+        state->stack.ips[depth] = value;
+    return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
+}
+
 /* Record the current frame and find its caller. */
 static __always_inline enum step_result unwind_one(void *ctx, struct unwind_state *state,
                                                    struct unwind_process *process)
@@ -250,6 +271,8 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
         request_maps(ctx, state->key.tgid, pc);
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     }
+    if (mapping->kind == MAPPING_V8_CODE)
+        return v8_step(state, depth);
     u32 file_id = mapping->file_id;
     if (!file_id)
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);

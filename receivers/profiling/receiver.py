@@ -43,6 +43,7 @@ from receivers.profiling.report import ReportBuilder
 from receivers.profiling.stall_watch import Progress, StallWatch
 from receivers.profiling.symbols.symbolizer import Symbolizer
 from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
+from receivers.profiling.v8.runtimes import V8Runtimes
 
 # Map sizes at map_scale_factor 0; each step of the factor doubles them.
 BASE_COUNT_MAP_SIZE = 10_240
@@ -86,6 +87,8 @@ class ProfilingReceiver(Component):
         self._context_stats = telemetry.gauge("pycollector_profiling_otel_context", "Process contexts OpenTelemetry SDKs publish (OTEP 4719): processes with one, reads, updates, errors, attributes dropped, counts since start.", ("stat",))
         self._python_stats = telemetry.gauge("pycollector_profiling_python", "Python frames: processes running a CPython the walker knows, frames named and not, code objects read, counts since start.", ("stat",))
         self.python: PythonInterpreters | None = None
+        self.v8: V8Runtimes | None = None
+        self._v8_stats = telemetry.gauge("pycollector_profiling_v8", "JavaScript frames of Node.js processes: processes running a V8 the walker knows, frames named and not, functions read, counts since start.", ("stat",))
         self.jvm_perf_maps: JvmPerfMapRequester | None = None
         self.targeting: Targeting | None = None
         self.probabilistic: ProbabilisticProfiling | None = None
@@ -132,6 +135,7 @@ class ProfilingReceiver(Component):
         # targeting and, last, the kernel's set of announced tgids, so a reused pid is announced
         # again only once everything of its predecessor is gone.
         self._start_targeting(sampler)
+        self._start_v8(sampler)  # before the unwind registry: it asks where a process's V8 code is
         self._start_unwinding(sampler)
         self._start_python(sampler)
         self._start_jvm_perf_maps()
@@ -182,6 +186,8 @@ class ProfilingReceiver(Component):
         self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log, max_files=sampler.unwind.max_files,
                                      row_budget=sampler.unwind.row_budget, idle_s=self.config.unwind_row_idle_timeout)
         self.processes.watch(changed=self.unwind.register, exited=self.unwind.forget)
+        if self.v8 is not None:
+            self.unwind.runtime_code = self.v8.code_ranges
 
     def _start_probabilistic(self, sampler: Sampler) -> None:
         if not sampler.probabilistic:
@@ -207,6 +213,16 @@ class ProfilingReceiver(Component):
         if self.python is not None:
             _publish(self._python_stats, self.python)
             _publish(self._python_stats, self.python.code, "code_")
+        if self.v8 is not None:
+            _publish(self._v8_stats, self.v8)
+
+    def _start_v8(self, sampler: Sampler) -> None:
+        """JavaScript frames of Node.js processes, walked and named without perf maps."""
+        if not self.config.tracer_enabled("v8"):
+            return
+        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log)
+        self.reports.runtimes.insert(0, self.v8)  # (before Python's, which takes any stack ending in a tagged frame)
+        self.processes.watch(changed=self.v8.register, exited=self.v8.forget)
 
     def _start_python(self, sampler: Sampler) -> None:
         """Python frames, unless the settings leave them out or the kernel cannot say where a
@@ -217,7 +233,7 @@ class ProfilingReceiver(Component):
             self.log.warning("no Python frames: the kernel's BTF does not say where a thread's TLS base is kept", reason=sampler.python_frames_error)
             return
         self.python = PythonInterpreters(sampler.unwind_maps.python, self.log)
-        self.reports.python = self.python
+        self.reports.runtimes.append(self.python)
         self.processes.watch(changed=self.python.register, exited=self.python.forget)
 
     def _on_exec(self, tgid: int) -> None:

@@ -28,7 +28,7 @@ from receivers.profiling.kernel.samples import Interval, StackCount
 from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.processes.proc import ProcessInfo
 from receivers.profiling.processes.table import ProcessTable
-from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND, PythonInterpreters
+from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND
 from receivers.profiling.stall_watch import Progress
 from receivers.profiling.symbols.frame import Frame
 from receivers.profiling.symbols.symbolizer import Symbolizer
@@ -50,7 +50,9 @@ class ReportBuilder:
         self.progress = progress or Progress("report", float("inf"))  # says which process it builds
         self.symbolizer = symbolizer
         self.host_name = host_name or socket.gethostname()
-        self.python: PythonInterpreters | None = None  # names Python frames, when they are walked
+        # The runtimes whose frames the kernel records by what they run (PythonInterpreters,
+        # V8Runtimes): each names its processes' stacks, and says None of another's.
+        self.runtimes: list = []
         self.contexts: ProcessContexts | None = None  # the resources OpenTelemetry SDKs publish
         # {span: (tgid, attrs-data)} for the spans asked (the sampler's thread_ctx_attributes)
         self.span_attributes: Callable[[Iterable[bytes]], dict[bytes, tuple[int, bytes]]] | None = None
@@ -69,8 +71,8 @@ class ReportBuilder:
         being read is held back to the next report, once (never in the ``final`` one)."""
         builder = ProfilesBuilder()
         self.symbolizer.new_report()
-        if self.python is not None:
-            self.python.new_report()
+        for runtime in self.runtimes:
+            runtime.new_report()
         self._native_frames = collections.defaultdict(dict)  # per process, for this report: see symbolize_user
         locations: dict[Frame, int] = {}  # the same frame recurs across stacks and threads
         by_process: dict[int, list[StackCount]] = collections.defaultdict(list)
@@ -121,8 +123,11 @@ class ReportBuilder:
             frames = _from_scheduler(frames)
         if stack.user_addrs:
             memo = self._native_frames[tgid]
-            user = self.python.user_frames(tgid, stack.user_addrs, lambda native: self.symbolizer.symbolize_user(tgid, native, memo)) \
-                if self.python is not None else None
+            user = None
+            for runtime in self.runtimes:
+                user = runtime.user_frames(tgid, stack.user_addrs, lambda native: self.symbolizer.symbolize_user(tgid, native, memo))
+                if user is not None:
+                    break
             frames += user if user is not None else self.symbolizer.symbolize_user(tgid, stack.user_addrs, memo)
         return frames
 

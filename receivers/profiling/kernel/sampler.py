@@ -91,6 +91,7 @@ class UnwindMaps:
     demand: object  # unwind_demand: file id -> frames that waited for its rows
     used: object  # unwind_used: file id -> 1 when a walk used its rows since user space reset it
     python: object  # python_processes: tgid -> where its CPython keeps threads and frames
+    v8: object  # v8_processes: tgid -> where V8 keeps a JavaScript frame's function
 
 
 class Sampler:
@@ -256,7 +257,8 @@ class Sampler:
         self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
         self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
         self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
-                                      bpf[b"unwind_demand"], bpf[b"unwind_used"], bpf[b"python_processes"])
+                                      bpf[b"unwind_demand"], bpf[b"unwind_used"], bpf[b"python_processes"],
+                                      bpf[b"v8_processes"])
         self._counters_map = bpf[b"counters"]
         self._thread_ctx_locations = bpf[b"thread_ctx_locations"]
         self._thread_ctx_attributes = bpf[b"thread_ctx_attributes"]

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
 
 from ..elf.headers import DEBUG_DIRS, ElfHeaders, debug_file_candidates
+from ..elf.symbols import defined_symbols, read_at
 from ..processes.files import open_host_file
 from ..processes.memory import ProcessMemory
 from .offsets import (DEBUG_OFFSETS_MAX_SIZE, FIRST_WITH_DEBUG_OFFSETS, Offsets, UnknownLayout, debug_offsets_version,
@@ -40,7 +40,6 @@ PY_VERSION = "Py_Version"  # 3.11+: const unsigned long PY_VERSION_HEX
 AUTO_TLS_KEY = "autoTLSkey"  # 2.7, 3.6: static int, the pthread key of the thread's PyThreadState
 _WANTED = (RUNTIME, INTERP_HEAD, PY_VERSION, AUTO_TLS_KEY)
 _PF_X = 1
-_SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym, little-endian (x86-64)
 
 
 def version_from_name(name: str) -> tuple[int, int] | None:
@@ -133,11 +132,11 @@ def _read(path, elf, version, open_debug, debug_dirs) -> CPython | None:
 
     version_hex = None
     if PY_VERSION in symbols:
-        data = _read_at(elf, segments, symbols[PY_VERSION], 8)
+        data = read_at(elf, segments, symbols[PY_VERSION], 8)
         version_hex = struct.unpack("<Q", data)[0] if data else None
     debug_data = None
     if RUNTIME in symbols:
-        data = _read_at(elf, segments, symbols[RUNTIME], DEBUG_OFFSETS_MAX_SIZE)
+        data = read_at(elf, segments, symbols[RUNTIME], DEBUG_OFFSETS_MAX_SIZE)
         if data is not None:
             try:
                 version_hex = debug_offsets_version(data)
@@ -158,30 +157,7 @@ def _read(path, elf, version, open_debug, debug_dirs) -> CPython | None:
 
 
 def _symbols(elf: ELFFile) -> dict[str, int]:
-    """Defined symbols among _WANTED, from .symtab and .dynsym. The raw table is scanned for
-    the few string-table offsets that spell a wanted name (a name may share its bytes with the
-    end of a longer one): pyelftools' lookup by name decodes every symbol, 0.3 s for libpython."""
-    out: dict[str, int] = {}
-    if elf.elfclass != 64 or not elf.little_endian:
-        return out  # the offsets are x86-64's
-    for section_name in (".symtab", ".dynsym"):
-        section = elf.get_section_by_name(section_name)
-        if not isinstance(section, SymbolTableSection) or section["sh_type"] == "SHT_NOBITS":
-            continue
-        strtab = elf.get_section(section["sh_link"]).data()
-        names: dict[int, str] = {}
-        for name in _WANTED:
-            key = name.encode() + b"\0"
-            at = strtab.find(key)
-            while at >= 0:
-                names[at] = name
-                at = strtab.find(key, at + 1)
-        data = section.data()
-        for st_name, _info, _other, shndx, value, _size in _SYM64.iter_unpack(data[: len(data) // 24 * 24]):
-            name = names.get(st_name)
-            if name is not None and name not in out and shndx != 0 and value:
-                out[name] = value
-    return out
+    return defined_symbols(elf, _WANTED)
 
 
 def _debug_file_symbols(headers: ElfHeaders, path: str, open_debug, debug_dirs) -> dict[str, int]:
@@ -201,13 +177,3 @@ def _debug_file_symbols(headers: ElfHeaders, path: str, open_debug, debug_dirs) 
         if found:
             return found
     return {}
-
-
-def _read_at(elf: ELFFile, segments, vaddr: int, size: int) -> bytes | None:
-    """``size`` bytes of initialized data at ELF virtual address ``vaddr``, from the file."""
-    for p_offset, p_filesz, p_vaddr, _flags in segments:
-        if p_vaddr <= vaddr and vaddr + size <= p_vaddr + p_filesz:
-            elf.stream.seek(p_offset + vaddr - p_vaddr)
-            data = elf.stream.read(size)
-            return data if len(data) == size else None
-    return None

@@ -40,7 +40,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from elftools.elf.elffile import ELFFile
@@ -69,6 +69,7 @@ DEMAND_POLL_S = 0.25
 # unwind_process holds this many mappings (profile.h UNWIND_MAX_MAPPINGS); past it, the lowest
 # addresses are kept and the rest counted.
 MAX_MAPPINGS = 256
+MAPPING_NATIVE, MAPPING_V8_CODE = 0, 1  # profile.h: struct unwind_mapping.kind
 
 FileKey = tuple[str, int]  # (dev, inode), as Mapping.identity
 # The vDSO is an ELF image the kernel maps into every process (clock_gettime runs there); it has
@@ -100,6 +101,9 @@ class UnwindRegistry:
         self._clock = clock
         self._build = build
         self.log = logger
+        # A process's runtime code: (start, end) ranges the kernel walks as that runtime's frames
+        # (profile.h MAPPING_V8_CODE); set by the V8 room (v8/runtimes.py) when it runs.
+        self.runtime_code: Callable[[ProcessInfo], Sequence[tuple[int, int]]] = lambda info: ()
         self._space = RowSpace(row_budget)
         self._free_ids = list(range(max_files - 1, 0, -1))  # 0 means "no rows"
         self._files: dict[FileKey, _File] = {}
@@ -183,12 +187,13 @@ class UnwindRegistry:
         # instead of asking for the maps again. Not [vsyscall], in the kernel's half: the kernel's
         # search compares addresses below 2^63 only.
         mappings = [mapping for mapping in info.mappings if mapping.end <= _USER_SPACE_END]
-        if len(mappings) > MAX_MAPPINGS:
-            self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
-            mappings = mappings[:MAX_MAPPINGS]
-        for slot, mapping in enumerate(mappings):
+        pieces = _pieces(mappings, self.runtime_code(info))
+        if len(pieces) > MAX_MAPPINGS:
+            self.stats["mappings_dropped"] += len(pieces) - MAX_MAPPINGS
+            pieces = pieces[:MAX_MAPPINGS]
+        for slot, (start, end, mapping, kind) in enumerate(pieces):
             entry = leaf.mappings[slot]
-            entry.start, entry.end = mapping.start, mapping.end
+            entry.start, entry.end, entry.kind = start, end, kind
             key = _key(mapping)
             file = self._files.get(key) if key is not None else None
             if file is None or not file.file_id:
@@ -197,7 +202,7 @@ class UnwindRegistry:
                 entry.file_id = file.file_id
             elif (bias := _bias(file.segments, mapping)) is not None:
                 entry.bias, entry.file_id = bias, file.file_id
-        leaf.count = len(mappings)
+        leaf.count = len(pieces)
         table[table.Key(info.pid)] = leaf
 
     # -- the file side ----------------------------------------------------------------------------
@@ -491,6 +496,19 @@ class UnwindRegistry:
         self._sweeper.close(SWEEP_INTERVAL_S + 1)
         for worker in self._workers:
             worker.join(timeout=5)
+
+
+def _pieces(mappings: list[Mapping], code: Sequence[tuple[int, int]]) -> list[tuple[int, int, Mapping, int]]:
+    """(start, end, mapping, kind) for the kernel: each mapping, cut where a range of runtime code
+    starts or ends inside it (V8's builtins lie within node's text), the pieces inside one of
+    kind MAPPING_V8_CODE."""
+    out = []
+    for mapping in mappings:
+        cuts = sorted({mapping.start, mapping.end} | {at for bounds in code for at in bounds if mapping.start < at < mapping.end})
+        for start, end in zip(cuts, cuts[1:]):
+            inside = any(low <= start and end <= high for low, high in code)
+            out.append((start, end, mapping, MAPPING_V8_CODE if inside else MAPPING_NATIVE))
+    return out
 
 
 def _is_ours(info: ProcessInfo) -> bool:

@@ -1,0 +1,81 @@
+"""Is a mapped file a Node.js binary (or libnode) with V8's debugger metadata, which V8, and where
+its builtins are.
+
+A file is a candidate by its name (``node``, ``nodejs``, ``node20``, ``nsolid``, ``libnode.so.*``)
+and is confirmed by its ``v8dbg_*`` symbols (initialized int32 data, read from the file: they are
+constants) and the version V8 records in ``v8::internal::Version``. The builtins V8 embeds in the
+binary (``v8_Default_embedded_blob_code_``, its size in ``..._size_``) hold the interpreter: a
+JavaScript frame that runs there runs bytecode. Addresses are ELF virtual addresses."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+from elftools.elf.elffile import ELFFile
+
+from ..elf.symbols import defined_symbols, read_at
+from .layout import UnknownLayout, V8Layout
+
+_NAME = re.compile(r"(node(js)?\d*|nsolid|libnode\.so(\.\d+)*)")
+PREFIX = "v8dbg_"
+BUILTINS = "v8_Default_embedded_blob_code_"
+BUILTINS_SIZE = "v8_Default_embedded_blob_code_size_"
+_VERSION = tuple(f"_ZN2v88internal7Version6{part}_E" for part in ("major", "minor", "build"))
+
+
+def may_be_node(path: str) -> bool:
+    return bool(_NAME.fullmatch(os.path.basename(path)))
+
+
+@dataclass(frozen=True)
+class V8Build:
+    path: str
+    version: tuple[int, int, int]
+    layout: V8Layout | None  # None: refused (``refusal`` says why)
+    builtins: tuple[int, int]  # (ELF virtual address, size) of the embedded builtins
+    segments: tuple[tuple[int, int, int, int], ...]  # PT_LOAD (p_offset, p_filesz, p_vaddr, p_flags)
+    refusal: str = ""
+
+    def builtins_file_range(self) -> tuple[int, int] | None:
+        """The builtins' [start, end) as offsets in the file."""
+        start, size = self.builtins
+        for p_offset, p_filesz, p_vaddr, _flags in self.segments:
+            if p_vaddr <= start < p_vaddr + p_filesz:
+                return start - p_vaddr + p_offset, start - p_vaddr + p_offset + size
+        return None
+
+
+def detect_v8(path: str, fd: int) -> V8Build | None:
+    """The V8 in the file open on ``fd`` (mapped at ``path``), or None when it is not one (or is
+    unreadable). A V8 whose layout is not known comes back with ``layout`` None and why."""
+    if not may_be_node(path):
+        return None
+    with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as stream:
+        try:
+            return _read(path, ELFFile(stream))
+        except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
+            return None
+
+
+def _read(path: str, elf: ELFFile) -> V8Build | None:
+    segments = tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"])
+                     for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+    symbols = defined_symbols(elf, (BUILTINS, BUILTINS_SIZE, *_VERSION), (PREFIX,))
+
+    def int32(name: str) -> int | None:
+        data = read_at(elf, segments, symbols[name], 4) if name in symbols else None
+        return struct.unpack("<i", data)[0] if data is not None else None
+
+    values = {name[len(PREFIX):]: int32(name) for name in symbols if name.startswith(PREFIX)}
+    values = {name: value for name, value in values.items() if value is not None}
+    version = tuple(int32(name) for name in _VERSION)
+    if not values or None in version or BUILTINS not in symbols or BUILTINS_SIZE not in symbols:
+        return None
+    builtins = (symbols[BUILTINS], int32(BUILTINS_SIZE) or 0)
+    try:
+        return V8Build(path, version, V8Layout.from_symbols(values, version), builtins, segments)
+    except UnknownLayout as refusal:
+        return V8Build(path, version, None, builtins, segments, refusal=str(refusal))

@@ -1,0 +1,252 @@
+"""The sampled processes that run V8 (Node.js): told to the kernel's walker, and their JavaScript
+frames named in reports.
+
+When a process is snapshotted (and again when its maps are read again), a mapped file named like
+a Node.js binary is checked for V8's metadata (detect.py, once per file). For one found, the
+kernel gets where a frame keeps its function (``v8_processes``, bpf/profile.h ``struct
+v8_process``), and the unwind registry the process's V8 code: every anonymous executable mapping
+(V8's JIT code space) and the builtins inside the binary (``code_ranges``). The report turns the
+SharedFunctionInfos the kernel recorded into ``function`` and script, read from the process's heap
+(heap.py), checked again every report before a name read earlier is used: the collector moves
+objects, so an address may hold another function by then. A V8 whose layout is not known (a
+build with pointer compression) is profiled natively, with perf maps where the process writes
+them, said once per file.
+
+Threading: ``register`` and ``forget`` come from the sampler's and the report's threads;
+``user_frames`` from the report's. One lock guards the bookkeeping; reading memory happens
+outside it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pycollector.logs import log_once
+
+from ..processes.files import open_mapped_file
+from ..processes.memory import MemoryReadError, ProcessMemory
+from ..processes.proc import Mapping, ProcessInfo
+from ..symbols.frame import Frame
+from .detect import V8Build, detect_v8, may_be_node
+from .heap import BudgetSpent, FunctionInfo, HeapReadError, ReadBudget, V8Heap
+
+FRAME_KIND = "v8js"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
+TAG = 1 << 63  # profile.h V8_FRAME_TAG
+KIND_SHIFT, INTERPRETED, COMPILED = 60, 1, 2
+OFFSET_SHIFT, OFFSET_MAX = 47, 0x1FFF
+POINTER_MASK = (1 << 47) - 1
+# Bytes of heap one report may read from one process to name its functions (a name costs a few
+# hundred; names read before cost one check of 48 bytes each).
+READ_BUDGET_PER_PROCESS = 256 * 1024
+MAX_FUNCTIONS_PER_PROCESS = 65536  # names kept per process between reports
+
+FileKey = tuple[str, int]
+
+
+@dataclasses.dataclass
+class V8Process:
+    info: ProcessInfo
+    build: V8Build
+    binary: FileKey  # the mapped file V8 is in (its builtins may be mapped more than once)
+    heap: V8Heap
+    functions: dict[int, FunctionInfo] = dataclasses.field(default_factory=dict)  # by SharedFunctionInfo
+    checked: set[int] = dataclasses.field(default_factory=set)  # of those, checked again this report
+
+
+class V8Runtimes:
+    def __init__(self, table: Any, logger: Any):
+        """``table``: the sampler's v8_processes map."""
+        self._table = table
+        self.log = logger
+        self._lock = threading.Lock()
+        self._registering = threading.Lock()
+        self._files: dict[FileKey, V8Build | None] = {}
+        self._processes: dict[int, V8Process] = {}
+        self.stats = dict.fromkeys(("processes", "unknown_layout", "unreadable", "frames_named", "frames_unnamed",
+                                    "functions_read", "functions_moved", "read_budget_spent"), 0)
+
+    # -- processes --------------------------------------------------------------------------------
+
+    def register(self, info: ProcessInfo) -> None:
+        """Look for V8 among ``info``'s mappings (again after its maps changed)."""
+        if info.kernel_thread or info.exited:
+            return
+        with self._registering:
+            with self._lock:
+                before = self._processes.get(info.pid)
+            if before is not None and before.info.program == info.program:
+                before.info = info  # more JIT code mapped: code_ranges reads it from info
+                return
+            found = self._find(info)
+            with self._lock:
+                before = self._processes.pop(info.pid, None)
+                if found is not None:
+                    self._processes[info.pid] = found
+                self.stats["processes"] = len(self._processes)
+            if before is not None:
+                before.heap.memory.close()
+            key = self._table.Key(info.pid)
+            if found is not None:
+                self._table[key] = self._leaf(found)
+            elif before is not None:
+                self._delete(key)
+
+    def forget(self, tgid: int) -> None:
+        with self._registering:
+            with self._lock:
+                process = self._processes.pop(tgid, None)
+                self.stats["processes"] = len(self._processes)
+            if process is not None:
+                process.heap.memory.close()
+                self._delete(self._table.Key(tgid))
+
+    def code_ranges(self, info: ProcessInfo) -> list[tuple[int, int]]:
+        """Where ``info``'s V8 code is: its anonymous executable mappings (the JIT's code space)
+        and its builtins, wherever the binary's pages that hold them are mapped (V8 maps them again
+        next to its code space, so that code calls them with short calls); nothing for a process
+        without V8."""
+        with self._lock:
+            process = self._processes.get(info.pid)
+        if process is None:
+            return []
+        ranges = [(m.start, m.end) for m in info.mappings if _is_anonymous(m)]
+        builtins = process.build.builtins_file_range()
+        for mapping in info.mappings if builtins is not None else ():
+            if mapping.identity == process.binary:
+                low = max(builtins[0], mapping.offset)
+                high = min(builtins[1], mapping.offset + mapping.end - mapping.start)
+                if low < high:
+                    ranges.append((mapping.start + low - mapping.offset, mapping.start + high - mapping.offset))
+        return ranges
+
+    def _delete(self, key) -> None:
+        try:
+            del self._table[key]
+        except KeyError:
+            pass
+
+    def _find(self, info: ProcessInfo) -> V8Process | None:
+        for mapping in info.mappings:
+            if not mapping.file_backed or not may_be_node(mapping.path):
+                continue
+            build = self._detect(info, mapping)
+            if build is None:
+                continue
+            if build.layout is None:
+                with self._lock:
+                    self.stats["unknown_layout"] += 1
+                log_once(self.log, ("v8-layout", build.path, build.version), "warning",
+                         "this V8's object layout is not known; its JavaScript frames are named only from perf maps",
+                         path=build.path, reason=build.refusal)
+                return None
+            try:
+                memory = ProcessMemory(info.pid)
+            except MemoryReadError as error:
+                with self._lock:
+                    self.stats["unreadable"] += 1
+                log_once(self.log, ("v8-memory", info.pid), "warning", "cannot read a Node.js process's memory; "
+                         "its JavaScript frames are not named", pid=info.pid, error=str(error))
+                return None
+            return V8Process(info, build, mapping.identity, V8Heap(memory, build.layout))
+        return None
+
+    def _detect(self, info: ProcessInfo, mapping: Mapping) -> V8Build | None:
+        key = mapping.identity
+        with self._lock:
+            if key in self._files:
+                return self._files[key]
+        fd = open_mapped_file(info, mapping)
+        build = None
+        if fd is not None:
+            try:
+                build = detect_v8(mapping.path, fd)
+            finally:
+                os.close(fd)
+        with self._lock:
+            self._files[key] = build
+        if build is not None and build.layout is not None:
+            self.log.info("found V8", version=".".join(map(str, build.version)), path=mapping.path, pid=info.pid)
+        return build
+
+    def _leaf(self, process: V8Process):
+        layout = process.build.layout
+        leaf = self._table.Leaf()
+        # (a slot at fp - 8 is the last of the 8 words below the frame pointer the kernel reads)
+        leaf.context_slot, leaf.function_slot, leaf.bytecode_offset_slot = (
+            8 + offset // 8 for offset in (layout.fp_context, layout.fp_function, layout.fp_bytecode_offset))
+        leaf.function_shared, leaf.map_instance_type = layout.function_shared, layout.map_instance_type
+        leaf.first_function_type, leaf.last_function_type = layout.first_function_type, layout.last_function_type
+        return leaf
+
+    # -- reports ----------------------------------------------------------------------------------
+
+    def new_report(self) -> None:
+        """Called once per report: names read before are checked again before they are used, and
+        each process's budget of heap reads starts again."""
+        with self._lock:
+            for process in self._processes.values():
+                process.checked.clear()
+                process.heap.budget = ReadBudget(READ_BUDGET_PER_PROCESS)
+
+    def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
+        """The frames of a V8 process's user stack (None for another process's): the native
+        addresses named by ``symbolize``, each JavaScript frame the kernel recorded named here."""
+        with self._lock:
+            process = self._processes.get(tgid)
+        if process is None:
+            return None
+        natives = iter(symbolize([address for address in addresses if not address & TAG]))
+        out = []
+        for address in addresses:
+            if address & TAG:
+                out.append(self.frame(process, address))
+            else:
+                frame = next(natives, None)
+                if frame is None:  # the symbolizer ended the stack (where a Go stack starts): so do we
+                    break
+                out.append(frame)
+        return out
+
+    def frame(self, process: V8Process, value: int) -> Frame:
+        shared = value & POINTER_MASK
+        try:
+            function = self._function(process, shared)
+        except HeapReadError as error:
+            with self._lock:
+                self.stats["frames_unnamed"] += 1
+                if isinstance(error, BudgetSpent):
+                    self.stats["read_budget_spent"] += 1
+            log_once(self.log, ("v8-unnamed", process.info.pid), "debug", "a JavaScript frame could not be named; "
+                     "counted in pycollector_profiling_v8{stat=\"frames_unnamed\"}", pid=process.info.pid, reason=str(error))
+            return Frame(address=shared, kind=FRAME_KIND)
+        with self._lock:
+            self.stats["frames_named"] += 1
+        return Frame(address=shared, kind=FRAME_KIND, name=function.name or "(anonymous)", source_file=function.script or None)
+
+    def _function(self, process: V8Process, shared: int) -> FunctionInfo:
+        heap = process.heap
+        known = process.functions.get(shared)
+        if known is not None and shared in process.checked:
+            return known
+        if known is not None:
+            if heap.identity(shared) == known.identity:
+                process.checked.add(shared)
+                return known
+            with self._lock:
+                self.stats["functions_moved"] += 1
+            del process.functions[shared]
+        function = heap.function(shared)
+        with self._lock:
+            self.stats["functions_read"] += 1
+        if len(process.functions) >= MAX_FUNCTIONS_PER_PROCESS:
+            process.functions.pop(next(iter(process.functions)))
+        process.functions[shared] = function
+        process.checked.add(shared)
+        return function
+
+
+def _is_anonymous(mapping: Mapping) -> bool:
+    return mapping.inode == 0 and (not mapping.path or mapping.path.startswith("[anon"))
