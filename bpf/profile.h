@@ -162,10 +162,11 @@ struct unwind_mapping {
     u64 end;
     u64 bias;
     u32 file_id;   /* index in unwind_files (row_count 0 while its rows load); 0: no file */
-    u32 kind;      /* MAPPING_NATIVE, or MAPPING_V8_CODE: V8's JIT code and embedded builtins */
+    u32 kind;      /* MAPPING_NATIVE, or V8's: its JIT's code, or the builtins embedded in node */
 };
 #define MAPPING_NATIVE 0
 #define MAPPING_V8_CODE 1
+#define MAPPING_V8_BUILTINS 2  /* the interpreter among them: a JavaScript frame there interprets */
 
 /* A process's executable mappings, sorted by start. */
 struct unwind_process {
@@ -271,11 +272,14 @@ struct v8_process {
 /* A V8 frame among a user stack's frames, in place of its pc: bit 63 (no user address has it),
  * bits 60-62 its kind, bits 47-59 an interpreted frame's bytecode offset as the frame holds it
  * (saturating at 0x1fff), bits 0-46 the SharedFunctionInfo (a tagged pointer), which user space
- * names. A process is V8's or CPython's, never both: user space reads the tag by the process. */
+ * names. A compiled frame's pc follows it (V8_FRAME_COMPILED), as user space needs it to find
+ * the functions inlined there; where there was no room for it, the kind says so. A process is
+ * V8's or CPython's, never both: user space reads the tag by the process. */
 #define V8_FRAME_TAG (1ULL << 63)
 #define V8_FRAME_KIND_SHIFT 60
 #define V8_FRAME_INTERPRETED 1ULL
-#define V8_FRAME_COMPILED 2ULL
+#define V8_FRAME_COMPILED 2ULL          /* the next slot holds the frame's pc */
+#define V8_FRAME_COMPILED_NO_PC 3ULL
 #define V8_FRAME_OFFSET_SHIFT 47
 #define V8_FRAME_OFFSET_MAX 0x1fffULL
 #define V8_FRAME_POINTER_MASK ((1ULL << 47) - 1)

@@ -229,20 +229,34 @@ static __always_inline enum step_result first_frame_pointer_step(struct unwind_s
  * frame pointer. A leaf whose return address is on top of the stack (a builtin without a frame
  * of its own, or a function before its prologue) has not moved rbp yet: rbp is its caller's
  * frame, which is the frame that return address is in. */
-static __always_inline enum step_result v8_step(struct unwind_state *state, u32 depth)
+static __always_inline enum step_result v8_step(struct unwind_state *state, struct unwind_process *process, u32 depth,
+                                                int in_builtins)
 {
     if (!state->bp_known)
         return STEP_DONE;
     if (depth == 0 && state->leaf_return) {
-        u64 caller = v8_frame(state->key.tgid, state->bp);
+        struct unwind_mapping *returns_to = find_mapping(process, state->leaf_return - 1);
+        u64 caller = v8_frame(state->key.tgid, state->bp, returns_to && returns_to->kind == MAPPING_V8_BUILTINS);
         enum step_result result = first_frame_pointer_step(state);
         if (caller && state->stack.len == 2 && state->stack.ips[1] == state->leaf_return)
-            state->stack.ips[1] = caller;
+            state->stack.ips[1] = v8_without_pc(caller);
         return result;
     }
-    u64 value = v8_frame(state->key.tgid, state->bp);
-    if (value && depth < UNWIND_MAX_FRAMES)
+    u64 value = v8_frame(state->key.tgid, state->bp, in_builtins);
+    if (value && depth < UNWIND_MAX_FRAMES) {
         state->stack.ips[depth] = value;
+        if (value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT) {
+            u32 next = depth + 1;
+            int room = next + state->python_len < UNWIND_MAX_FRAMES;
+            OPAQUE(next);  /* else clang merges the two bounds into one the verifier cannot follow */
+            if (room && next < UNWIND_MAX_FRAMES) {
+                state->stack.ips[next] = state->pc;  /* (below 2^56: checked before it was recorded) */
+                state->stack.len = next + 1;
+            } else {
+                state->stack.ips[depth] = v8_without_pc(value);
+            }
+        }
+    }
     return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
 }
 
@@ -271,8 +285,8 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
         request_maps(ctx, state->key.tgid, pc);
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     }
-    if (mapping->kind == MAPPING_V8_CODE)
-        return v8_step(state, depth);
+    if (mapping->kind != MAPPING_NATIVE)
+        return v8_step(state, process, depth, mapping->kind == MAPPING_V8_BUILTINS);
     u32 file_id = mapping->file_id;
     if (!file_id)
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);

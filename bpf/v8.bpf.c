@@ -13,6 +13,14 @@ static __always_inline u64 v8_slot(u64 *slots, u8 index)
     return slots[index & (V8_FRAME_SLOTS - 1)];
 }
 
+/* A compiled frame's value for a stack that does not hold its pc after it. */
+static __always_inline u64 v8_without_pc(u64 value)
+{
+    if (value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT)
+        value |= V8_FRAME_COMPILED_NO_PC << V8_FRAME_KIND_SHIFT;
+    return value;
+}
+
 /* Whether `object` (a tagged pointer) is a heap object whose map says it is a JSFunction. */
 static __always_inline int v8_is_function(struct v8_process *v8, u64 object)
 {
@@ -27,9 +35,10 @@ static __always_inline int v8_is_function(struct v8_process *v8, u64 object)
     return type >= v8->first_function_type && type <= v8->last_function_type;
 }
 
-/* The value to record for the frame whose frame pointer is `bp`, or 0 when
+/* The value to record for the frame whose frame pointer is `bp` (running in the builtins or not),
+ * or 0 when
  * it is not a JavaScript frame (an entry, exit or stub frame: the pc stays, named by its builtin). */
-static __always_inline u64 v8_frame(u32 tgid, u64 bp)
+static __always_inline u64 v8_frame(u32 tgid, u64 bp, int in_builtins)
 {
     struct v8_process *v8 = v8_processes.lookup(&tgid);
     if (!v8)
@@ -48,9 +57,10 @@ static __always_inline u64 v8_frame(u32 tgid, u64 bp)
         return 0;
     u64 value = V8_FRAME_TAG | shared;
     u64 offset = v8_slot(slots, v8->bytecode_offset_slot);
-    /* An interpreted frame holds its bytecode offset there, a Smi (the value in the upper half);
-     * compiled code holds its feedback vector, a heap object. */
-    if ((offset & 0xffffffffULL) == 0 && offset) {
+    /* An interpreted frame runs in the builtins and holds its bytecode offset there, a Smi (the
+     * value in the upper half). Code that replaced it on the stack (on-stack replacement) keeps
+     * that slot, so the pc must say it too. */
+    if (in_builtins && (offset & 0xffffffffULL) == 0 && offset) {
         offset >>= 32;
         if (offset > V8_FRAME_OFFSET_MAX)
             offset = V8_FRAME_OFFSET_MAX;

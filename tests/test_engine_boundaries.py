@@ -27,6 +27,7 @@ PROFILING_ROOMS = {
     "symbols": {"elf", "jit", "processes"},
     "unwind": {"elf", "processes"},
     "python": {"elf", "processes", "symbols"},
+    "v8": {"elf", "processes", "symbols"},
     "otel_context": {"processes", "symbols"},  # (symbols/loads.py: files parsed off the calling thread)
 }
 

@@ -37,6 +37,7 @@ from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
 from receivers.profiling.processes import files as process_files
 from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.processes.targeting import Targeting
+from receivers.profiling.python.detect import may_be_cpython
 from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.report import ReportBuilder
@@ -185,9 +186,9 @@ class ProfilingReceiver(Component):
         self.row_source.start()
         self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log, max_files=sampler.unwind.max_files,
                                      row_budget=sampler.unwind.row_budget, idle_s=self.config.unwind_row_idle_timeout)
-        self.processes.watch(changed=self.unwind.register, exited=self.unwind.forget)
-        if self.v8 is not None:
+        if self.v8 is not None:  # (before watching: the processes known already are registered at once)
             self.unwind.runtime_code = self.v8.code_ranges
+        self.processes.watch(changed=self.unwind.register, exited=self.unwind.forget)
 
     def _start_probabilistic(self, sampler: Sampler) -> None:
         if not sampler.probabilistic:
@@ -220,7 +221,9 @@ class ProfilingReceiver(Component):
         """JavaScript frames of Node.js processes, walked and named without perf maps."""
         if not self.config.tracer_enabled("v8"):
             return
-        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log)
+        # Python's frames and V8's share the kernel's tag: a process with a CPython is Python's.
+        maps_cpython = lambda info: any(mapping.file_backed and may_be_cpython(mapping.path) for mapping in info.mappings)  # noqa: E731
+        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log, other_runtime=maps_cpython if self.config.python_frames() else lambda info: False)
         self.reports.runtimes.insert(0, self.v8)  # (before Python's, which takes any stack ending in a tagged frame)
         self.processes.watch(changed=self.v8.register, exited=self.v8.forget)
 

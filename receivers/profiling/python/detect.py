@@ -42,6 +42,12 @@ _WANTED = (RUNTIME, INTERP_HEAD, PY_VERSION, AUTO_TLS_KEY)
 _PF_X = 1
 
 
+def may_be_cpython(path: str) -> bool:
+    """Whether the file's name is a CPython's (an interpreter or a libpython)."""
+    name = os.path.basename(path)
+    return version_from_name(name) is not None or _UNVERSIONED.fullmatch(name) is not None
+
+
 def version_from_name(name: str) -> tuple[int, int] | None:
     """(major, minor) from a file's base name, None when the name is not a CPython's."""
     m = _EXECUTABLE.fullmatch(name) or _LIBRARY.fullmatch(name)

@@ -27,7 +27,7 @@ from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.symbols.frame import Frame
 
 from .code import CodeCache, CodeReadError
-from .detect import RUNTIME, CPython, detect_cpython, version_from_name, _UNVERSIONED
+from .detect import RUNTIME, CPython, detect_cpython, may_be_cpython
 from .frames import TAG, PythonFrame, calls, eval_loop_test, interleave, split
 from ..processes.memory import MemoryReadError, ProcessMemory
 from .offsets import InstructionKind, EntryKind, Offsets, UnknownLayout
@@ -115,7 +115,7 @@ class PythonInterpreters:
 
     def _find(self, info: ProcessInfo) -> PythonProcess | None:
         for mapping in info.mappings:
-            if not mapping.file_backed or not _may_be_cpython(mapping.path):
+            if not mapping.file_backed or not may_be_cpython(mapping.path):
                 continue
             cpython = self._detect(info, mapping)
             if cpython is None:
@@ -250,7 +250,3 @@ def _never(_name) -> bool:
 def _or_none(offset: int | None) -> int:
     return NO_OFFSET if offset is None else offset
 
-
-def _may_be_cpython(path: str) -> bool:
-    name = os.path.basename(path)
-    return version_from_name(name) is not None or _UNVERSIONED.fullmatch(name) is not None

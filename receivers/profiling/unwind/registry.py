@@ -34,6 +34,7 @@ files_evicted_over_share), row_budget_free.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import multiprocessing
@@ -69,7 +70,7 @@ DEMAND_POLL_S = 0.25
 # unwind_process holds this many mappings (profile.h UNWIND_MAX_MAPPINGS); past it, the lowest
 # addresses are kept and the rest counted.
 MAX_MAPPINGS = 256
-MAPPING_NATIVE, MAPPING_V8_CODE = 0, 1  # profile.h: struct unwind_mapping.kind
+MAPPING_NATIVE = 0  # profile.h: struct unwind_mapping.kind (the runtimes' own come with their ranges)
 
 FileKey = tuple[str, int]  # (dev, inode), as Mapping.identity
 # The vDSO is an ELF image the kernel maps into every process (clock_gettime runs there); it has
@@ -101,9 +102,9 @@ class UnwindRegistry:
         self._clock = clock
         self._build = build
         self.log = logger
-        # A process's runtime code: (start, end) ranges the kernel walks as that runtime's frames
-        # (profile.h MAPPING_V8_CODE); set by the V8 room (v8/runtimes.py) when it runs.
-        self.runtime_code: Callable[[ProcessInfo], Sequence[tuple[int, int]]] = lambda info: ()
+        # A process's runtime code: (start, end, kind) ranges the kernel walks as that runtime's
+        # frames (profile.h MAPPING_V8_*); set by the V8 room (v8/runtimes.py) when it runs.
+        self.runtime_code: Callable[[ProcessInfo], Sequence[tuple[int, int, int]]] = lambda info: ()
         self._space = RowSpace(row_budget)
         self._free_ids = list(range(max_files - 1, 0, -1))  # 0 means "no rows"
         self._files: dict[FileKey, _File] = {}
@@ -186,7 +187,7 @@ class UnwindRegistry:
         # Anonymous ones too (JIT code): the kernel then knows the pc and steps by frame pointer
         # instead of asking for the maps again. Not [vsyscall], in the kernel's half: the kernel's
         # search compares addresses below 2^63 only.
-        mappings = [mapping for mapping in info.mappings if mapping.end <= _USER_SPACE_END]
+        mappings = [mapping for mapping in info.mappings if mapping.end <= _USER_SPACE_END][:MAX_MAPPINGS]
         pieces = _pieces(mappings, self.runtime_code(info))
         if len(pieces) > MAX_MAPPINGS:
             self.stats["mappings_dropped"] += len(pieces) - MAX_MAPPINGS
@@ -498,16 +499,23 @@ class UnwindRegistry:
             worker.join(timeout=5)
 
 
-def _pieces(mappings: list[Mapping], code: Sequence[tuple[int, int]]) -> list[tuple[int, int, Mapping, int]]:
+def _pieces(mappings: list[Mapping], code: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, Mapping, int]]:
     """(start, end, mapping, kind) for the kernel: each mapping, cut where a range of runtime code
-    starts or ends inside it (V8's builtins lie within node's text), the pieces inside one of
-    kind MAPPING_V8_CODE."""
+    starts or ends inside it (V8's builtins lie within node's text), each piece of the kind of
+    the range it lies in (MAPPING_NATIVE outside them)."""
+    code = sorted(code)
+    lows = [low for low, _, _ in code]
     out = []
     for mapping in mappings:
-        cuts = sorted({mapping.start, mapping.end} | {at for bounds in code for at in bounds if mapping.start < at < mapping.end})
+        # The ranges that overlap it: those starting below its end, back to the first that ends after its start.
+        first = last = bisect.bisect_left(lows, mapping.end)
+        while first > 0 and code[first - 1][1] > mapping.start:
+            first -= 1
+        near = code[first:last]
+        cuts = sorted({mapping.start, mapping.end} | {at for low, high, _ in near for at in (low, high) if mapping.start < at < mapping.end})
         for start, end in zip(cuts, cuts[1:]):
-            inside = any(low <= start and end <= high for low, high in code)
-            out.append((start, end, mapping, MAPPING_V8_CODE if inside else MAPPING_NATIVE))
+            kind = next((kind for low, high, kind in near if low <= start and end <= high), MAPPING_NATIVE)
+            out.append((start, end, mapping, kind))
     return out
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from elftools.elf.elffile import ELFFile
 
 from ..elf.symbols import defined_symbols, read_at
-from .layout import UnknownLayout, V8Layout
+from .layout import CodeLayout, UnknownLayout, V8Layout
 
 _NAME = re.compile(r"(node(js)?\d*|nsolid|libnode\.so(\.\d+)*)")
 PREFIX = "v8dbg_"
@@ -38,6 +38,7 @@ class V8Build:
     builtins: tuple[int, int]  # (ELF virtual address, size) of the embedded builtins
     segments: tuple[tuple[int, int, int, int], ...]  # PT_LOAD (p_offset, p_filesz, p_vaddr, p_flags)
     refusal: str = ""
+    code_layout: CodeLayout | None = None  # None: the functions inlined into optimized code are not read
 
     def builtins_file_range(self) -> tuple[int, int] | None:
         """The builtins' [start, end) as offsets in the file."""
@@ -76,6 +77,7 @@ def _read(path: str, elf: ELFFile) -> V8Build | None:
         return None
     builtins = (symbols[BUILTINS], int32(BUILTINS_SIZE) or 0)
     try:
-        return V8Build(path, version, V8Layout.from_symbols(values, version), builtins, segments)
+        return V8Build(path, version, V8Layout.from_symbols(values, version), builtins, segments,
+                       code_layout=CodeLayout.from_symbols(values, version))
     except UnknownLayout as refusal:
         return V8Build(path, version, None, builtins, segments, refusal=str(refusal))

@@ -49,9 +49,8 @@ class FunctionInfo:
 
 
 class V8Heap:
-    def __init__(self, memory: ProcessMemory, layout: V8Layout) -> None:
-        self.memory, self.layout = memory, layout
-        self.budget = ReadBudget(0)
+    def __init__(self, memory: ProcessMemory, layout: V8Layout, budget: ReadBudget) -> None:
+        self.memory, self.layout, self.budget = memory, layout, budget
 
     # -- primitives --------------------------------------------------------------------------------
 
@@ -72,9 +71,12 @@ class V8Heap:
     def type_of(self, obj: int) -> int:
         if not is_heap_object(obj):
             raise HeapReadError(f"{obj:#x} is not a heap object")
-        map_ = self.field(obj, self.layout.object_map)
+        return self.instance_type_of_map(self.field(obj, self.layout.object_map))
+
+    def instance_type_of_map(self, map_: int) -> int:
+        """The instance type a map gives the objects it describes."""
         if not is_heap_object(map_):
-            raise HeapReadError(f"{obj:#x}: its map {map_:#x} is not a heap object")
+            raise HeapReadError(f"{map_:#x} is not a map")
         return struct.unpack("<H", self.read(map_ - 1 + self.layout.map_instance_type, 2))[0]
 
     def expect(self, obj: int, instance_type: int, what: str) -> None:
@@ -91,8 +93,12 @@ class V8Heap:
         self._string(obj, 0, limit, out, 0)
         return "".join(out)[:limit]
 
-    def _string(self, obj: int, start: int, limit: int, out: list[str], depth: int) -> None:
+    def _string(self, obj: int, start: int, limit: int, out: list[str], depth: int) -> int:
+        """Appends the characters of ``obj`` from ``start``, at most ``limit`` of them, to ``out``;
+        returns how many it appended."""
         layout = self.layout
+        if limit <= 0:
+            return 0
         if depth > MAX_STRING_DEPTH:
             raise HeapReadError("a string nested too deep")
         instance_type = self.type_of(obj)
@@ -104,23 +110,24 @@ class V8Heap:
         representation = instance_type & layout.string_representation_mask
         one_byte = instance_type & layout.string_encoding_mask == layout.one_byte_string_tag
         count = max(0, min(length - start, limit))
+        if count == 0:
+            return 0
         if representation == layout.seq_string_tag:
             if one_byte:
                 out.append(self.read(obj - 1 + layout.seq_one_byte_chars + start, count).decode("latin-1"))
             else:
                 out.append(self.read(obj - 1 + layout.seq_two_byte_chars + 2 * start, 2 * count).decode("utf-16-le", "replace"))
-        elif representation == layout.cons_string_tag:
+            return count
+        if representation == layout.cons_string_tag:
             first = self.field(obj, layout.cons_first)
-            self._string(first, start, limit, out, depth + 1)
-            taken = sum(map(len, out))
-            if taken < limit:
-                first_length = struct.unpack("<i", self.read(first - 1 + layout.string_length, 4))[0]
-                self._string(self.field(obj, layout.cons_second), max(0, start - first_length), limit - taken, out, depth + 1)
-        elif representation == layout.thin_string_tag:
-            self._string(self.field(obj, layout.thin_actual), start, limit, out, depth + 1)
-        elif representation == layout.sliced_string_tag:
+            first_length = struct.unpack("<i", self.read(first - 1 + layout.string_length, 4))[0]
+            taken = self._string(first, start, count, out, depth + 1) if start < first_length else 0
+            return taken + self._string(self.field(obj, layout.cons_second), max(0, start - first_length), count - taken, out, depth + 1)
+        if representation == layout.thin_string_tag:
+            return self._string(self.field(obj, layout.thin_actual), start, count, out, depth + 1)
+        if representation == layout.sliced_string_tag:
             offset = self.field(obj, layout.sliced_offset) >> 32
-            self._string(self.field(obj, layout.sliced_parent), start + offset, count, out, depth + 1)
+            return self._string(self.field(obj, layout.sliced_parent), start + offset, count, out, depth + 1)
         else:
             raise HeapReadError(f"string {obj:#x}: an external string (its characters are outside the heap)")
 

@@ -143,3 +143,60 @@ class V8Layout:
                 raise UnknownLayout(f"V8 field {name} at {getattr(self, name)}: beyond 4 KiB")
         if not 0 <= self.first_function_type <= self.last_function_type < 1 << 16:
             raise UnknownLayout(f"V8 JSFunction types {self.first_function_type}..{self.last_function_type}")
+
+
+@dataclass(frozen=True)
+class CodeLayout:
+    """What finding the functions inlined at a pc reads (code.py): V8 11.1 and later, where a
+    Code object points to an InstructionStream that holds the instructions."""
+
+    code_type: int
+    stream_type: int
+    stream_header: int  # bytes from an InstructionStream to its instructions
+    deoptimization_data: int  # Code fields
+    source_positions: int
+    instruction_start: int
+    flags: int
+    instruction_size: int
+    kind_mask: int
+    kind_shift: int
+    optimized_kinds: tuple[int, ...]  # Maglev's and TurboFan's code kinds
+    array_length: int  # FixedArrayBase.length, a Smi
+    array_data: int  # where a FixedArray's (and a ByteArray's) elements start
+    deopt_inlined_count: int  # DeoptimizationData entries
+    deopt_literals: int
+    deopt_inlining_positions: int
+
+    @classmethod
+    def from_symbols(cls, values: dict[str, int], version: tuple[int, int, int]) -> CodeLayout | None:
+        """None before V8 11.1, or when the metadata lacks what has no fallback: then optimized
+        frames are named by their function alone."""
+        if version < (11, 1, 0) or "type_InstructionStream__INSTRUCTION_STREAM_TYPE" not in values:
+            return None
+        # The Code fields V8 11.x leaves out of its metadata follow the source position table's:
+        # deoptimization data before it, then the InstructionStream, the instruction start (a
+        # pointer), the flags and the instruction size (4 bytes further apart before 11.4.59).
+        positions = values.get("class_Code__source_position_table__ByteArray")
+        baseline = values.get("CodeKindBaseline")
+        if positions is None or baseline is None:
+            return None
+        start = values.get("class_Code__instruction_start__uintptr_t", positions + 16)
+        flags = values.get("class_Code__flags__uint32_t", start + 8)
+        return cls(
+            code_type=values["type_Code__CODE_TYPE"],
+            stream_type=values["type_InstructionStream__INSTRUCTION_STREAM_TYPE"],
+            stream_header=values.get("class_InstructionStream__instruction_start__uintptr_t", 16),
+            deoptimization_data=values.get("class_Code__deoptimization_data__FixedArray", positions - 8),
+            source_positions=positions,
+            instruction_start=start,
+            flags=flags,
+            instruction_size=values.get("class_Code__instruction_size__int", flags + (4 if version >= (11, 4, 59) else 8)),
+            kind_mask=values.get("CodeKindFieldMask", 15),
+            kind_shift=values.get("CodeKindFieldShift", 0),
+            optimized_kinds=(baseline + 1, baseline + 2),
+            array_length=values.get("class_FixedArrayBase__length__SMI", 8),
+            array_data=values.get("class_FixedArray__data__uintptr_t", 16),
+            deopt_inlined_count=values.get("DeoptimizationDataInlinedFunctionCountIndex", 1),
+            deopt_literals=values.get("DeoptimizationDataLiteralArrayIndex", 2),
+            deopt_inlining_positions=values.get("DeoptimizationDataInliningPositionsIndex", 7),
+        )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,11 +32,13 @@ from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
 from ..symbols.frame import Frame
 from .detect import V8Build, detect_v8, may_be_node
+from .code import CodeIndex
 from .heap import BudgetSpent, FunctionInfo, HeapReadError, ReadBudget, V8Heap
 
+MAPPING_V8_CODE, MAPPING_V8_BUILTINS = 1, 2  # profile.h: struct unwind_mapping.kind
 FRAME_KIND = "v8js"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
 TAG = 1 << 63  # profile.h V8_FRAME_TAG
-KIND_SHIFT, INTERPRETED, COMPILED = 60, 1, 2
+KIND_SHIFT, INTERPRETED, COMPILED, COMPILED_NO_PC = 60, 1, 2, 3
 OFFSET_SHIFT, OFFSET_MAX = 47, 0x1FFF
 POINTER_MASK = (1 << 47) - 1
 # Bytes of heap one report may read from one process to name its functions (a name costs a few
@@ -52,21 +55,25 @@ class V8Process:
     build: V8Build
     binary: FileKey  # the mapped file V8 is in (its builtins may be mapped more than once)
     heap: V8Heap
+    code: CodeIndex | None  # finds the functions inlined at a pc (None: the layout is not known)
     functions: dict[int, FunctionInfo] = dataclasses.field(default_factory=dict)  # by SharedFunctionInfo
     checked: set[int] = dataclasses.field(default_factory=set)  # of those, checked again this report
 
 
 class V8Runtimes:
-    def __init__(self, table: Any, logger: Any):
-        """``table``: the sampler's v8_processes map."""
+    def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False):
+        """``table``: the sampler's v8_processes map. ``other_runtime(info)``: whether the process
+        is walked as another runtime's (the kernel's tag is one for all: a process is one's)."""
         self._table = table
+        self._other_runtime = other_runtime
         self.log = logger
         self._lock = threading.Lock()
         self._registering = threading.Lock()
         self._files: dict[FileKey, V8Build | None] = {}
         self._processes: dict[int, V8Process] = {}
+        self._retired: list[V8Process] = []
         self.stats = dict.fromkeys(("processes", "unknown_layout", "unreadable", "frames_named", "frames_unnamed",
-                                    "functions_read", "functions_moved", "read_budget_spent"), 0)
+                                    "functions_read", "functions_moved", "read_budget_spent", "inlining_unknown"), 0)
 
     # -- processes --------------------------------------------------------------------------------
 
@@ -87,7 +94,7 @@ class V8Runtimes:
                     self._processes[info.pid] = found
                 self.stats["processes"] = len(self._processes)
             if before is not None:
-                before.heap.memory.close()
+                self._retire(before)
             key = self._table.Key(info.pid)
             if found is not None:
                 self._table[key] = self._leaf(found)
@@ -100,10 +107,15 @@ class V8Runtimes:
                 process = self._processes.pop(tgid, None)
                 self.stats["processes"] = len(self._processes)
             if process is not None:
-                process.heap.memory.close()
+                self._retire(process)
                 self._delete(self._table.Key(tgid))
 
-    def code_ranges(self, info: ProcessInfo) -> list[tuple[int, int]]:
+    def _retire(self, process: V8Process) -> None:
+        """Its memory is closed at the next report: the report's thread may be reading it now."""
+        with self._lock:
+            self._retired.append(process)
+
+    def code_ranges(self, info: ProcessInfo) -> list[tuple[int, int, int]]:
         """Where ``info``'s V8 code is: its anonymous executable mappings (the JIT's code space)
         and its builtins, wherever the binary's pages that hold them are mapped (V8 maps them again
         next to its code space, so that code calls them with short calls); nothing for a process
@@ -112,14 +124,14 @@ class V8Runtimes:
             process = self._processes.get(info.pid)
         if process is None:
             return []
-        ranges = [(m.start, m.end) for m in info.mappings if _is_anonymous(m)]
+        ranges = [(m.start, m.end, MAPPING_V8_CODE) for m in info.mappings if _is_anonymous(m)]
         builtins = process.build.builtins_file_range()
         for mapping in info.mappings if builtins is not None else ():
             if mapping.identity == process.binary:
                 low = max(builtins[0], mapping.offset)
                 high = min(builtins[1], mapping.offset + mapping.end - mapping.start)
                 if low < high:
-                    ranges.append((mapping.start + low - mapping.offset, mapping.start + high - mapping.offset))
+                    ranges.append((mapping.start + low - mapping.offset, mapping.start + high - mapping.offset, MAPPING_V8_BUILTINS))
         return ranges
 
     def _delete(self, key) -> None:
@@ -129,6 +141,8 @@ class V8Runtimes:
             pass
 
     def _find(self, info: ProcessInfo) -> V8Process | None:
+        if self._other_runtime(info):
+            return None
         for mapping in info.mappings:
             if not mapping.file_backed or not may_be_node(mapping.path):
                 continue
@@ -150,7 +164,9 @@ class V8Runtimes:
                 log_once(self.log, ("v8-memory", info.pid), "warning", "cannot read a Node.js process's memory; "
                          "its JavaScript frames are not named", pid=info.pid, error=str(error))
                 return None
-            return V8Process(info, build, mapping.identity, V8Heap(memory, build.layout))
+            heap = V8Heap(memory, build.layout, ReadBudget(READ_BUDGET_PER_PROCESS))
+            code = CodeIndex(heap, build.code_layout) if build.code_layout is not None else None
+            return V8Process(info, build, mapping.identity, heap, code)
         return None
 
     def _detect(self, info: ProcessInfo, mapping: Mapping) -> V8Build | None:
@@ -187,9 +203,14 @@ class V8Runtimes:
         """Called once per report: names read before are checked again before they are used, and
         each process's budget of heap reads starts again."""
         with self._lock:
+            retired, self._retired = self._retired, []
+            for process in retired:
+                process.heap.memory.close()
             for process in self._processes.values():
                 process.checked.clear()
                 process.heap.budget = ReadBudget(READ_BUDGET_PER_PROCESS)
+                if process.code is not None:
+                    process.code.new_report()
 
     def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
         """The frames of a V8 process's user stack (None for another process's): the native
@@ -198,23 +219,43 @@ class V8Runtimes:
             process = self._processes.get(tgid)
         if process is None:
             return None
-        natives = iter(symbolize([address for address in addresses if not address & TAG]))
+        javascript, native = _split(addresses)
+        # The symbolizer looks a return address up one byte back, every address but its first:
+        # when the leaf is JavaScript's, the first native address is a return address too.
+        leaf_is_native = bool(javascript) and javascript[0][0] is None
+        natives = iter(symbolize(native) if leaf_is_native else symbolize([0, *native])[1:])
         out = []
-        for address in addresses:
-            if address & TAG:
-                out.append(self.frame(process, address))
-            else:
+        for index, (value, pc) in enumerate(javascript):
+            if value is None:
                 frame = next(natives, None)
                 if frame is None:  # the symbolizer ended the stack (where a Go stack starts): so do we
                     break
                 out.append(frame)
+                continue
+            if pc is not None:
+                out.extend(self._inlined(process, pc, return_address=index > 0))
+            out.append(self.frame(process, value & POINTER_MASK))
         return out
 
-    def frame(self, process: V8Process, value: int) -> Frame:
-        shared = value & POINTER_MASK
+    def _inlined(self, process: V8Process, pc: int, return_address: bool) -> list[Frame]:
+        """The frames of the functions optimized code inlined at ``pc``, innermost first."""
+        if process.code is None:
+            return []
+        try:
+            inlined = process.code.find(pc).inlined_at(pc, return_address)
+        except HeapReadError as error:
+            with self._lock:
+                self.stats["inlining_unknown"] += 1
+            log_once(self.log, ("v8-code", process.info.pid), "debug", "the code at a pc of optimized JavaScript could not be "
+                     "read: its inlined functions are not shown; counted in pycollector_profiling_v8{stat=\"inlining_unknown\"}",
+                     pid=process.info.pid, reason=str(error))
+            return []
+        return [self.frame(process, shared) for shared in inlined]
+
+    def frame(self, process: V8Process, shared: int) -> Frame:
         try:
             function = self._function(process, shared)
-        except HeapReadError as error:
+        except (HeapReadError, struct.error, UnicodeDecodeError) as error:  # (struct: an offset the binary gave, out of a read)
             with self._lock:
                 self.stats["frames_unnamed"] += 1
                 if isinstance(error, BudgetSpent):
@@ -246,6 +287,26 @@ class V8Runtimes:
         process.functions[shared] = function
         process.checked.add(shared)
         return function
+
+
+def _split(addresses: Sequence[int]) -> tuple[list[tuple[int | None, int | None]], list[int]]:
+    """The stack as (JavaScript frame's value, its pc or None) and (None, None) for each native
+    frame; and the native addresses, in order. A compiled frame's pc is the slot after it."""
+    frames: list[tuple[int | None, int | None]] = []
+    native: list[int] = []
+    at = 0
+    while at < len(addresses):
+        value = addresses[at]
+        at += 1
+        if not value & TAG:
+            frames.append((None, None))
+            native.append(value)
+        elif (value >> KIND_SHIFT) & 7 == COMPILED and at < len(addresses) and not addresses[at] & TAG:
+            frames.append((value, addresses[at]))
+            at += 1
+        else:
+            frames.append((value, None))
+    return frames, native
 
 
 def _is_anonymous(mapping: Mapping) -> bool:

@@ -1,0 +1,224 @@
+"""The functions inlined at a pc of V8's optimized code: the Code object the pc lies in, found
+from the pc alone (V8 runs on-stack-replaced code that no JSFunction points to), then its source
+position table and deoptimization data, as V8's own profiler reads them.
+
+Finding the Code: an InstructionStream (V8 11.1+) is a heap object whose instructions follow its
+header, and the header's second word points back to its Code object, which says where those
+instructions start and how long they are. Scanning back from the pc, at every code-aligned
+address, for a header whose map is the InstructionStream map and whose Code says its instructions
+start there and hold the pc, finds it; instruction bytes that happen to look like a header fail
+that check. What was found is kept by its range and checked again each report (the collector may
+move or free code)."""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+
+from .heap import HeapReadError, V8Heap, is_heap_object
+from .layout import CodeLayout
+
+CODE_ALIGNMENT = 32  # instruction starts are aligned to at least this (64 on x64 since V8 10)
+MAX_SCAN_BYTES = 256 * 1024  # how far back from a pc a Code's start is looked for
+SCAN_CHUNK = 4096
+MAX_POSITION_TABLE = 64 * 1024  # bytes of a source position table read
+MAX_INLINED = 64  # inlined functions followed at one pc
+MAX_CODES = 4096  # Code objects kept per process
+
+
+@dataclass(frozen=True)
+class CodeObject:
+    code: int  # the Code (tagged)
+    start: int  # its instructions
+    end: int
+    kind: int
+    positions: tuple[tuple[int, int], ...]  # (code offset, source position), by code offset
+    inlining: tuple[tuple[int, int], ...]  # InliningPositions: (source position, inlined function id)
+    inlined: tuple[int, ...]  # the SharedFunctionInfos the ids name (tagged)
+
+    def inlined_at(self, pc: int, return_address: bool) -> list[int]:
+        """The SharedFunctionInfos of the functions inlined at ``pc``, innermost first (the
+        function the code belongs to is not among them)."""
+        offset = pc - self.start - (1 if return_address else 0)
+        at = bisect.bisect_right(self.positions, (offset, 1 << 64)) - 1
+        if at < 0:
+            return []
+        out: list[int] = []
+        position = self.positions[at][1]
+        inlining = inlining_id(position)
+        while inlining >= 0 and len(out) < MAX_INLINED and inlining < len(self.inlining):
+            position, function_id = self.inlining[inlining]
+            if not 0 <= function_id < len(self.inlined):
+                break
+            out.append(self.inlined[function_id])
+            parent = inlining_id(position)
+            if parent >= inlining:  # ids of callers are smaller: anything else is not V8's table
+                break
+            inlining = parent
+        return out
+
+
+def inlining_id(source_position: int) -> int:
+    """SourcePosition's InliningIdField (bits 31-46), less one: -1 for code not inlined."""
+    return ((source_position >> 31) & 0xFFFF) - 1
+
+
+class CodeIndex:
+    """One process's Code objects found so far."""
+
+    def __init__(self, heap: V8Heap, layout: CodeLayout) -> None:
+        self.heap, self.layout = heap, layout
+        self._starts: list[int] = []
+        self._codes: dict[int, CodeObject] = {}
+        self._checked: set[int] = set()
+        self._stream_map = 0  # the InstructionStream map, once seen
+
+    def new_report(self) -> None:
+        self._checked.clear()
+
+    def find(self, pc: int) -> CodeObject:
+        at = bisect.bisect_right(self._starts, pc) - 1
+        if at >= 0:
+            code = self._codes[self._starts[at]]
+            if code.start <= pc < code.end and self._still_there(code):
+                return code
+        code = self._scan(pc)
+        self._keep(code)
+        return code
+
+    def _still_there(self, code: CodeObject) -> bool:
+        if code.start in self._checked:
+            return True
+        if self.heap.word(code.start - 8) == code.code:
+            self._checked.add(code.start)
+            return True
+        self._forget(code)
+        return False
+
+    def _keep(self, code: CodeObject) -> None:
+        for start in [start for start in self._starts if code.start <= start < code.end]:
+            self._forget(self._codes[start])
+        if len(self._starts) >= MAX_CODES:
+            self._forget(self._codes[self._starts[0]])
+        bisect.insort(self._starts, code.start)
+        self._codes[code.start] = code
+        self._checked.add(code.start)
+
+    def _forget(self, code: CodeObject) -> None:
+        self._starts.remove(code.start)
+        del self._codes[code.start]
+        self._checked.discard(code.start)
+
+    def _scan(self, pc: int) -> CodeObject:
+        header = self.layout.stream_header
+        low = max(pc - MAX_SCAN_BYTES, 4096)
+        high = pc + 1  # (the instructions may start at the pc itself)
+        while high > low:
+            chunk = max(low, high - SCAN_CHUNK)
+            data = self.heap.read(chunk - header, high - chunk + header)  # (with the header of a start at `chunk`)
+            start = (high - 1) - (high - 1) % CODE_ALIGNMENT
+            while start >= chunk:
+                at = start - header - (chunk - header)
+                if self._is_stream_map(struct.unpack_from("<Q", data, at)[0]):
+                    code = self._code_at(start, struct.unpack_from("<Q", data, at + 8)[0])
+                    if code is not None:
+                        if pc < code.end:
+                            return code
+                        raise HeapReadError(f"pc {pc:#x} lies after the code at {code.start:#x}: in no code V8 knows")
+                start -= CODE_ALIGNMENT
+            high = chunk
+        raise HeapReadError(f"no Code within {MAX_SCAN_BYTES} bytes below pc {pc:#x}")
+
+    def _is_stream_map(self, word: int) -> bool:
+        if word & 3 != 1:
+            return False
+        if self._stream_map:
+            return word == self._stream_map
+        try:
+            if self.heap.instance_type_of_map(word) != self.layout.stream_type:
+                return False
+        except HeapReadError:
+            return False
+        self._stream_map = word
+        return True
+
+    def _code_at(self, start: int, code: int) -> CodeObject | None:
+        """The CodeObject whose instructions start at ``start``, if ``code`` is its Code."""
+        layout, heap = self.layout, self.heap
+        if not is_heap_object(code):
+            return None
+        try:
+            if heap.type_of(code) != layout.code_type:
+                return None
+            fields = heap.read(code - 1, layout.instruction_size + 4)
+        except HeapReadError:
+            return None
+        if struct.unpack_from("<Q", fields, layout.instruction_start)[0] != start:
+            return None
+        size = struct.unpack_from("<I", fields, layout.instruction_size)[0]
+        kind = (struct.unpack_from("<I", fields, layout.flags)[0] >> layout.kind_shift) & layout.kind_mask
+        positions, inlining, inlined = (), (), ()
+        if kind in layout.optimized_kinds:
+            positions = self._positions(struct.unpack_from("<Q", fields, layout.source_positions)[0])
+            inlining, inlined = self._inlining(struct.unpack_from("<Q", fields, layout.deoptimization_data)[0])
+        return CodeObject(code, start, start + size, kind, positions, inlining, inlined)
+
+    def _byte_array(self, array: int, limit: int) -> bytes:
+        layout = self.layout
+        if not is_heap_object(array):
+            return b""
+        length = self.heap.field(array, layout.array_length) >> 32
+        if not 0 <= length <= limit:
+            raise HeapReadError(f"a table of {length} bytes (at most {limit} are read)")
+        return self.heap.read(array - 1 + layout.array_data, length)
+
+    def _positions(self, table: int) -> tuple[tuple[int, int], ...]:
+        return tuple(decode_positions(self._byte_array(table, MAX_POSITION_TABLE)))
+
+    def _inlining(self, deoptimization_data: int) -> tuple[tuple, tuple]:
+        layout, heap = self.layout, self.heap
+        if not is_heap_object(deoptimization_data):
+            return (), ()
+
+        def entry(index: int) -> int:
+            return heap.field(deoptimization_data, layout.array_data + 8 * index)
+
+        count = entry(layout.deopt_inlined_count) >> 32
+        if not 0 <= count <= MAX_INLINED * 16:
+            raise HeapReadError(f"deoptimization data naming {count} inlined functions")
+        literals = entry(layout.deopt_literals)
+        inlined = tuple(heap.field(literals, layout.array_data + 8 * i) & ~2 for i in range(count))  # (weak references)
+        table = self._byte_array(entry(layout.deopt_inlining_positions), 16 * MAX_INLINED * 16)
+        inlining = tuple(struct.iter_unpack("<Qi4x", table[: len(table) // 16 * 16]))
+        return inlining, inlined
+
+
+def decode_positions(table: bytes) -> list[tuple[int, int]]:
+    """A source position table's (code offset, source position) entries: pairs of zigzag VLQ
+    deltas, the first folding in whether the position is a statement's (by its sign)."""
+    out = []
+    code_offset, position, at = -1, 0, 0
+    while at < len(table):
+        delta, at = _vlq(table, at)
+        code_offset += delta if delta >= 0 else -(delta + 1)
+        if at >= len(table):
+            break
+        delta, at = _vlq(table, at)
+        position += delta
+        out.append((code_offset, position))
+    return out
+
+
+def _vlq(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    for _ in range(10):
+        if at >= len(data):
+            break
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    return (value >> 1) ^ -(value & 1), at
