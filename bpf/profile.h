@@ -167,6 +167,7 @@ struct unwind_mapping {
 #define MAPPING_NATIVE 0
 #define MAPPING_V8_CODE 1
 #define MAPPING_V8_BUILTINS 2  /* the interpreter among them: a JavaScript frame there interprets */
+#define MAPPING_HOTSPOT_CODE 3  /* a JVM's code cache */
 
 /* A process's executable mappings, sorted by start. */
 struct unwind_process {
@@ -284,6 +285,40 @@ struct v8_process {
 #define V8_FRAME_OFFSET_MAX 0x1fffULL
 #define V8_FRAME_POINTER_MASK ((1ULL << 47) - 1)
 
+/* ---- HotSpot frames: where user space found a JVM (receivers/profiling/hotspot/) ---- */
+
+/* The code cache is cut into segments of 2^segment_shift bytes; a heap's segment map holds a
+ * byte per segment: 0 where a block (a CodeBlob behind its HeapBlock header) starts, 0xff where
+ * the segment is free, else how many segments to go back (again) to reach the block's start. */
+struct hotspot_heap {
+    u64 low;
+    u64 high;
+    u64 segmap;
+};
+#define HOTSPOT_HEAPS 3  /* JDK 9+: non-nmethods, profiled and non-profiled nmethods */
+
+/* Offsets are the JVM's own (gHotSpotVMStructs), checked by user space to lie below 4096. */
+struct hotspot_process {
+    u64 code_low;   /* CodeCache::_low_bound, _high_bound */
+    u64 code_high;
+    struct hotspot_heap heaps[HOTSPOT_HEAPS];
+    u16 blob_name;            /* CodeBlob::_name (const char *) */
+    u16 blob_frame_size;      /* CodeBlob::_frame_size (int, in words) */
+    u16 blob_frame_complete;  /* CodeBlob::_frame_complete_offset (int) */
+    u16 blob_code_begin;      /* CodeBlob::_code_begin (a pointer) */
+    u16 nmethod_method;       /* CompiledMethod::_method (Method *) */
+    u8 segment_shift;
+    u8 heap_block_size;
+    u32 reserved;
+};
+
+/* A HotSpot frame among a user stack's frames, in place of its pc: bit 63, bits 60-62 its kind,
+ * bits 0-46 the Method it runs; the next slot holds an interpreted frame's bytecode pointer or a
+ * compiled frame's pc (where there was no room, the kind says so). */
+#define HOTSPOT_FRAME_INTERPRETED 4ULL   /* the next slot: its bcp */
+#define HOTSPOT_FRAME_COMPILED 5ULL      /* the next slot: its pc */
+#define HOTSPOT_FRAME_NO_NEXT 6ULL       /* either, without its next slot */
+
 /* Indices into the per-CPU `counters` array.  Cumulative since load; user space sums the CPUs. */
 enum profile_counter {
     COUNTER_SAMPLES = 0,                 /* non-idle samples seen */
@@ -330,7 +365,11 @@ enum profile_counter {
     COUNTER_UNWIND_NOT_USER_ADDRESS = 40,/* walks stopped at a "return address" beyond user space */
     COUNTER_V8_FRAMES = 41,              /* JavaScript frames recorded by their SharedFunctionInfo */
     COUNTER_V8_NOT_JS = 42,              /* frames in V8's code that are not JavaScript's (stubs, entries) */
-    PROFILE_NR_COUNTERS = 43,
+    COUNTER_HOTSPOT_FRAMES = 43,         /* Java frames recorded by their Method */
+    COUNTER_HOTSPOT_STUB_FRAMES = 44,    /* frames of the JVM's stubs and adapters stepped */
+    COUNTER_HOTSPOT_NO_BLOB = 45,        /* pcs in the code cache in no CodeBlob the segment map knows */
+    COUNTER_HOTSPOT_BAD_FRAME = 46,      /* frames whose layout did not hold: the walk ends there */
+    PROFILE_NR_COUNTERS = 47,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

@@ -225,6 +225,40 @@ static __always_inline enum step_result first_frame_pointer_step(struct unwind_s
     return result;
 }
 
+#include "hotspot.bpf.c"
+
+/* Record a runtime's frame `value` in place of the pc just recorded at `depth`, followed by
+ * `next` when `with_next`. Returns 0 when `next` found no room (the caller marks the value so). */
+static __always_inline int record_runtime_frame(struct unwind_state *state, u32 depth, u64 value, int with_next, u64 next)
+{
+    OPAQUE(depth);  /* (see below) */
+    if (depth >= UNWIND_MAX_FRAMES)
+        return 1;
+    state->stack.ips[depth] = value;
+    if (!with_next)
+        return 1;
+    u64 slot = (u64)depth + 1;  /* (64 bits: a bound checked on a 32-bit copy does not carry over) */
+    if (slot + state->python_len >= UNWIND_MAX_FRAMES)
+        return 0;
+    OPAQUE(slot);  /* else clang merges the two bounds into one the verifier cannot follow */
+    if (slot >= UNWIND_MAX_FRAMES)
+        return 0;
+    state->stack.ips[slot] = next < USER_ADDRESS_END ? next : 0;
+    state->stack.len = slot + 1;
+    return 1;
+}
+
+/* A frame in the JVM's code cache (hotspot.bpf.c): a Java frame recorded as its Method, with its
+ * bytecode pointer or pc after it. */
+static __always_inline enum step_result hotspot_step(struct unwind_state *state, u32 depth)
+{
+    u64 value = 0, next = 0;
+    enum step_result result = hotspot_frame(state, depth, &value, &next);
+    if (value && !record_runtime_frame(state, depth, value, 1, next))
+        state->stack.ips[depth & (UNWIND_MAX_FRAMES - 1)] = (value & ~(7ULL << V8_FRAME_KIND_SHIFT)) | HOTSPOT_FRAME_NO_NEXT << V8_FRAME_KIND_SHIFT;
+    return result;
+}
+
 /* A frame in V8's code: recorded as the JavaScript function it runs (v8.bpf.c), and stepped by
  * frame pointer. A leaf whose return address is on top of the stack (a builtin without a frame
  * of its own, or a function before its prologue) has not moved rbp yet: rbp is its caller's
@@ -243,20 +277,9 @@ static __always_inline enum step_result v8_step(struct unwind_state *state, stru
         return result;
     }
     u64 value = v8_frame(state->key.tgid, state->bp, in_builtins);
-    if (value && depth < UNWIND_MAX_FRAMES) {
-        state->stack.ips[depth] = value;
-        if (value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT) {
-            u32 next = depth + 1;
-            int room = next + state->python_len < UNWIND_MAX_FRAMES;
-            OPAQUE(next);  /* else clang merges the two bounds into one the verifier cannot follow */
-            if (room && next < UNWIND_MAX_FRAMES) {
-                state->stack.ips[next] = state->pc;  /* (below 2^56: checked before it was recorded) */
-                state->stack.len = next + 1;
-            } else {
-                state->stack.ips[depth] = v8_without_pc(value);
-            }
-        }
-    }
+    int compiled = value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT;
+    if (value && !record_runtime_frame(state, depth, value, compiled, state->pc))
+        state->stack.ips[depth & (UNWIND_MAX_FRAMES - 1)] = v8_without_pc(value);
     return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
 }
 
@@ -285,6 +308,8 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
         request_maps(ctx, state->key.tgid, pc);
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     }
+    if (mapping->kind == MAPPING_HOTSPOT_CODE)
+        return hotspot_step(state, depth);
     if (mapping->kind != MAPPING_NATIVE)
         return v8_step(state, process, depth, mapping->kind == MAPPING_V8_BUILTINS);
     u32 file_id = mapping->file_id;

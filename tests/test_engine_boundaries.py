@@ -28,6 +28,7 @@ PROFILING_ROOMS = {
     "unwind": {"elf", "processes"},
     "python": {"elf", "processes", "symbols"},
     "v8": {"elf", "processes", "symbols"},
+    "hotspot": {"elf", "processes", "symbols"},
     "otel_context": {"processes", "symbols"},  # (symbols/loads.py: files parsed off the calling thread)
 }
 

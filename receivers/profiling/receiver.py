@@ -44,6 +44,7 @@ from receivers.profiling.report import ReportBuilder
 from receivers.profiling.stall_watch import Progress, StallWatch
 from receivers.profiling.symbols.symbolizer import Symbolizer
 from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
+from receivers.profiling.hotspot.runtimes import HotSpotRuntimes
 from receivers.profiling.v8.runtimes import V8Runtimes
 
 # Map sizes at map_scale_factor 0; each step of the factor doubles them.
@@ -89,6 +90,8 @@ class ProfilingReceiver(Component):
         self._python_stats = telemetry.gauge("pycollector_profiling_python", "Python frames: processes running a CPython the walker knows, frames named and not, code objects read, counts since start.", ("stat",))
         self.python: PythonInterpreters | None = None
         self.v8: V8Runtimes | None = None
+        self.hotspot: HotSpotRuntimes | None = None
+        self._hotspot_stats = telemetry.gauge("pycollector_profiling_hotspot", "Java frames of HotSpot JVMs: processes whose JVM the walker knows, frames named and not, methods read, counts since start.", ("stat",))
         self._v8_stats = telemetry.gauge("pycollector_profiling_v8", "JavaScript frames of Node.js processes: processes running a V8 the walker knows, frames named and not, functions read, counts since start.", ("stat",))
         self.jvm_perf_maps: JvmPerfMapRequester | None = None
         self.targeting: Targeting | None = None
@@ -137,6 +140,7 @@ class ProfilingReceiver(Component):
         # again only once everything of its predecessor is gone.
         self._start_targeting(sampler)
         self._start_v8(sampler)  # before the unwind registry: it asks where a process's V8 code is
+        self._start_hotspot(sampler)  # (and a JVM's code cache)
         self._start_unwinding(sampler)
         self._start_python(sampler)
         self._start_jvm_perf_maps()
@@ -186,8 +190,11 @@ class ProfilingReceiver(Component):
         self.row_source.start()
         self.unwind = UnwindRegistry(sampler.unwind_maps, self.row_source, self.log, max_files=sampler.unwind.max_files,
                                      row_budget=sampler.unwind.row_budget, idle_s=self.config.unwind_row_idle_timeout)
-        if self.v8 is not None:  # (before watching: the processes known already are registered at once)
-            self.unwind.runtime_code = self.v8.code_ranges
+        # (before watching: the processes known already are registered at once)
+        runtimes = [runtime for runtime in (self.v8, self.hotspot) if runtime is not None]
+        self.unwind.runtime_code = lambda info: [bounds for runtime in runtimes for bounds in runtime.code_ranges(info)]
+        if self.hotspot is not None:
+            self.hotspot.on_found = self.unwind.register
         self.processes.watch(changed=self.unwind.register, exited=self.unwind.forget)
 
     def _start_probabilistic(self, sampler: Sampler) -> None:
@@ -216,6 +223,8 @@ class ProfilingReceiver(Component):
             _publish(self._python_stats, self.python.code, "code_")
         if self.v8 is not None:
             _publish(self._v8_stats, self.v8)
+        if self.hotspot is not None:
+            _publish(self._hotspot_stats, self.hotspot)
 
     def _start_v8(self, sampler: Sampler) -> None:
         """JavaScript frames of Node.js processes, walked and named without perf maps."""
@@ -226,6 +235,14 @@ class ProfilingReceiver(Component):
         self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log, other_runtime=maps_cpython if self.config.python_frames() else lambda info: False)
         self.reports.runtimes.insert(0, self.v8)  # (before Python's, which takes any stack ending in a tagged frame)
         self.processes.watch(changed=self.v8.register, exited=self.v8.forget)
+
+    def _start_hotspot(self, sampler: Sampler) -> None:
+        """Java frames of HotSpot JVMs, walked and named without perf maps."""
+        if not self.config.tracer_enabled("hotspot"):
+            return
+        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log)
+        self.reports.runtimes.insert(0, self.hotspot)
+        self.processes.watch(changed=self.hotspot.register, exited=self.hotspot.forget)
 
     def _start_python(self, sampler: Sampler) -> None:
         """Python frames, unless the settings leave them out or the kernel cannot say where a

@@ -139,8 +139,14 @@ _LOCAL_PART = re.compile(r'^#include "([\w.-]+\.bpf\.c)"\s*$', re.M)
 def program_text(source: Path) -> str:
     """The program as BCC compiles it: ``source`` with each ``#include "x.bpf.c"`` of its own
     folder pasted in.  BCC turns map calls (``counts.lookup(&key)``) into helper calls only in the
-    text it is given, not in files clang includes, so a program in several files is pasted into one."""
-    return _LOCAL_PART.sub(lambda match: (source.parent / match.group(1)).read_text(), source.read_text())
+    text it is given, not in files clang includes, so a program in several files is pasted into one
+    (a pasted file's own parts too)."""
+    text = source.read_text()
+    for _ in range(4):
+        text, pasted = _LOCAL_PART.subn(lambda match: (source.parent / match.group(1)).read_text(), text)
+        if not pasted:
+            return text
+    raise BPFCompileError(f"{source}: parts include each other")
 
 
 def load(source: Path, cflags: list[str], verifier_log_level: int, functions: dict[bytes, str],

@@ -92,6 +92,7 @@ class UnwindMaps:
     used: object  # unwind_used: file id -> 1 when a walk used its rows since user space reset it
     python: object  # python_processes: tgid -> where its CPython keeps threads and frames
     v8: object  # v8_processes: tgid -> where V8 keeps a JavaScript frame's function
+    hotspot: object  # hotspot_processes: tgid -> a JVM's code cache and how its CodeBlobs are laid out
 
 
 class Sampler:
@@ -258,7 +259,7 @@ class Sampler:
         self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
         self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
                                       bpf[b"unwind_demand"], bpf[b"unwind_used"], bpf[b"python_processes"],
-                                      bpf[b"v8_processes"])
+                                      bpf[b"v8_processes"], bpf[b"hotspot_processes"])
         self._counters_map = bpf[b"counters"]
         self._thread_ctx_locations = bpf[b"thread_ctx_locations"]
         self._thread_ctx_attributes = bpf[b"thread_ctx_attributes"]

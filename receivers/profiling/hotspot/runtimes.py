@@ -1,0 +1,326 @@
+"""The sampled processes that run a HotSpot JVM: told to the kernel's walker, and their Java frames
+named in reports.
+
+When a process maps libjvm.so, the JVM's own tables (vmstructs.py) say where its code cache is and
+how its CodeBlobs and Methods are laid out (jvm.py); the kernel gets the code cache
+(``hotspot_processes``, bpf/profile.h ``struct hotspot_process``) and the unwind registry its range
+(``code_ranges``). A JVM still starting has no tables yet: it is looked at again when its maps
+are read again. The report names each Method the kernel recorded, ``Class.method``, with the
+class's source file, from the process's memory; a name read earlier is checked again each report
+(a class unloaded frees its Methods).
+
+Threading: as python/interpreters.py and v8/runtimes.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from elftools.elf.elffile import ELFFile
+
+from pycollector.logs import log_once
+
+from ..elf.symbols import defined_symbols
+from ..processes.files import open_mapped_file
+from ..processes.memory import MemoryReadError, ProcessMemory
+from ..processes.proc import Mapping, ProcessInfo
+from ..symbols.frame import Frame
+from .jvm import CodeCacheLayout, MethodLayout, code_cache_layout, method_layout
+from .vmstructs import SYMBOLS, VMStructsError, read_vmstructs
+
+FRAME_KIND = "jvm"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
+MAPPING_HOTSPOT_CODE = 3  # profile.h: struct unwind_mapping.kind
+TAG, KIND_SHIFT = 1 << 63, 60
+INTERPRETED, COMPILED, NO_NEXT = 4, 5, 6  # profile.h HOTSPOT_FRAME_*
+POINTER_MASK = (1 << 47) - 1
+MAX_SYMBOL = 1024
+READ_BUDGET_PER_PROCESS = 256 * 1024
+MAX_METHODS_PER_PROCESS = 65536
+STARTING_ATTEMPTS = 60  # reports a starting JVM is looked at again
+
+FileKey = tuple[str, int]
+
+
+class NameReadError(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class JvmProcess:
+    info: ProcessInfo
+    code: CodeCacheLayout
+    methods: MethodLayout
+    memory: ProcessMemory
+    names: dict[int, tuple[bytes, str, str]] = dataclasses.field(default_factory=dict)  # Method -> (check, name, file)
+    checked: set[int] = dataclasses.field(default_factory=set)
+    budget: int = READ_BUDGET_PER_PROCESS
+
+
+class HotSpotRuntimes:
+    def __init__(self, table: Any, logger: Any):
+        """``table``: the sampler's hotspot_processes map."""
+        self._table = table
+        self.log = logger
+        self._lock = threading.Lock()
+        self._registering = threading.Lock()
+        self._symbols: dict[FileKey, tuple[dict[str, int], list] | None] = {}
+        self._processes: dict[int, JvmProcess] = {}
+        self._retired: list[JvmProcess] = []
+        # JVMs whose tables were not there yet: looked at again each report, a minute at most
+        # (their maps may not change again). on_found(info) tells the unwind registry.
+        self._starting: dict[int, tuple[ProcessInfo, int]] = {}
+        self.on_found: Callable[[ProcessInfo], None] = lambda info: None
+        self.stats = dict.fromkeys(("processes", "starting", "unknown_layout", "frames_named", "frames_unnamed",
+                                    "methods_read", "read_budget_spent"), 0)
+
+    # -- processes --------------------------------------------------------------------------------
+
+    def register(self, info: ProcessInfo) -> None:
+        if info.kernel_thread or info.exited:
+            return
+        with self._registering:
+            with self._lock:
+                before = self._processes.get(info.pid)
+            if before is not None and before.info.program == info.program:
+                before.info = info
+                return
+            found = self._find(info)
+            with self._lock:
+                before = self._processes.pop(info.pid, None)
+                if found is not None:
+                    self._processes[info.pid] = found
+                if before is not None:
+                    self._retired.append(before)
+                self.stats["processes"] = len(self._processes)
+            key = self._table.Key(info.pid)
+            if found is not None:
+                self._table[key] = self._leaf(found)
+            elif before is not None:
+                self._delete(key)
+
+    def forget(self, tgid: int) -> None:
+        with self._registering:
+            with self._lock:
+                self._starting.pop(tgid, None)
+                process = self._processes.pop(tgid, None)
+                if process is not None:
+                    self._retired.append(process)
+                self.stats["processes"] = len(self._processes)
+            if process is not None:
+                self._delete(self._table.Key(tgid))
+
+    def code_ranges(self, info: ProcessInfo) -> list[tuple[int, int, int]]:
+        with self._lock:
+            process = self._processes.get(info.pid)
+        return [(process.code.low, process.code.high, MAPPING_HOTSPOT_CODE)] if process is not None else []
+
+    def _delete(self, key) -> None:
+        try:
+            del self._table[key]
+        except KeyError:
+            pass
+
+    def _find(self, info: ProcessInfo) -> JvmProcess | None:
+        for mapping in info.mappings:
+            if not (mapping.file_backed and os.path.basename(mapping.path) == "libjvm.so"):
+                continue
+            found = self._libjvm_symbols(info, mapping)
+            if found is None:
+                return None
+            symbols, segments = found
+            bias = _bias(segments, mapping)
+            if bias is None:
+                return None
+            try:
+                memory = ProcessMemory(info.pid)
+            except MemoryReadError:
+                return None
+            try:
+                tables = read_vmstructs(memory.read, symbols, bias)
+                code, methods = code_cache_layout(tables, memory.read), method_layout(tables)
+            except (VMStructsError, MemoryReadError, struct.error) as error:
+                memory.close()
+                starting = isinstance(error, VMStructsError) and "starting" in str(error)
+                with self._lock:
+                    self.stats["starting" if starting else "unknown_layout"] += 1
+                    if starting:
+                        self._starting[info.pid] = (info, self._starting.get(info.pid, (info, 0))[1] + 1)
+                if not starting:
+                    log_once(self.log, ("hotspot-layout", mapping.identity), "warning", "this JVM's layout could not be read; "
+                             "its Java frames are named only from perf maps", path=mapping.path, pid=info.pid, reason=str(error))
+                return None
+            self.log.info("found a JVM", path=mapping.path, pid=info.pid, code_cache=f"{code.low:#x}-{code.high:#x}", heaps=len(code.heaps))
+            return JvmProcess(info, code, methods, memory)
+        return None
+
+    def _libjvm_symbols(self, info: ProcessInfo, mapping: Mapping) -> tuple[dict[str, int], list] | None:
+        """libjvm's VMStructs symbols and its PT_LOAD segments (read once per file)."""
+        key = mapping.identity
+        with self._lock:
+            if key in self._symbols:
+                return self._symbols[key]
+        found = None
+        fd = open_mapped_file(info, mapping)
+        if fd is not None:
+            try:
+                with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as stream:
+                    elf = ELFFile(stream)
+                    segments = [(s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+                    found = (defined_symbols(elf, SYMBOLS), segments)
+            except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
+                found = None
+            finally:
+                os.close(fd)
+        with self._lock:
+            self._symbols[key] = found
+        return found
+
+    def _leaf(self, process: JvmProcess):
+        code = process.code
+        leaf = self._table.Leaf()
+        leaf.code_low, leaf.code_high = code.low, code.high
+        for index, heap in enumerate(code.heaps):
+            leaf.heaps[index].low, leaf.heaps[index].high, leaf.heaps[index].segmap = heap.low, heap.high, heap.segmap
+        leaf.blob_name, leaf.blob_frame_size = code.blob_name, code.blob_frame_size
+        leaf.blob_frame_complete, leaf.blob_code_begin = code.blob_frame_complete, code.blob_code_begin
+        leaf.nmethod_method, leaf.segment_shift, leaf.heap_block_size = code.nmethod_method, code.segment_shift, code.heap_block_size
+        return leaf
+
+    # -- reports ----------------------------------------------------------------------------------
+
+    def new_report(self) -> None:
+        with self._lock:
+            starting, self._starting = self._starting, {}
+        for info, attempts in starting.values():
+            if attempts < STARTING_ATTEMPTS:
+                self.register(info)
+                with self._lock:
+                    found = info.pid in self._processes
+                    if info.pid in self._starting:  # (still starting: count this attempt)
+                        self._starting[info.pid] = (info, attempts + 1)
+                if found:
+                    self.on_found(info)
+        with self._lock:
+            retired, self._retired = self._retired, []
+            for process in retired:
+                process.memory.close()
+            for process in self._processes.values():
+                process.checked.clear()
+                process.budget = READ_BUDGET_PER_PROCESS
+
+    def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
+        with self._lock:
+            process = self._processes.get(tgid)
+        if process is None:
+            return None
+        frames, native = _split(addresses)
+        leaf_is_native = bool(frames) and frames[0] is None
+        natives = iter(symbolize(native) if leaf_is_native else symbolize([0, *native])[1:])
+        out = []
+        for value in frames:
+            if value is None:
+                frame = next(natives, None)
+                if frame is None:
+                    break
+                out.append(frame)
+            else:
+                out.append(self.frame(process, value & POINTER_MASK))
+        return out
+
+    def frame(self, process: JvmProcess, method: int) -> Frame:
+        try:
+            name, file = self._name(process, method)
+        except (NameReadError, MemoryReadError, struct.error, UnicodeDecodeError) as error:
+            with self._lock:
+                self.stats["frames_unnamed"] += 1
+            log_once(self.log, ("hotspot-unnamed", process.info.pid), "debug", "a Java frame could not be named; counted in "
+                     "pycollector_profiling_hotspot{stat=\"frames_unnamed\"}", pid=process.info.pid, reason=str(error))
+            return Frame(address=method, kind=FRAME_KIND)
+        with self._lock:
+            self.stats["frames_named"] += 1
+        return Frame(address=method, kind=FRAME_KIND, name=name, source_file=file or None)
+
+    def _read(self, process: JvmProcess, address: int, size: int) -> bytes:
+        if size > process.budget:
+            with self._lock:
+                self.stats["read_budget_spent"] += 1
+            raise NameReadError(f"this report's {READ_BUDGET_PER_PROCESS} bytes of JVM memory reads are spent")
+        process.budget -= size
+        return process.memory.read(address, size)
+
+    def _name(self, process: JvmProcess, method: int) -> tuple[str, str]:
+        layout = process.methods
+        check = self._read(process, method + layout.const_method, 8) if method not in process.checked else None
+        known = process.names.get(method)
+        if known is not None and (check is None or check == known[0]):
+            process.checked.add(method)
+            return known[1], known[2]
+        check = check or self._read(process, method + layout.const_method, 8)
+        const_method = struct.unpack("<Q", check)[0]
+        constants = self._u64(process, const_method + layout.constants)
+        name_index = struct.unpack("<H", self._read(process, const_method + layout.name_index, 2))[0]
+        holder = self._u64(process, constants + layout.pool_holder)
+        class_name = self._symbol(process, self._u64(process, holder + layout.klass_name)).replace("/", ".")
+        method_name = self._symbol(process, self._u64(process, constants + layout.pool_size + 8 * name_index))
+        file = ""
+        if layout.source_file_index is not None:
+            index = struct.unpack("<H", self._read(process, constants + layout.source_file_index, 2))[0]
+            if index:
+                file = self._symbol(process, self._u64(process, constants + layout.pool_size + 8 * index))
+        name = f"{_without_hidden_suffix(class_name)}.{method_name}"
+        with self._lock:
+            self.stats["methods_read"] += 1
+        if len(process.names) >= MAX_METHODS_PER_PROCESS:
+            process.names.pop(next(iter(process.names)))
+        process.names[method] = (check, name, file)
+        process.checked.add(method)
+        return name, file
+
+    def _u64(self, process: JvmProcess, address: int) -> int:
+        value = struct.unpack("<Q", self._read(process, address, 8))[0]
+        if not 4096 <= value < 1 << 47:
+            raise NameReadError(f"{value:#x} at {address:#x} is not a pointer")
+        return value
+
+    def _symbol(self, process: JvmProcess, symbol: int) -> str:
+        layout = process.methods
+        length = struct.unpack("<H", self._read(process, symbol + layout.symbol_length, 2))[0]
+        return self._read(process, symbol + layout.symbol_body, min(length, MAX_SYMBOL)).decode("utf-8", "replace")
+
+
+def _bias(segments: list, mapping: Mapping) -> int | None:
+    """The load bias of the file from its executable mapping (process address - ELF address)."""
+    for p_offset, p_filesz, p_vaddr, p_flags in segments:
+        if p_flags & 1 and p_offset - p_offset % 4096 <= mapping.offset < p_offset + p_filesz:
+            return mapping.start - mapping.offset - (p_vaddr - p_offset)
+    return None
+
+
+def _without_hidden_suffix(name: str) -> str:
+    """A hidden class (a lambda's) carries its address after a '+' (or '/' in older JDKs): one name
+    for all of them."""
+    at = name.find("+0x")
+    return name[:at] if at >= 0 else name
+
+
+def _split(addresses: Sequence[int]) -> tuple[list[int | None], list[int]]:
+    """Each frame as its Method value or None (a native frame); and the native addresses. A Java
+    frame's next slot (its bcp or pc) is consumed with it."""
+    frames: list[int | None] = []
+    native: list[int] = []
+    at = 0
+    while at < len(addresses):
+        value = addresses[at]
+        at += 1
+        if not value & TAG:
+            frames.append(None)
+            native.append(value)
+            continue
+        frames.append(value)
+        if (value >> KIND_SHIFT) & 7 in (INTERPRETED, COMPILED) and at < len(addresses):
+            at += 1
+    return frames, native
