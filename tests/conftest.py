@@ -169,3 +169,33 @@ def profiles_codec(request, monkeypatch):
     else:
         monkeypatch.setattr(serialized, "native", None)
     return request.param
+
+
+def profile_a_run(tmp_path: Path, argv: list, hz: int, runtime: str, timeout: float = 90) -> dict:
+    """``argv`` run to its end with a profiling receiver on (``hz``, a report a second) and no perf
+    map asked for: {"pid", "messages" (what it exported), "stats" (the ``runtime`` room's:
+    "v8", "hotspot")}."""
+    from pycollector.config.validate import build_plan
+    from pycollector.service import Service
+    from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
+
+    capture = CapturingExporterFactory()
+    config = {
+        "receivers": {"profiling": {"samples_per_second": hz, "reporter_interval": "1s", "unwind_cache_dir": str(tmp_path / "cache")}},
+        "exporters": {"capture": {}},
+        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
+    }
+    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
+    service.start()
+    try:
+        process = subprocess.Popen([str(part) for part in argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+        try:
+            process.wait(timeout=timeout)
+        finally:
+            process.kill()
+        time.sleep(1.5)  # (its last samples reported)
+        stats = dict(getattr(receiver_of(service), runtime).stats)
+    finally:
+        service.shutdown()
+    assert not os.path.exists(f"/tmp/perf-{process.pid}.map"), "no perf map: the names come from the runtime's memory"
+    return {"pid": process.pid, "messages": capture.consumer.messages, "stats": stats}

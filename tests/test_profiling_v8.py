@@ -16,18 +16,14 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
-from pycollector.config.validate import build_plan
 from pycollector.pdata import iter_samples
-from pycollector.service import Service
-from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
 from receivers.profiling.v8.detect import detect_v8
 from receivers.profiling.v8.layout import UnknownLayout, V8Layout
 
-from tests.conftest import WORKLOADS, bpf_unavailable_reason, share_tolerance
+from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, share_tolerance
 
 HZ = 199
 SECONDS = 8
@@ -75,28 +71,10 @@ def profile_node(tmp_path, flags: list[str]) -> tuple[dict, dict]:
     if bpf_unavailable_reason():
         pytest.skip(bpf_unavailable_reason())
     node = node_binary()
-    capture = CapturingExporterFactory()
-    config = {
-        "receivers": {"profiling": {"samples_per_second": HZ, "reporter_interval": "1s", "unwind_cache_dir": str(tmp_path / "cache")}},
-        "exporters": {"capture": {}},
-        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
-    }
-    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
-    service.start()
-    try:
-        process = subprocess.Popen([node, *flags, "--cpu-prof", "--cpu-prof-dir", str(tmp_path / "cpu-prof"), str(WORKLOADS / "known_split.js"),
-                                    str(SECONDS)], stdout=subprocess.DEVNULL, cwd=tmp_path)
-        try:
-            process.wait(timeout=60)
-        finally:
-            process.kill()
-        time.sleep(1.5)
-        stats = dict(receiver_of(service).v8.stats)
-    finally:
-        service.shutdown()
-    assert not os.path.exists(f"/tmp/perf-{process.pid}.map"), "node wrote no perf map: the names come from its heap"
+    profiled = profile_a_run(tmp_path, [node, *flags, "--cpu-prof", "--cpu-prof-dir", tmp_path / "cpu-prof", WORKLOADS / "known_split.js", SECONDS],
+                             HZ, "v8", timeout=60)
     (written,) = (tmp_path / "cpu-prof").iterdir()
-    return json.loads(written.read_text()), {"pid": process.pid, "messages": capture.consumer.messages, "stats": stats}
+    return json.loads(written.read_text()), profiled
 
 
 def cpu_prof_leaves(profile: dict) -> collections.Counter:

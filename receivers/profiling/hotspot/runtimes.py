@@ -30,6 +30,7 @@ from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
 from ..symbols.frame import Frame
 from .jvm import CodeCacheLayout, MethodLayout, code_cache_layout, method_layout
+from .scopes import ScopeReader, ScopeReadError, scope_layout
 from .vmstructs import SYMBOLS, VMStructsError, read_vmstructs
 
 FRAME_KIND = "jvm"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
@@ -55,6 +56,7 @@ class JvmProcess:
     code: CodeCacheLayout
     methods: MethodLayout
     memory: ProcessMemory
+    scopes: ScopeReader | None  # the methods inlined at a compiled pc (None: not known for this JDK)
     names: dict[int, tuple[bytes, str, str]] = dataclasses.field(default_factory=dict)  # Method -> (check, name, file)
     checked: set[int] = dataclasses.field(default_factory=set)
     budget: int = READ_BUDGET_PER_PROCESS
@@ -75,7 +77,7 @@ class HotSpotRuntimes:
         self._starting: dict[int, tuple[ProcessInfo, int]] = {}
         self.on_found: Callable[[ProcessInfo], None] = lambda info: None
         self.stats = dict.fromkeys(("processes", "starting", "unknown_layout", "frames_named", "frames_unnamed",
-                                    "methods_read", "read_budget_spent"), 0)
+                                    "methods_read", "read_budget_spent", "inlining_unknown"), 0)
 
     # -- processes --------------------------------------------------------------------------------
 
@@ -142,6 +144,9 @@ class HotSpotRuntimes:
             try:
                 tables = read_vmstructs(memory.read, symbols, bias)
                 code, methods = code_cache_layout(tables, memory.read), method_layout(tables)
+                major = struct.unpack("<i", memory.read(tables.statics[("Abstract_VM_Version", "_vm_major_version")], 4))[0] \
+                    if ("Abstract_VM_Version", "_vm_major_version") in tables.statics else 0
+                scopes = scope_layout(tables, major)
             except (VMStructsError, MemoryReadError, struct.error) as error:
                 memory.close()
                 starting = isinstance(error, VMStructsError) and "starting" in str(error)
@@ -154,7 +159,7 @@ class HotSpotRuntimes:
                              "its Java frames are named only from perf maps", path=mapping.path, pid=info.pid, reason=str(error))
                 return None
             self.log.info("found a JVM", path=mapping.path, pid=info.pid, code_cache=f"{code.low:#x}-{code.high:#x}", heaps=len(code.heaps))
-            return JvmProcess(info, code, methods, memory)
+            return JvmProcess(info, code, methods, memory, ScopeReader(memory.read, code, scopes) if scopes is not None else None)
         return None
 
     def _libjvm_symbols(self, info: ProcessInfo, mapping: Mapping) -> tuple[dict[str, int], list] | None:
@@ -211,6 +216,8 @@ class HotSpotRuntimes:
             for process in self._processes.values():
                 process.checked.clear()
                 process.budget = READ_BUDGET_PER_PROCESS
+                if process.scopes is not None:
+                    process.scopes.new_report()
 
     def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
         with self._lock:
@@ -218,18 +225,37 @@ class HotSpotRuntimes:
         if process is None:
             return None
         frames, native = _split(addresses)
-        leaf_is_native = bool(frames) and frames[0] is None
+        leaf_is_native = bool(frames) and frames[0][0] is None
         natives = iter(symbolize(native) if leaf_is_native else symbolize([0, *native])[1:])
         out = []
-        for value in frames:
+        for index, (value, next_slot) in enumerate(frames):
             if value is None:
                 frame = next(natives, None)
                 if frame is None:
                     break
                 out.append(frame)
-            else:
-                out.append(self.frame(process, value & POINTER_MASK))
+                continue
+            method = value & POINTER_MASK
+            inlined = self._inlined(process, next_slot, method, index > 0) if (value >> KIND_SHIFT) & 7 == COMPILED else []
+            out.extend(self.frame(process, scope_method) for scope_method, _ in inlined)
+            if not inlined:
+                out.append(self.frame(process, method))
         return out
+
+    def _inlined(self, process: JvmProcess, pc: int, method: int, return_address: bool) -> list[tuple[int, int]]:
+        """The scopes at a compiled frame's pc, innermost first, its own method last; empty when
+        they cannot be read (the frame is then its method alone)."""
+        if process.scopes is None or not pc:
+            return []
+        try:
+            return process.scopes.inlined(pc, method, return_address)
+        except (ScopeReadError, MemoryReadError, struct.error) as error:
+            with self._lock:
+                self.stats["inlining_unknown"] += 1
+            log_once(self.log, ("hotspot-scopes", process.info.pid), "debug", "the methods inlined at a pc of compiled Java code "
+                     "could not be read; counted in pycollector_profiling_hotspot{stat=\"inlining_unknown\"}",
+                     pid=process.info.pid, reason=str(error))
+            return []
 
     def frame(self, process: JvmProcess, method: int) -> Frame:
         try:
@@ -307,20 +333,21 @@ def _without_hidden_suffix(name: str) -> str:
     return name[:at] if at >= 0 else name
 
 
-def _split(addresses: Sequence[int]) -> tuple[list[int | None], list[int]]:
-    """Each frame as its Method value or None (a native frame); and the native addresses. A Java
-    frame's next slot (its bcp or pc) is consumed with it."""
-    frames: list[int | None] = []
+def _split(addresses: Sequence[int]) -> tuple[list[tuple[int | None, int]], list[int]]:
+    """Each frame as (its Method value, the slot after it: a bcp or pc, or 0), or (None, 0) for a
+    native frame; and the native addresses, in order."""
+    frames: list[tuple[int | None, int]] = []
     native: list[int] = []
     at = 0
     while at < len(addresses):
         value = addresses[at]
         at += 1
         if not value & TAG:
-            frames.append(None)
+            frames.append((None, 0))
             native.append(value)
-            continue
-        frames.append(value)
-        if (value >> KIND_SHIFT) & 7 in (INTERPRETED, COMPILED) and at < len(addresses):
+        elif (value >> KIND_SHIFT) & 7 in (INTERPRETED, COMPILED) and at < len(addresses):
+            frames.append((value, addresses[at]))
             at += 1
+        else:
+            frames.append((value, 0))
     return frames, native

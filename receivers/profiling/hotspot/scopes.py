@@ -1,0 +1,199 @@
+"""The methods C1 and C2 inlined at a pc of compiled Java code, as the JVM itself records them for
+deoptimization and stack walks: the nmethod holding the pc (found in the code heap's segment map,
+as the kernel finds it), its PcDescs (a pc offset and where the pc's scope chain is encoded), and
+the scope chain, each scope a Method (an index into the nmethod's metadata), a bytecode index and
+the offset of its caller's scope, in the JVM's UNSIGNED5 compressed stream.
+
+An nmethod is freed and its memory reused as the JVM runs: what was read is kept by the nmethod's
+address and used only while its compile id (unique in the JVM's life) is still there."""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+
+from .jvm import CodeCacheLayout
+from .vmstructs import VMStructs, VMStructsError
+
+SEGMAP_STEPS = 12  # as the kernel's walk (bpf/hotspot.bpf.c)
+MAX_PC_DESCS = 1 << 16
+MAX_SCOPES_BYTES = 1 << 20
+MAX_INLINED = 64
+MAX_NMETHODS = 4096
+
+
+class ScopeReadError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ScopeLayout:
+    name: int  # CodeBlob::_name
+    code_begin: int  # CodeBlob::_code_begin
+    method: int  # CompiledMethod::_method
+    scopes_data_begin: int  # CompiledMethod::_scopes_data_begin (a pointer)
+    compile_id: int  # nmethod::_compile_id
+    metadata_offset: int  # nmethod::_metadata_offset (from the nmethod)
+    scopes_pcs_offset: int  # nmethod::_scopes_pcs_offset
+    dependencies_offset: int  # nmethod::_dependencies_offset: where the PcDescs end
+    pc_desc_size: int
+    pc_offset: int  # PcDesc::_pc_offset
+    scope_decode_offset: int  # PcDesc::_scope_decode_offset
+    excludes_zero: bool  # JDK 20+: UNSIGNED5 bytes are never zero (each is stored plus one)
+
+
+def scope_layout(tables: VMStructs, major: int) -> ScopeLayout | None:
+    """None where the JVM keeps these elsewhere (JDK 23+: offsets instead of pointers)."""
+    fields = tables.fields
+    wanted = {("CodeBlob", "_name"), ("CodeBlob", "_code_begin"), ("CompiledMethod", "_method"), ("CompiledMethod", "_scopes_data_begin"),
+              ("nmethod", "_compile_id"), ("nmethod", "_metadata_offset"), ("nmethod", "_scopes_pcs_offset"),
+              ("nmethod", "_dependencies_offset"), ("PcDesc", "_pc_offset"), ("PcDesc", "_scope_decode_offset")}
+    if not wanted <= fields.keys() or "PcDesc" not in tables.types:
+        return None
+    return ScopeLayout(
+        name=fields[("CodeBlob", "_name")], code_begin=fields[("CodeBlob", "_code_begin")], method=fields[("CompiledMethod", "_method")],
+        scopes_data_begin=fields[("CompiledMethod", "_scopes_data_begin")], compile_id=fields[("nmethod", "_compile_id")],
+        metadata_offset=fields[("nmethod", "_metadata_offset")], scopes_pcs_offset=fields[("nmethod", "_scopes_pcs_offset")],
+        dependencies_offset=fields[("nmethod", "_dependencies_offset")], pc_desc_size=tables.types["PcDesc"],
+        pc_offset=fields[("PcDesc", "_pc_offset")], scope_decode_offset=fields[("PcDesc", "_scope_decode_offset")],
+        excludes_zero=major >= 20,
+    )
+
+
+@dataclass(frozen=True)
+class Nmethod:
+    address: int
+    compile_id: int
+    method: int
+    code_begin: int
+    pc_offsets: tuple[int, ...]  # PcDescs, by pc offset
+    scope_offsets: tuple[int, ...]
+    metadata: int  # the metadata array (Method * and the rest)
+    scopes: bytes  # the scopes data, from its start
+
+    def scope_offset(self, pc: int, return_address: bool) -> int | None:
+        """Where the scope chain of ``pc`` starts: a return address's PcDesc is recorded at it
+        (no byte back); another pc takes the first PcDesc after it, as the JVM's own sampler
+        does (PcDescs sit at calls and safepoint polls, the poll ending the code it runs in)."""
+        offset = pc - self.code_begin
+        if return_address:
+            at = bisect.bisect_left(self.pc_offsets, offset)
+            return self.scope_offsets[at] if at < len(self.pc_offsets) and self.pc_offsets[at] == offset else None
+        at = bisect.bisect_right(self.pc_offsets, offset)
+        if at == len(self.pc_offsets):
+            at -= 1
+        return self.scope_offsets[at] if at >= 0 else None
+
+
+class ScopeReader:
+    """One JVM's nmethods, read as their pcs are asked for."""
+
+    def __init__(self, read, code: CodeCacheLayout, layout: ScopeLayout) -> None:
+        self.read, self.code, self.layout = read, code, layout
+        self._nmethods: dict[int, Nmethod] = {}
+        self._checked: set[int] = set()
+
+    def new_report(self) -> None:
+        self._checked.clear()
+
+    def inlined(self, pc: int, method: int, return_address: bool) -> list[tuple[int, int]]:
+        """(Method, bci) of each scope at ``pc``, innermost first, the outermost being the
+        nmethod's own method (which the kernel recorded: ``method``). Empty when unknown."""
+        nmethod = self._nmethod(pc - (1 if return_address else 0))
+        if nmethod is None or nmethod.method != method:
+            return []
+        offset = nmethod.scope_offset(pc, return_address)
+        out: list[tuple[int, int]] = []
+        while offset and len(out) < MAX_INLINED:
+            sender, method_index, bci, _ = self._decode(nmethod, offset)
+            if method_index <= 0:
+                break
+            out.append((self._u64(nmethod.metadata + 8 * (method_index - 1)), bci))
+            if sender >= offset:  # callers are encoded before their callees: anything else is not the JVM's
+                break
+            offset = sender
+        return out
+
+    def _decode(self, nmethod: Nmethod, offset: int) -> tuple[int, int, int, int]:
+        values, at = [], offset
+        for _ in range(3):
+            value, at = _unsigned5(nmethod.scopes, at, self.layout.excludes_zero)
+            values.append(value)
+        sender, method_index, bci = values
+        return sender, method_index, bci - 1, at  # (bci is stored plus one: InvocationEntryBci is -1)
+
+    def _u64(self, address: int) -> int:
+        return struct.unpack("<Q", self.read(address, 8))[0]
+
+    def _nmethod(self, pc: int) -> Nmethod | None:
+        blob = self._blob(pc)
+        if blob is None:
+            return None
+        layout = self.layout
+        compile_id = struct.unpack("<i", self.read(blob + layout.compile_id, 4))[0]
+        known = self._nmethods.get(blob)
+        if known is not None and known.compile_id == compile_id:
+            return known
+        if self.read(self._u64(blob + layout.name), 8) != b"nmethod\0":
+            return None
+        header = self.read(blob, max(layout.metadata_offset, layout.scopes_pcs_offset, layout.dependencies_offset) + 4)
+        metadata, pcs, pcs_end = (struct.unpack_from("<i", header, field)[0] for field in
+                                  (layout.metadata_offset, layout.scopes_pcs_offset, layout.dependencies_offset))
+        count = (pcs_end - pcs) // layout.pc_desc_size
+        if not 0 <= count <= MAX_PC_DESCS:
+            raise ScopeReadError(f"an nmethod with {count} PcDescs")
+        descs = self.read(blob + pcs, count * layout.pc_desc_size)
+        entries = sorted((struct.unpack_from("<i", descs, i * layout.pc_desc_size + layout.pc_offset)[0],
+                          struct.unpack_from("<i", descs, i * layout.pc_desc_size + layout.scope_decode_offset)[0]) for i in range(count))
+        scopes_begin = self._u64(blob + layout.scopes_data_begin)
+        scopes_size = min(MAX_SCOPES_BYTES, max((offset for _, offset in entries), default=0) + 64)
+        nmethod = Nmethod(
+            address=blob, compile_id=compile_id, method=self._u64(blob + layout.method), code_begin=self._u64(blob + layout.code_begin),
+            pc_offsets=tuple(pc for pc, _ in entries), scope_offsets=tuple(scope for _, scope in entries),
+            metadata=blob + metadata, scopes=self._read_available(scopes_begin, scopes_size),
+        )
+        if len(self._nmethods) >= MAX_NMETHODS:
+            self._nmethods.pop(next(iter(self._nmethods)))
+        self._nmethods[blob] = nmethod
+        return nmethod
+
+    def _read_available(self, address: int, size: int) -> bytes:
+        """Up to ``size`` bytes: the scopes data ends where the nmethod does, maybe on a page end."""
+        try:
+            return self.read(address, size)
+        except Exception:  # noqa: BLE001 - shorter, to the page's end
+            return self.read(address, max(1, 4096 - address % 4096))
+
+    def _blob(self, pc: int) -> int | None:
+        code = self.code
+        for heap in code.heaps:
+            if heap.low <= pc < heap.high:
+                segment = (pc - heap.low) >> code.segment_shift
+                for _ in range(SEGMAP_STEPS):
+                    back = self.read(heap.segmap + segment, 1)[0]
+                    if back == 0xFF or back > segment:
+                        return None
+                    if back == 0:
+                        return heap.low + (segment << code.segment_shift) + code.heap_block_size
+                    segment -= back
+                return None
+        return None
+
+
+def _unsigned5(data: bytes, at: int, excludes_zero: bool) -> tuple[int, int]:
+    """One number of the JVM's compressed streams: bytes below 192 end it; each holds 6 more bits
+    above the first byte's 8, at most five bytes."""
+    value = 0
+    for index in range(5):
+        if at >= len(data):
+            raise ScopeReadError("a scope past the data read")
+        byte = data[at] - (1 if excludes_zero else 0)
+        at += 1
+        value += byte << (6 * index)
+        if byte < 192 or index == 4:
+            return value, at
+    return value, at
+
+
+__all__ = ["ScopeReader", "ScopeReadError", "scope_layout", "VMStructsError"]

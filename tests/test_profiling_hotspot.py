@@ -1,0 +1,145 @@
+"""Java frames walked and named without perf maps or frame pointers (issue 30, HotSpot): the kernel
+steps a JVM's frames by the code cache's segment map and each CodeBlob's frame size
+(bpf/hotspot.bpf.c), records Java frames by their Method, and the report names them, with the
+methods C2 inlined at the pc, from the JVM's memory (receivers/profiling/hotspot/).
+
+KnownSplit runs under plain java (no -XX:+PreserveFramePointer, no perf map, no attach): C2
+compiles main on the stack with runOnce, spinHeavy and spinLight inlined into it. The JVM's own
+profiler (JFR's execution samples) of the same run is the reference for the split.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pycollector.pdata import iter_samples
+
+from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, share_tolerance
+
+JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64")
+HZ = 199
+SECONDS = 8
+ROOTS = {"__clone3", "clone3", "start_thread", "__libc_start_call_main", "_start"}
+
+
+def jdk_tools() -> tuple[Path, Path, Path]:
+    java, javac, jfr = JDK / "bin" / "java", JDK / "bin" / "javac", JDK / "bin" / "jfr"
+    if not java.exists():
+        pytest.fail(f"{java} should be on this machine (scripts/setup.sh installs the runtimes' packages)")
+    return java, javac, jfr
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory) -> Path:
+    _, javac, _ = jdk_tools()
+    out = tmp_path_factory.mktemp("hotspot-classes")
+    subprocess.run([str(javac), "-d", str(out), str(WORKLOADS / "KnownSplit.java")], check=True, capture_output=True)
+    (out / "Sleep.java").write_text("public class Sleep { public static void main(String[] a) throws Exception { Thread.sleep(60000); } }")
+    subprocess.run([str(javac), "-d", str(out), str(out / "Sleep.java")], check=True, capture_output=True)
+    return out
+
+
+def test_a_live_jvm_describes_its_code_cache_and_methods(classes):
+    from elftools.elf.elffile import ELFFile
+
+    from receivers.profiling.elf.symbols import defined_symbols
+    from receivers.profiling.hotspot.jvm import code_cache_layout, method_layout
+    from receivers.profiling.hotspot.runtimes import _bias
+    from receivers.profiling.hotspot.vmstructs import SYMBOLS, read_vmstructs
+    from receivers.profiling.processes.memory import ProcessMemory
+    from receivers.profiling.processes.proc import parse_maps
+
+    java, _, _ = jdk_tools()
+    jvm = subprocess.Popen([str(java), "-cp", str(classes), "Sleep"])
+    try:
+        time.sleep(1.5)  # (its tables are filled as it starts)
+        mapping = next(m for m in parse_maps(Path(f"/proc/{jvm.pid}/maps").read_text()) if m.path.endswith("/libjvm.so"))
+        with open(mapping.path, "rb") as stream:
+            elf = ELFFile(stream)
+            symbols = defined_symbols(elf, SYMBOLS)
+            segments = [(s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        memory = ProcessMemory(jvm.pid)
+        tables = read_vmstructs(memory.read, symbols, _bias(segments, mapping))
+        code = code_cache_layout(tables, memory.read)
+        method_layout(tables)
+        major = int.from_bytes(memory.read(tables.statics[("Abstract_VM_Version", "_vm_major_version")], 4), "little")
+        version = subprocess.run([str(java), "-version"], capture_output=True, text=True).stderr
+        print(f"JDK {major}: {len(tables.fields)} fields, code cache {code.low:#x}-{code.high:#x} in {len(code.heaps)} heaps")
+        assert f'"{major}.' in version
+        assert len(tables.fields) > 300 and len(tables.types) > 300
+        assert all(code.low <= heap.low < heap.high <= code.high for heap in code.heaps)
+        # The code cache is one reservation of the JVM's: an anonymous mapping holds each heap's start.
+        anonymous = [m for m in read_maps(jvm.pid) if not m[2]]
+        assert all(any(low <= heap.low < high for low, high, _ in anonymous) for heap in code.heaps)
+    finally:
+        jvm.kill()
+        jvm.wait()
+
+
+def read_maps(pid: int) -> list[tuple[int, int, str]]:
+    out = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            low, high = (int(part, 16) for part in fields[0].split("-"))
+            out.append((low, high, fields[5].strip() if len(fields) > 5 else ""))
+    return out
+
+
+def jfr_leaves(recording: Path, jfr: Path) -> collections.Counter:
+    """JFR's execution samples by the Java method each was in (its own leaf frame, inlined ones
+    included)."""
+    printed = subprocess.run([str(jfr), "print", "--json", "--events", "jdk.ExecutionSample", str(recording)],
+                             capture_output=True, text=True, check=True).stdout
+    leaves: collections.Counter = collections.Counter()
+    for event in json.loads(printed)["recording"]["events"]:
+        frames = event["values"]["stackTrace"]["frames"]
+        if frames:
+            method = frames[0]["method"]
+            leaves[f"{method['type']['name'].replace('/', '.')}.{method['name']}"] += 1
+    return leaves
+
+
+@pytest.mark.bpf
+def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles_them(classes, tmp_path):
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    java, _, jfr = jdk_tools()
+    recording = tmp_path / "known_split.jfr"
+    profiled = profile_a_run(tmp_path, [java, f"-XX:StartFlightRecording=filename={recording},settings=profile", "-cp", classes,
+                                        "KnownSplit", SECONDS], HZ, "hotspot")
+    stats = profiled["stats"]
+    total = rooted = 0
+    leaves: collections.Counter = collections.Counter()
+    stacks: collections.Counter = collections.Counter()
+    for message in profiled["messages"]:
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") != profiled["pid"] or not view.frames:
+                continue
+            count = sum(view.values)
+            total += count
+            rooted += count * (view.frames[-1].function in ROOTS)
+            java_frames = [frame.function for frame in view.frames if frame.frame_type == "jvm" and frame.function]
+            if java_frames:
+                leaves[java_frames[0]] += count
+                stacks[tuple(java_frames)] += count
+    heavy, light = leaves["KnownSplit.spinHeavy"], leaves["KnownSplit.spinLight"]
+    ours = heavy / max(1, heavy + light)
+    reference = jfr_leaves(recording, jfr)
+    theirs = reference["KnownSplit.spinHeavy"] / max(1, reference["KnownSplit.spinHeavy"] + reference["KnownSplit.spinLight"])
+    reference_samples = reference["KnownSplit.spinHeavy"] + reference["KnownSplit.spinLight"]
+    print(f"java: {total} samples, {rooted / max(1, total):.1%} reach a thread's root; spinHeavy {ours:.3f} of {heavy + light} "
+          f"(JFR {theirs:.3f} of {reference_samples}); Java stacks {stacks.most_common(3)}; {stats}")
+    assert rooted >= 0.95 * total
+    assert heavy + light >= HZ * SECONDS * 0.5
+    both = 1 / (1 / (heavy + light) + 1 / max(reference_samples, 1))
+    assert abs(ours - theirs) <= share_tolerance(both)
+    whole = stacks[("KnownSplit.spinHeavy", "KnownSplit.runOnce", "KnownSplit.main")] + stacks[("KnownSplit.spinLight", "KnownSplit.runOnce", "KnownSplit.main")]
+    assert whole >= 0.95 * (heavy + light), stacks.most_common(5)
+
