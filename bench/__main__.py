@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import agent_cost, agent_memory, bpf_stats, children, off_cpu, overhead, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, side_by_side, sizes, span_context, truth, unwinding, workload
+from bench import agent_cost, agent_memory, bpf_stats, children, off_cpu, overhead, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, runtime_frames, side_by_side, sizes, span_context, truth, unwinding, workload
 from bench.settings import FULL, QUICK
 from bench.sink import ProfilesSink
 
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                 side_by_side_runs = side_by_side.run_rounds(settings, binary, workdir, sink)
                 unwinding_runs, startup_runs = unwinding.run_rounds(settings, binary_without_frame_pointers, workdir, sink)
                 python_runs = python_frames.run_rounds(settings, workdir, sink)
+                runtime_runs = runtime_frames.run_rounds(settings, binary, workdir, sink)
                 off_cpu_runs = off_cpu.run_rounds(settings, ping_pong_binary, workdir, sink)
                 span_runs = span_context.run_bpf_rounds(settings, span_binary, workdir, sink)
                 memory_run = agent_memory.run(settings, workdir / "agent_memory", sink)
@@ -65,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         children.kill_all()
         children.restore_signals(handlers)
-    loads += [run.load for run in runs + first_start_runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + off_cpu_runs + span_runs]
+    loads += [run.load for run in runs + first_start_runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + runtime_runs + off_cpu_runs + span_runs]
     loads += [procfs.load_average()]
     rows = (overhead.rows(runs) + agent_cost.rows(runs, first_start_runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
-            + python_frames.rows(python_runs) + off_cpu.rows(off_cpu_runs) + span_context.rows(span_runs, writer_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
+            + python_frames.rows(python_runs) + runtime_frames.rows(runtime_runs) + off_cpu.rows(off_cpu_runs) + span_context.rows(span_runs, writer_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
             + sizes.rows(side_by_side_runs) + agent_memory.rows(memory_run, settings))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)
     print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)

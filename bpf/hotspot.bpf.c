@@ -70,8 +70,8 @@ static __always_inline enum hotspot_blob_kind hotspot_kind(struct hotspot_proces
 static __always_inline enum step_result hotspot_frame(struct unwind_state *state, u32 depth, u64 *value, u64 *next)
 {
     struct hotspot_process *jvm = hotspot_processes.lookup(&state->key.tgid);
-    if (!jvm)
-        return STEP_DONE;
+    if (!jvm)  /* (its entry could not be written): as before there was a walker for it */
+        return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     u64 pc = state->pc - (depth ? 1 : 0);
     u64 blob = hotspot_blob(jvm, pc);
     if (!blob) {
@@ -141,11 +141,10 @@ static __always_inline enum step_result hotspot_frame(struct unwind_state *state
         state->sp += pushed ? 16 : 8;
         return STEP_CONTINUE;
     }
-    if (size == 0 || (state->bp_known && state->bp > state->sp && state->bp + 16 <= state->sp + size)) {
-        /* No size (the call stub keeps rbp), or a frame pointer inside this frame (the JVM keeps
-         * one with -XX:+PreserveFramePointer): step by it. */
+    if (size == 0)  /* no size: the call stub and the adapters keep rbp */
         return frame_pointer_step(state);
-    }
+    /* (With -XX:+PreserveFramePointer rbp is this frame's too, and the size leads to the same
+     * caller; without it, compiled code uses rbp as it likes, so it is never followed here.) */
     /* The frame size covers the return address and the saved rbp, at its top. */
     state->sp += size;
     if (read_user(frame, sizeof(frame), (void *)(state->sp - 16)))

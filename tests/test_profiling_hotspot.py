@@ -143,3 +143,31 @@ def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles
     whole = stacks[("KnownSplit.spinHeavy", "KnownSplit.runOnce", "KnownSplit.main")] + stacks[("KnownSplit.spinLight", "KnownSplit.runOnce", "KnownSplit.main")]
     assert whole >= 0.95 * (heavy + light), stacks.most_common(5)
 
+
+
+def test_scopes_decode_as_the_jvm_writes_them():
+    from receivers.profiling.hotspot.scopes import Nmethod, _unsigned5
+
+    def unsigned5(value: int, excludes_zero: bool = False) -> bytes:
+        """As the JVM writes one (UNSIGNED5::write_uint): high codes of 6 bits above L while more follow."""
+        low, out = 256 - 64 - excludes_zero, bytearray()
+        for index in range(5):
+            if value < low or index == 4:
+                out.append(value + excludes_zero)
+                return bytes(out)
+            value -= low
+            out.append(low + (value & 63) + excludes_zero)
+            value >>= 6
+        return bytes(out)
+
+    for value in (0, 1, 190, 191, 192, 255, 1000, 12345, 1 << 20, 1 << 26):
+        for excludes_zero in (False, True):
+            data = unsigned5(value, excludes_zero) + b"\x07"
+            assert _unsigned5(data, 0, excludes_zero) == (value, len(data) - 1), (value, excludes_zero)
+    nmethod = Nmethod(address=0, compile_id=1, method=0x10, code_begin=0x1000, pc_offsets=(-1, 40, 90), scope_offsets=(0, 5, 9),
+                      metadata=0, scopes=b"")
+    assert nmethod.scope_offset(0x1000 + 40, return_address=True) == 5  # a return address: its own PcDesc
+    assert nmethod.scope_offset(0x1000 + 41, return_address=True) is None
+    assert nmethod.scope_offset(0x1000 + 40, return_address=False) == 5  # elsewhere: the PcDesc at or after it
+    assert nmethod.scope_offset(0x1000 + 50, return_address=False) == 9
+    assert nmethod.scope_offset(0x1000 + 95, return_address=False) == 9

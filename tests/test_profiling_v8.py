@@ -26,7 +26,7 @@ from receivers.profiling.v8.layout import UnknownLayout, V8Layout
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, share_tolerance
 
 HZ = 199
-SECONDS = 8
+SECONDS = 6
 ROOTS = {"__libc_start_call_main", "__libc_start_main", "_start", "start_thread", "__clone3", "clone3"}
 
 

@@ -240,7 +240,9 @@ class ProfilingReceiver(Component):
         """Java frames of HotSpot JVMs, walked and named without perf maps."""
         if not self.config.tracer_enabled("hotspot"):
             return
-        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log)
+        maps_cpython = lambda info: any(mapping.file_backed and may_be_cpython(mapping.path) for mapping in info.mappings)  # noqa: E731
+        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log, other_runtime=maps_cpython if self.config.python_frames() else lambda info: False)
+        self.hotspot.current = self.processes.lookup
         self.reports.runtimes.insert(0, self.hotspot)
         self.processes.watch(changed=self.hotspot.register, exited=self.hotspot.forget)
 

@@ -79,6 +79,8 @@ def code_cache_layout(tables: VMStructs, read) -> CodeCacheLayout:
         raise VMStructsError("the code cache has no heaps yet (the JVM is starting)")
     length = struct.unpack("<i", read(heaps_array + _field(tables, ("GrowableArrayBase", "_len"), ("GenericGrowableArray", "_len")), 4))[0]
     data = u64(heaps_array + _field(tables, ("GrowableArray<int>", "_data")))
+    if length == 0 or not low:
+        raise VMStructsError("the code cache has no heaps yet (the JVM is starting)")
     if not 0 < length <= MAX_HEAPS:
         raise VMStructsError(f"a code cache of {length} heaps")
     memory, segmap = _field(tables, ("CodeHeap", "_memory")), _field(tables, ("CodeHeap", "_segmap"))

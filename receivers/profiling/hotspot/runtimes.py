@@ -63,9 +63,11 @@ class JvmProcess:
 
 
 class HotSpotRuntimes:
-    def __init__(self, table: Any, logger: Any):
-        """``table``: the sampler's hotspot_processes map."""
+    def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False):
+        """``table``: the sampler's hotspot_processes map. ``other_runtime(info)``: whether the
+        process is walked as another runtime's (the kernel's tag is one for all)."""
         self._table = table
+        self._other_runtime = other_runtime
         self.log = logger
         self._lock = threading.Lock()
         self._registering = threading.Lock()
@@ -73,8 +75,10 @@ class HotSpotRuntimes:
         self._processes: dict[int, JvmProcess] = {}
         self._retired: list[JvmProcess] = []
         # JVMs whose tables were not there yet: looked at again each report, a minute at most
-        # (their maps may not change again). on_found(info) tells the unwind registry.
-        self._starting: dict[int, tuple[ProcessInfo, int]] = {}
+        # (their maps may not change again), with the process table's current snapshot
+        # (current(pid)); on_found(info) tells the unwind registry.
+        self._starting: dict[int, int] = {}  # pid -> attempts
+        self.current: Callable[[int], ProcessInfo | None] = lambda pid: None
         self.on_found: Callable[[ProcessInfo], None] = lambda info: None
         self.stats = dict.fromkeys(("processes", "starting", "unknown_layout", "frames_named", "frames_unnamed",
                                     "methods_read", "read_budget_spent", "inlining_unknown"), 0)
@@ -127,6 +131,8 @@ class HotSpotRuntimes:
             pass
 
     def _find(self, info: ProcessInfo) -> JvmProcess | None:
+        if self._other_runtime(info):
+            return None
         for mapping in info.mappings:
             if not (mapping.file_backed and os.path.basename(mapping.path) == "libjvm.so"):
                 continue
@@ -153,11 +159,13 @@ class HotSpotRuntimes:
                 with self._lock:
                     self.stats["starting" if starting else "unknown_layout"] += 1
                     if starting:
-                        self._starting[info.pid] = (info, self._starting.get(info.pid, (info, 0))[1] + 1)
+                        self._starting.setdefault(info.pid, 0)
                 if not starting:
                     log_once(self.log, ("hotspot-layout", mapping.identity), "warning", "this JVM's layout could not be read; "
                              "its Java frames are named only from perf maps", path=mapping.path, pid=info.pid, reason=str(error))
                 return None
+            with self._lock:
+                self._starting.pop(info.pid, None)
             self.log.info("found a JVM", path=mapping.path, pid=info.pid, code_cache=f"{code.low:#x}-{code.high:#x}", heaps=len(code.heaps))
             return JvmProcess(info, code, methods, memory, ScopeReader(memory.read, code, scopes) if scopes is not None else None)
         return None
@@ -198,17 +206,7 @@ class HotSpotRuntimes:
     # -- reports ----------------------------------------------------------------------------------
 
     def new_report(self) -> None:
-        with self._lock:
-            starting, self._starting = self._starting, {}
-        for info, attempts in starting.values():
-            if attempts < STARTING_ATTEMPTS:
-                self.register(info)
-                with self._lock:
-                    found = info.pid in self._processes
-                    if info.pid in self._starting:  # (still starting: count this attempt)
-                        self._starting[info.pid] = (info, attempts + 1)
-                if found:
-                    self.on_found(info)
+        self._retry_starting()
         with self._lock:
             retired, self._retired = self._retired, []
             for process in retired:
@@ -218,6 +216,25 @@ class HotSpotRuntimes:
                 process.budget = READ_BUDGET_PER_PROCESS
                 if process.scopes is not None:
                     process.scopes.new_report()
+
+    def _retry_starting(self) -> None:
+        with self._lock:
+            starting = dict(self._starting)
+        for pid, attempts in starting.items():
+            info = self.current(pid)
+            with self._lock:
+                if info is None or attempts >= STARTING_ATTEMPTS or pid in self._processes:
+                    self._starting.pop(pid, None)
+                    continue
+                self._starting[pid] = attempts + 1
+            try:
+                self.register(info)
+                with self._lock:
+                    found = pid in self._processes
+                if found:
+                    self.on_found(info)
+            except Exception as error:  # noqa: BLE001 - one JVM's retry must not cost the report
+                log_once(self.log, ("hotspot-retry", pid), "warning", "a JVM could not be registered", pid=pid, error=str(error))
 
     def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
         with self._lock:

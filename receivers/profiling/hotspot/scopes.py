@@ -18,9 +18,11 @@ from .vmstructs import VMStructs, VMStructsError
 
 SEGMAP_STEPS = 12  # as the kernel's walk (bpf/hotspot.bpf.c)
 MAX_PC_DESCS = 1 << 16
-MAX_SCOPES_BYTES = 1 << 20
+MAX_SCOPES_BYTES = 256 << 10
 MAX_INLINED = 64
+MAX_METADATA = 1 << 16  # entries of an nmethod's metadata a scope may name
 MAX_NMETHODS = 4096
+MAX_HELD_BYTES = 32 << 20  # scopes data kept for all of a JVM's nmethods
 
 
 class ScopeReadError(Exception):
@@ -75,12 +77,13 @@ class Nmethod:
     def scope_offset(self, pc: int, return_address: bool) -> int | None:
         """Where the scope chain of ``pc`` starts: a return address's PcDesc is recorded at it
         (no byte back); another pc takes the first PcDesc after it, as the JVM's own sampler
-        does (PcDescs sit at calls and safepoint polls, the poll ending the code it runs in)."""
+        does: the first at or after it (PcDescs sit at calls and safepoint polls, the poll ending
+    the code it runs in)."""
         offset = pc - self.code_begin
         if return_address:
             at = bisect.bisect_left(self.pc_offsets, offset)
             return self.scope_offsets[at] if at < len(self.pc_offsets) and self.pc_offsets[at] == offset else None
-        at = bisect.bisect_right(self.pc_offsets, offset)
+        at = bisect.bisect_left(self.pc_offsets, offset)  # (the first at or after it)
         if at == len(self.pc_offsets):
             at -= 1
         return self.scope_offsets[at] if at >= 0 else None
@@ -92,14 +95,22 @@ class ScopeReader:
     def __init__(self, read, code: CodeCacheLayout, layout: ScopeLayout) -> None:
         self.read, self.code, self.layout = read, code, layout
         self._nmethods: dict[int, Nmethod] = {}
-        self._checked: set[int] = set()
+        self._held = 0  # bytes of scopes data kept
+        self._this_report: dict[tuple[int, int, bool], list[tuple[int, int]]] = {}
 
     def new_report(self) -> None:
-        self._checked.clear()
+        self._this_report = {}
 
     def inlined(self, pc: int, method: int, return_address: bool) -> list[tuple[int, int]]:
         """(Method, bci) of each scope at ``pc``, innermost first, the outermost being the
-        nmethod's own method (which the kernel recorded: ``method``). Empty when unknown."""
+        nmethod's own method (which the kernel recorded: ``method``). Empty when unknown. A
+        report's stacks share most of their pcs: each is read once a report."""
+        key = (pc, method, return_address)
+        if key not in self._this_report:
+            self._this_report[key] = self._inlined(pc, method, return_address)
+        return self._this_report[key]
+
+    def _inlined(self, pc: int, method: int, return_address: bool) -> list[tuple[int, int]]:
         nmethod = self._nmethod(pc - (1 if return_address else 0))
         if nmethod is None or nmethod.method != method:
             return []
@@ -107,7 +118,7 @@ class ScopeReader:
         out: list[tuple[int, int]] = []
         while offset and len(out) < MAX_INLINED:
             sender, method_index, bci, _ = self._decode(nmethod, offset)
-            if method_index <= 0:
+            if not 0 < method_index <= MAX_METADATA:
                 break
             out.append((self._u64(nmethod.metadata + 8 * (method_index - 1)), bci))
             if sender >= offset:  # callers are encoded before their callees: anything else is not the JVM's
@@ -153,9 +164,12 @@ class ScopeReader:
             pc_offsets=tuple(pc for pc, _ in entries), scope_offsets=tuple(scope for _, scope in entries),
             metadata=blob + metadata, scopes=self._read_available(scopes_begin, scopes_size),
         )
-        if len(self._nmethods) >= MAX_NMETHODS:
-            self._nmethods.pop(next(iter(self._nmethods)))
+        old = self._nmethods.pop(blob, None)
+        self._held -= len(old.scopes) if old is not None else 0
+        while self._nmethods and (len(self._nmethods) >= MAX_NMETHODS or self._held + len(nmethod.scopes) > MAX_HELD_BYTES):
+            self._held -= len(self._nmethods.pop(next(iter(self._nmethods))).scopes)
         self._nmethods[blob] = nmethod
+        self._held += len(nmethod.scopes)
         return nmethod
 
     def _read_available(self, address: int, size: int) -> bytes:
@@ -182,16 +196,19 @@ class ScopeReader:
 
 
 def _unsigned5(data: bytes, at: int, excludes_zero: bool) -> tuple[int, int]:
-    """One number of the JVM's compressed streams: bytes below 192 end it; each holds 6 more bits
-    above the first byte's 8, at most five bytes."""
+    """One number of the JVM's compressed streams (UNSIGNED5): a byte below L ends it, each byte
+    adds its value 6 bits further up, five at most. From JDK 20 no byte is zero: each is stored
+    plus one, and L is 191 rather than 192."""
+    excluded = 1 if excludes_zero else 0
+    low = 256 - 64 - excluded
     value = 0
     for index in range(5):
         if at >= len(data):
             raise ScopeReadError("a scope past the data read")
-        byte = data[at] - (1 if excludes_zero else 0)
+        byte = data[at] - excluded
         at += 1
         value += byte << (6 * index)
-        if byte < 192 or index == 4:
+        if byte < low:
             return value, at
     return value, at
 
