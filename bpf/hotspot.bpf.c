@@ -110,11 +110,15 @@ static __always_inline enum step_result hotspot_frame(struct unwind_state *state
     s32 frame_words = 0, complete = 0;
     u64 code_begin = 0;
     if (read_user(&frame_words, sizeof(frame_words), (void *)(blob + jvm->blob_frame_size)) ||
-        read_user(&complete, sizeof(complete), (void *)(blob + jvm->blob_frame_complete)) ||
-        read_user(&code_begin, sizeof(code_begin), (void *)(blob + jvm->blob_code_begin))) {
+        read_user(&complete, jvm->frame_complete_is_short ? 2 : 4, (void *)(blob + jvm->blob_frame_complete)) ||
+        read_user(&code_begin, jvm->code_begin_is_offset ? 4 : 8, (void *)(blob + jvm->blob_code_begin))) {
         count(COUNTER_HOTSPOT_BAD_FRAME);
         return STEP_DONE;
     }
+    if (jvm->frame_complete_is_short)
+        complete = (s16)complete;
+    if (jvm->code_begin_is_offset)
+        code_begin = blob + (u64)(s64)(s32)code_begin;
     if (kind == HOTSPOT_NMETHOD || kind == HOTSPOT_NATIVE_NMETHOD) {
         u64 method = 0;
         if (!read_user(&method, sizeof(method), (void *)(blob + jvm->nmethod_method)) && method && method < (1ULL << 47)) {

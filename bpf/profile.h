@@ -305,11 +305,13 @@ struct hotspot_process {
     u16 blob_name;            /* CodeBlob::_name (const char *) */
     u16 blob_frame_size;      /* CodeBlob::_frame_size (int, in words) */
     u16 blob_frame_complete;  /* CodeBlob::_frame_complete_offset (int) */
-    u16 blob_code_begin;      /* CodeBlob::_code_begin (a pointer) */
-    u16 nmethod_method;       /* CompiledMethod::_method (Method *) */
+    u16 blob_code_begin;      /* CodeBlob::_code_begin (a pointer), or _code_offset (JDK 23+) */
+    u16 nmethod_method;       /* CompiledMethod::_method (Method *), nmethod::_method (JDK 23+) */
     u8 segment_shift;
     u8 heap_block_size;
-    u32 reserved;
+    u8 code_begin_is_offset;  /* JDK 23+: an int from the blob */
+    u8 frame_complete_is_short; /* JDK 25: an int16_t */
+    u16 reserved;
 };
 
 /* A HotSpot frame among a user stack's frames, in place of its pc: bit 63, bits 60-62 its kind,

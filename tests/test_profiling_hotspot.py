@@ -22,14 +22,16 @@ from pycollector.pdata import iter_samples
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, share_tolerance
 
-JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64")
+# Each JDK on this machine: Debian's 17 and Temurin's 25 (JDK 11 and 21 are not installed here).
+JDKS = [path for path in (Path("/usr/lib/jvm/java-17-openjdk-amd64"), Path("/usr/lib/jvm/temurin-25-jdk-amd64")) if (path / "bin" / "java").exists()]
+JDK = JDKS[0] if JDKS else Path("/usr/lib/jvm/java-17-openjdk-amd64")
 HZ = 199
 SECONDS = 8
 ROOTS = {"__clone3", "clone3", "start_thread", "__libc_start_call_main", "_start"}
 
 
-def jdk_tools() -> tuple[Path, Path, Path]:
-    java, javac, jfr = JDK / "bin" / "java", JDK / "bin" / "javac", JDK / "bin" / "jfr"
+def jdk_tools(jdk: Path = JDK) -> tuple[Path, Path, Path]:
+    java, javac, jfr = jdk / "bin" / "java", jdk / "bin" / "javac", jdk / "bin" / "jfr"
     if not java.exists():
         pytest.fail(f"{java} should be on this machine (scripts/setup.sh installs the runtimes' packages)")
     return java, javac, jfr
@@ -107,10 +109,11 @@ def jfr_leaves(recording: Path, jfr: Path) -> collections.Counter:
 
 
 @pytest.mark.bpf
-def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles_them(classes, tmp_path):
+@pytest.mark.parametrize("jdk", JDKS, ids=[path.name for path in JDKS])
+def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles_them(classes, tmp_path, jdk):
     if bpf_unavailable_reason():
         pytest.skip(bpf_unavailable_reason())
-    java, _, jfr = jdk_tools()
+    java, _, jfr = jdk_tools(jdk)
     recording = tmp_path / "known_split.jfr"
     profiled = profile_a_run(tmp_path, [java, f"-XX:StartFlightRecording=filename={recording},settings=profile", "-cp", classes,
                                         "KnownSplit", SECONDS], HZ, "hotspot")

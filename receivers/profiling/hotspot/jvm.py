@@ -32,6 +32,8 @@ class CodeCacheLayout:
     blob_frame_complete: int
     blob_code_begin: int
     nmethod_method: int
+    code_begin_is_offset: bool = False  # JDK 23+: CodeBlob::_code_offset, an int from the blob
+    frame_complete_is_short: bool = False  # JDK 25: an int16_t
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,10 @@ def code_cache_layout(tables: VMStructs, read) -> CodeCacheLayout:
         low=low, high=high, heaps=tuple(heaps), segment_shift=shifts.pop(), heap_block_size=_size(tables, "HeapBlock"),
         blob_name=_field(tables, ("CodeBlob", "_name")), blob_frame_size=_field(tables, ("CodeBlob", "_frame_size")),
         blob_frame_complete=_field(tables, ("CodeBlob", "_frame_complete_offset")),
-        blob_code_begin=_field(tables, ("CodeBlob", "_code_begin")),
+        blob_code_begin=_field(tables, ("CodeBlob", "_code_begin"), ("CodeBlob", "_code_offset")),
         nmethod_method=_field(tables, ("CompiledMethod", "_method"), ("nmethod", "_method")),
+        code_begin_is_offset=("CodeBlob", "_code_begin") not in tables.fields,
+        frame_complete_is_short=tables.field_types.get(("CodeBlob", "_frame_complete_offset"), "int") in ("int16_t", "short"),
     )
     for name in ("blob_name", "blob_frame_size", "blob_frame_complete", "blob_code_begin", "nmethod_method", "heap_block_size"):
         if not 0 <= getattr(layout, name) < MAX_OFFSET:

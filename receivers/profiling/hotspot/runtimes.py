@@ -201,6 +201,7 @@ class HotSpotRuntimes:
         leaf.blob_name, leaf.blob_frame_size = code.blob_name, code.blob_frame_size
         leaf.blob_frame_complete, leaf.blob_code_begin = code.blob_frame_complete, code.blob_code_begin
         leaf.nmethod_method, leaf.segment_shift, leaf.heap_block_size = code.nmethod_method, code.segment_shift, code.heap_block_size
+        leaf.code_begin_is_offset, leaf.frame_complete_is_short = code.code_begin_is_offset, code.frame_complete_is_short
         return leaf
 
     # -- reports ----------------------------------------------------------------------------------

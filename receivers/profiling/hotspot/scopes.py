@@ -31,14 +31,23 @@ class ScopeReadError(Exception):
 
 @dataclass(frozen=True)
 class ScopeLayout:
+    """Where an nmethod keeps its PcDescs, scopes and metadata. Up to JDK 22 (``immutable`` off):
+    the PcDescs from _scopes_pcs_offset to _dependencies_offset and the metadata at
+    _metadata_offset, all from the nmethod, the scopes at the _scopes_data_begin pointer. JDK 25:
+    the PcDescs from _scopes_pcs_offset to _scopes_data_offset of the nmethod's _immutable_data,
+    the scopes from there, the metadata past the relocations of its _mutable_data."""
+
     name: int  # CodeBlob::_name
-    code_begin: int  # CodeBlob::_code_begin
-    method: int  # CompiledMethod::_method
-    scopes_data_begin: int  # CompiledMethod::_scopes_data_begin (a pointer)
+    code_begin: int  # CodeBlob::_code_begin (a pointer), or _code_offset (an int from the blob)
+    code_begin_is_offset: bool
+    method: int  # CompiledMethod::_method, nmethod::_method
     compile_id: int  # nmethod::_compile_id
-    metadata_offset: int  # nmethod::_metadata_offset (from the nmethod)
-    scopes_pcs_offset: int  # nmethod::_scopes_pcs_offset
-    dependencies_offset: int  # nmethod::_dependencies_offset: where the PcDescs end
+    scopes_pcs_offset: int  # nmethod::_scopes_pcs_offset (an int)
+    pcs_end_offset: int  # nmethod::_dependencies_offset, or _scopes_data_offset (immutable)
+    scopes_data: int  # CompiledMethod::_scopes_data_begin, or nmethod::_immutable_data (both pointers)
+    metadata: int  # nmethod::_metadata_offset (an int), or CodeBlob::_mutable_data (a pointer, immutable)
+    relocation_size: int  # CodeBlob::_relocation_size (immutable)
+    immutable: bool
     pc_desc_size: int
     pc_offset: int  # PcDesc::_pc_offset
     scope_decode_offset: int  # PcDesc::_scope_decode_offset
@@ -46,21 +55,27 @@ class ScopeLayout:
 
 
 def scope_layout(tables: VMStructs, major: int) -> ScopeLayout | None:
-    """None where the JVM keeps these elsewhere (JDK 23+: offsets instead of pointers)."""
+    """None where the JVM keeps these in a way not read here (JDK 23 and 24)."""
     fields = tables.fields
-    wanted = {("CodeBlob", "_name"), ("CodeBlob", "_code_begin"), ("CompiledMethod", "_method"), ("CompiledMethod", "_scopes_data_begin"),
-              ("nmethod", "_compile_id"), ("nmethod", "_metadata_offset"), ("nmethod", "_scopes_pcs_offset"),
-              ("nmethod", "_dependencies_offset"), ("PcDesc", "_pc_offset"), ("PcDesc", "_scope_decode_offset")}
-    if not wanted <= fields.keys() or "PcDesc" not in tables.types:
+
+    def first(*names: tuple[str, str]) -> int | None:
+        return next((fields[name] for name in names if name in fields), None)
+
+    immutable = ("nmethod", "_immutable_data") in fields
+    common = {"name": first(("CodeBlob", "_name")), "code_begin": first(("CodeBlob", "_code_begin"), ("CodeBlob", "_code_offset")),
+              "method": first(("CompiledMethod", "_method"), ("nmethod", "_method")), "compile_id": first(("nmethod", "_compile_id")),
+              "scopes_pcs_offset": first(("nmethod", "_scopes_pcs_offset")), "pc_offset": first(("PcDesc", "_pc_offset")),
+              "scope_decode_offset": first(("PcDesc", "_scope_decode_offset"))}
+    if immutable:
+        placement = {"pcs_end_offset": first(("nmethod", "_scopes_data_offset")), "scopes_data": first(("nmethod", "_immutable_data")),
+                     "metadata": first(("CodeBlob", "_mutable_data")), "relocation_size": first(("CodeBlob", "_relocation_size"))}
+    else:
+        placement = {"pcs_end_offset": first(("nmethod", "_dependencies_offset")), "scopes_data": first(("CompiledMethod", "_scopes_data_begin")),
+                     "metadata": first(("nmethod", "_metadata_offset")), "relocation_size": 0}
+    if None in common.values() or None in placement.values() or "PcDesc" not in tables.types:
         return None
-    return ScopeLayout(
-        name=fields[("CodeBlob", "_name")], code_begin=fields[("CodeBlob", "_code_begin")], method=fields[("CompiledMethod", "_method")],
-        scopes_data_begin=fields[("CompiledMethod", "_scopes_data_begin")], compile_id=fields[("nmethod", "_compile_id")],
-        metadata_offset=fields[("nmethod", "_metadata_offset")], scopes_pcs_offset=fields[("nmethod", "_scopes_pcs_offset")],
-        dependencies_offset=fields[("nmethod", "_dependencies_offset")], pc_desc_size=tables.types["PcDesc"],
-        pc_offset=fields[("PcDesc", "_pc_offset")], scope_decode_offset=fields[("PcDesc", "_scope_decode_offset")],
-        excludes_zero=major >= 20,
-    )
+    return ScopeLayout(**common, **placement, code_begin_is_offset=("CodeBlob", "_code_begin") not in fields, immutable=immutable,
+                       pc_desc_size=tables.types["PcDesc"], excludes_zero=major >= 20)
 
 
 @dataclass(frozen=True)
@@ -148,21 +163,28 @@ class ScopeReader:
             return known
         if self.read(self._u64(blob + layout.name), 8) != b"nmethod\0":
             return None
-        header = self.read(blob, max(layout.metadata_offset, layout.scopes_pcs_offset, layout.dependencies_offset) + 4)
-        metadata, pcs, pcs_end = (struct.unpack_from("<i", header, field)[0] for field in
-                                  (layout.metadata_offset, layout.scopes_pcs_offset, layout.dependencies_offset))
+        int_at = lambda offset: struct.unpack("<i", self.read(blob + offset, 4))[0]  # noqa: E731
+        pcs, pcs_end = int_at(layout.scopes_pcs_offset), int_at(layout.pcs_end_offset)
+        if layout.immutable:  # (JDK 25: in the immutable data, which the scopes follow)
+            base = self._u64(blob + layout.scopes_data)
+            scopes_begin = base + pcs_end
+            metadata = self._u64(blob + layout.metadata) + int_at(layout.relocation_size)
+        else:
+            base = blob
+            scopes_begin = self._u64(blob + layout.scopes_data)
+            metadata = blob + int_at(layout.metadata)
         count = (pcs_end - pcs) // layout.pc_desc_size
         if not 0 <= count <= MAX_PC_DESCS:
             raise ScopeReadError(f"an nmethod with {count} PcDescs")
-        descs = self.read(blob + pcs, count * layout.pc_desc_size)
+        descs = self.read(base + pcs, count * layout.pc_desc_size)
         entries = sorted((struct.unpack_from("<i", descs, i * layout.pc_desc_size + layout.pc_offset)[0],
                           struct.unpack_from("<i", descs, i * layout.pc_desc_size + layout.scope_decode_offset)[0]) for i in range(count))
-        scopes_begin = self._u64(blob + layout.scopes_data_begin)
         scopes_size = min(MAX_SCOPES_BYTES, max((offset for _, offset in entries), default=0) + 64)
+        code_begin = blob + int_at(layout.code_begin) if layout.code_begin_is_offset else self._u64(blob + layout.code_begin)
         nmethod = Nmethod(
-            address=blob, compile_id=compile_id, method=self._u64(blob + layout.method), code_begin=self._u64(blob + layout.code_begin),
+            address=blob, compile_id=compile_id, method=self._u64(blob + layout.method), code_begin=code_begin,
             pc_offsets=tuple(pc for pc, _ in entries), scope_offsets=tuple(scope for _, scope in entries),
-            metadata=blob + metadata, scopes=self._read_available(scopes_begin, scopes_size),
+            metadata=metadata, scopes=self._read_available(scopes_begin, scopes_size),
         )
         old = self._nmethods.pop(blob, None)
         self._held -= len(old.scopes) if old is not None else 0

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass, field
 
 TABLES = ("gHotSpotVMStructs", "gHotSpotVMTypes", "gHotSpotVMIntConstants", "gHotSpotVMLongConstants")
-_STRUCT = ("ArrayStride", "TypeNameOffset", "FieldNameOffset", "IsStaticOffset", "OffsetOffset", "AddressOffset")
+_STRUCT = ("ArrayStride", "TypeNameOffset", "FieldNameOffset", "TypeStringOffset", "IsStaticOffset", "OffsetOffset", "AddressOffset")
 _TYPE = ("ArrayStride", "TypeNameOffset", "SizeOffset")
 _CONSTANT = ("ArrayStride", "NameOffset", "ValueOffset")
 LAYOUT_SYMBOLS = (*(f"gHotSpotVMStructEntry{name}" for name in _STRUCT), *(f"gHotSpotVMTypeEntry{name}" for name in _TYPE),
@@ -31,6 +31,7 @@ class VMStructsError(Exception):
 @dataclass
 class VMStructs:
     fields: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, field) -> offset
+    field_types: dict[tuple[str, str], str] = field(default_factory=dict)  # (type, field) -> its C++ type
     statics: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, field) -> address
     types: dict[str, int] = field(default_factory=dict)  # type -> size
     int_constants: dict[str, int] = field(default_factory=dict)
@@ -81,6 +82,9 @@ def read_vmstructs(read, symbols: dict[str, int], bias: int) -> VMStructs:
         if not type_name:
             break
         key = (string(type_name), string(word(entry, struct_layout["FieldNameOffset"])))
+        type_string = word(entry, struct_layout["TypeStringOffset"])
+        if type_string:
+            out.field_types[key] = string(type_string)
         if struct.unpack_from("<i", entry, struct_layout["IsStaticOffset"])[0]:
             out.statics[key] = word(entry, struct_layout["AddressOffset"])
         else:
