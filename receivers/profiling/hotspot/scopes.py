@@ -111,6 +111,7 @@ class ScopeReader:
         self.read, self.code, self.layout = read, code, layout
         self._nmethods: dict[int, Nmethod] = {}
         self._held = 0  # bytes of scopes data kept
+        self._blob_names: dict[int, str] = {}
         self._this_report: dict[tuple[int, int, bool], list[tuple[int, int]]] = {}
 
     def new_report(self) -> None:
@@ -140,6 +141,18 @@ class ScopeReader:
                 break
             offset = sender
         return out
+
+    def blob_name(self, pc: int) -> str | None:
+        """The name of the CodeBlob holding ``pc`` (kept: a code cache has a few hundred stubs)."""
+        blob = self._blob(pc)
+        if blob is None:
+            return None
+        if blob not in self._blob_names:
+            if len(self._blob_names) >= MAX_NMETHODS:
+                self._blob_names.pop(next(iter(self._blob_names)))
+            data = self.read(self._u64(blob + self.layout.name), 64)
+            self._blob_names[blob] = data.split(b"\0", 1)[0].decode("ascii", "replace")
+        return self._blob_names[blob]
 
     def _decode(self, nmethod: Nmethod, offset: int) -> tuple[int, int, int, int]:
         values, at = [], offset
