@@ -337,10 +337,10 @@ def test_a_forged_return_address_beyond_user_space_passes_for_no_python_frame(ar
     assert {frame.frame_type for frame in frames} <= {"native", "kernel"}, collections.Counter(frame.frame_type for frame in frames)
     assert "main" in {frame.function for frame in frames}
     # The unwinder counts where it stopped, once it has the program's mappings: the program runs
-    # again until it has counted, or 30 s. (A process the unwinder was not told of is walked by
+    # again until it has counted, or 10 s. (A process the unwinder was not told of is walked by
     # the kernel, whose stacks the report cuts at the same address: the check above holds for
     # both. In the whole suite, with pids reused by the thousand, that happened: see the note.)
-    again, deadline = arena.as_nobody([str(forged)]), time.monotonic() + 30
+    again, deadline = arena.as_nobody([str(forged)]), time.monotonic() + 10
     try:
         while counters()["unwind_not_user_address"] <= stopped and time.monotonic() < deadline:
             time.sleep(0.2)

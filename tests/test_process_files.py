@@ -45,9 +45,9 @@ def nobody_process():
     process = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "60"])
     try:
         info = None
-        for _ in range(100):  # until setpriv has become sleep (its credentials changed by then)
-            info = ProcessTable().snapshot(process.pid)
-            if info.executable_name == "sleep":
+        for _ in range(100):  # until setpriv has become sleep, with nobody's credentials (a snapshot
+            info = ProcessTable().snapshot(process.pid)  # reads its files one by one: both must show)
+            if info.executable_name == "sleep" and info.credentials is not None and info.credentials.fsuid == NOBODY:
                 break
             threading.Event().wait(0.02)
         yield info

