@@ -75,6 +75,12 @@ METHOD = """\
   {settle_seconds:g} s before a {workload_seconds:g} s window. pycollector's total is its own CPU
   and its BPF program's run time (bpf_stats), which the kernel charges to the sampled processes;
   py-spy's is the CPU of all its processes (it reads the interpreters' memory from its own).
+- **Java and JavaScript frames.** One copy of a workload per CPU, through each round, in rotated
+  order: known_split.c (frame pointers), KnownSplit under plain java (JDK 17: no frame pointers,
+  no perf map) and known_split.js under plain node; pycollector settles {settle_seconds:g} s,
+  then a {workload_seconds:g} s window. Figures: its BPF program's run time per sample
+  (bpf_stats), and the agent's own CPU per second (naming the frames), the C workload's the peer
+  of the others'.
 - **Off-CPU.** `bench/ping_pong.c` (`gcc -O2 -fno-omit-frame-pointer`): two processes pinned to
   one CPU bounce a byte over two pipes, two context switches a round trip. Each round runs it
   alone (the baseline), under pycollector with `off_cpu_threshold: 1.0` (every switch off a CPU
