@@ -1,7 +1,8 @@
 """Java frames walked and named without perf maps or frame pointers (issue 30, HotSpot): the kernel
 steps a JVM's frames by the code cache's segment map and each CodeBlob's frame size
 (bpf/hotspot.bpf.c), records Java frames by their Method, and the report names them, with the
-methods C2 inlined at the pc, from the JVM's memory (receivers/profiling/hotspot/).
+methods C2 inlined at the pc and each frame's line, from the JVM's memory
+(receivers/profiling/hotspot/).
 
 KnownSplit runs under plain java (no -XX:+PreserveFramePointer, no perf map, no attach): C2
 compiles main on the stack with runOnce, spinHeavy and spinLight inlined into it. The JVM's own
@@ -124,18 +125,27 @@ def read_maps(pid: int) -> list[tuple[int, int, str]]:
     return out
 
 
-def jfr_leaves(recording: Path, jfr: Path) -> collections.Counter:
+def jfr_leaves(recording: Path, jfr: Path) -> tuple[collections.Counter, collections.Counter]:
     """JFR's execution samples by the Java method each was in (its own leaf frame, inlined ones
-    included)."""
+    included), and by (method, line)."""
     printed = subprocess.run([str(jfr), "print", "--json", "--events", "jdk.ExecutionSample", str(recording)],
                              capture_output=True, text=True, check=True).stdout
     leaves: collections.Counter = collections.Counter()
+    lines: collections.Counter = collections.Counter()
     for event in json.loads(printed)["recording"]["events"]:
         frames = event["values"]["stackTrace"]["frames"]
         if frames:
             method = frames[0]["method"]
-            leaves[f"{method['type']['name'].replace('/', '.')}.{method['name']}"] += 1
-    return leaves
+            name = f"{method['type']['name'].replace('/', '.')}.{method['name']}"
+            leaves[name] += 1
+            lines[(name, frames[0].get("lineNumber", 0))] += 1
+    return leaves, lines
+
+
+def overlap(ours: collections.Counter, theirs: collections.Counter) -> float:
+    """How much two distributions share: the sum over keys of the smaller share."""
+    total_ours, total_theirs = sum(ours.values()) or 1, sum(theirs.values()) or 1
+    return sum(min(ours[key] / total_ours, theirs[key] / total_theirs) for key in ours.keys() | theirs.keys())
 
 
 @pytest.mark.bpf
@@ -151,6 +161,7 @@ def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles
     total = rooted = 0
     leaves: collections.Counter = collections.Counter()
     stacks: collections.Counter = collections.Counter()
+    leaf_lines: collections.Counter = collections.Counter()
     for message in profiled["messages"]:
         for view in iter_samples(message):
             if view.resource.get("process.pid") != profiled["pid"] or not view.frames:
@@ -159,23 +170,32 @@ def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles
             total += count
             rooted += count * (view.frames[-1].function in ROOTS)
             java_frames = [frame.function for frame in view.frames if frame.frame_type == "jvm" and frame.function]
+            leaf = next((frame for frame in view.frames if frame.frame_type == "jvm" and frame.function), None)
+            if leaf is not None and leaf.function in ("KnownSplit.spinHeavy", "KnownSplit.spinLight"):
+                leaf_lines[(leaf.function, leaf.line)] += count
             if java_frames:
                 leaves[java_frames[0]] += count
                 # (up to main: the call stub that called it is named too, by its code blob)
                 stacks[tuple(java_frames[: java_frames.index("KnownSplit.main") + 1] if "KnownSplit.main" in java_frames else java_frames)] += count
     heavy, light = leaves["KnownSplit.spinHeavy"], leaves["KnownSplit.spinLight"]
     ours = heavy / max(1, heavy + light)
-    reference = jfr_leaves(recording, jfr)
+    reference, reference_lines = jfr_leaves(recording, jfr)
+    reference_lines = collections.Counter({key: count for key, count in reference_lines.items()
+                                           if key[0] in ("KnownSplit.spinHeavy", "KnownSplit.spinLight")})
+    shared_lines = overlap(leaf_lines, reference_lines)
     theirs = reference["KnownSplit.spinHeavy"] / max(1, reference["KnownSplit.spinHeavy"] + reference["KnownSplit.spinLight"])
     reference_samples = reference["KnownSplit.spinHeavy"] + reference["KnownSplit.spinLight"]
     print(f"java: {total} samples, {rooted / max(1, total):.1%} reach a thread's root; spinHeavy {ours:.3f} of {heavy + light} "
-          f"(JFR {theirs:.3f} of {reference_samples}); Java stacks {stacks.most_common(3)}; {stats}")
+          f"(JFR {theirs:.3f} of {reference_samples}); leaf lines {leaf_lines.most_common(4)} (JFR {reference_lines.most_common(4)}, "
+          f"{shared_lines:.0%} in common); Java stacks {stacks.most_common(3)}; {stats}")
     assert rooted >= 0.95 * total
     assert heavy + light >= HZ * SECONDS * 0.5
     both = 1 / (1 / (heavy + light) + 1 / max(reference_samples, 1))
     assert abs(ours - theirs) <= share_tolerance(both)
     whole = stacks[("KnownSplit.spinHeavy", "KnownSplit.runOnce", "KnownSplit.main")] + stacks[("KnownSplit.spinLight", "KnownSplit.runOnce", "KnownSplit.main")]
     assert whole >= 0.95 * (heavy + light), stacks.most_common(5)
+    # Lines: the leaf's, from the method's line table at the scope's bci, where JFR puts them.
+    assert shared_lines >= 0.9, (leaf_lines.most_common(6), reference_lines.most_common(6))
 
 
 
@@ -205,3 +225,16 @@ def test_scopes_decode_as_the_jvm_writes_them():
     assert nmethod.scope_offset(0x1000 + 40, return_address=False) == 5  # elsewhere: the PcDesc at or after it
     assert nmethod.scope_offset(0x1000 + 50, return_address=False) == 9
     assert nmethod.scope_offset(0x1000 + 95, return_address=False) == 9
+
+
+def test_line_number_tables_decode_as_the_jvm_writes_them():
+    from receivers.profiling.hotspot.runtimes import decode_line_table, line_at
+
+    # (bci, line) pairs: small steps in one byte (bci delta << 3 | line delta), others after 0xFF
+    # as two signed UNSIGNED5 numbers (zigzag), and 0 at the end.
+    table = bytes([(0 << 3) | 5, (4 << 3) | 1, 0xFF, 2 * 40, 2 * 3 - 1, (2 << 3) | 0]) + b"\0garbage"  # (-3 zigzags to 5)
+    lines = decode_line_table(table, excludes_zero=False)
+    assert lines == ((0, 5), (4, 6), (44, 3), (46, 3))
+    assert [line_at(lines, bci) for bci in (0, 3, 4, 43, 44, 100)] == [5, 5, 6, 6, 3, 3]
+    assert decode_line_table(bytes([0xFF, 2 * 40 + 1, 2 * 3 - 1 + 1]), excludes_zero=True) == ((40, -3),)  # (each byte plus one)
+    assert decode_line_table(bytes([0xFF, 250, 250]), excludes_zero=False) == ()  # cut in a number: what was whole stays

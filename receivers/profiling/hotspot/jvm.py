@@ -48,6 +48,11 @@ class MethodLayout:
     klass_name: int  # Klass::_name
     symbol_length: int  # Symbol::_length (u2)
     symbol_body: int  # Symbol::_body
+    code_size: int  # ConstMethod::_code_size (u2): the line number table follows the bytecodes
+    flags: int  # ConstMethod::_flags (u2), _flags._flags (u4, JDK 21+)
+    flags_size: int
+    has_line_table: int  # the flag's bit (0: the JVM does not say: no lines)
+    excludes_zero: bool  # JDK 20+: UNSIGNED5 bytes are never zero
 
 
 def _field(tables: VMStructs, *names: tuple[str, str]) -> int:
@@ -109,8 +114,10 @@ def code_cache_layout(tables: VMStructs, read) -> CodeCacheLayout:
     return layout
 
 
-def method_layout(tables: VMStructs) -> MethodLayout:
+def method_layout(tables: VMStructs, major: int = 0) -> MethodLayout:
     source = tables.fields.get(("ConstantPool", "_source_file_name_index"))
+    flags_name = ("ConstMethod", "_flags._flags") if ("ConstMethod", "_flags._flags") in tables.fields else ("ConstMethod", "_flags")
+    flags_type = tables.field_types.get(flags_name, "u2")
     return MethodLayout(
         const_method=_field(tables, ("Method", "_constMethod")),
         constants=_field(tables, ("ConstMethod", "_constants")),
@@ -124,4 +131,10 @@ def method_layout(tables: VMStructs) -> MethodLayout:
         symbol_length=tables.fields[("Symbol", "_length")] if ("Symbol", "_length") in tables.fields
         else _field(tables, ("Symbol", "_length_and_refcount")) + 2,
         symbol_body=_field(tables, ("Symbol", "_body")),
+        code_size=_field(tables, ("ConstMethod", "_code_size")),
+        flags=_field(tables, flags_name),
+        flags_size=4 if flags_type in ("u4", "uint32_t", "int", "juint") else 2,
+        has_line_table=tables.int_constants.get("ConstMethodFlags::_misc_has_linenumber_table",
+                                                tables.int_constants.get("ConstMethod::_has_linenumber_table", 0)),
+        excludes_zero=major >= 20,
     )

@@ -13,6 +13,7 @@ Threading: as python/interpreters.py and v8/runtimes.py."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import struct
@@ -30,7 +31,7 @@ from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
 from ..symbols.frame import Frame
 from .jvm import CodeCacheLayout, MethodLayout, code_cache_layout, method_layout
-from .scopes import ScopeReader, ScopeReadError, scope_layout
+from .scopes import ScopeReader, ScopeReadError, _unsigned5, scope_layout
 from .vmstructs import SYMBOLS, VMStructsError, read_vmstructs
 
 FRAME_KIND = "jvm"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
@@ -42,6 +43,9 @@ MAX_SYMBOL = 1024
 READ_BUDGET_PER_PROCESS = 256 * 1024
 MAX_METHODS_PER_PROCESS = 65536
 STARTING_ATTEMPTS = 60  # reports a starting JVM is looked at again
+MAX_BYTECODES = 1 << 16  # a method's bytecodes (the JVM's limit): a bcp beyond is not this method's
+MAX_LINE_TABLE = 16 * 1024  # bytes of a line number table read
+MAX_LINE_ENTRIES = 1 << 14
 
 FileKey = tuple[str, int]
 
@@ -149,9 +153,9 @@ class HotSpotRuntimes:
                 return None
             try:
                 tables = read_vmstructs(memory.read, symbols, bias)
-                code, methods = code_cache_layout(tables, memory.read), method_layout(tables)
                 major = struct.unpack("<i", memory.read(tables.statics[("Abstract_VM_Version", "_vm_major_version")], 4))[0] \
                     if ("Abstract_VM_Version", "_vm_major_version") in tables.statics else 0
+                code, methods = code_cache_layout(tables, memory.read), method_layout(tables, major)
                 scopes = scope_layout(tables, major)
             except (VMStructsError, MemoryReadError, struct.error) as error:
                 memory.close()
@@ -255,11 +259,11 @@ class HotSpotRuntimes:
                     frame = self._stub_frame(process, frame)
                 out.append(frame)
                 continue
-            method = value & POINTER_MASK
-            inlined = self._inlined(process, next_slot, method, index > 0) if (value >> KIND_SHIFT) & 7 == COMPILED else []
-            out.extend(self.frame(process, scope_method) for scope_method, _ in inlined)
+            method, kind = value & POINTER_MASK, (value >> KIND_SHIFT) & 7
+            inlined = self._inlined(process, next_slot, method, index > 0) if kind == COMPILED else []
+            out.extend(self.frame(process, scope_method, bci) for scope_method, bci in inlined)
             if not inlined:
-                out.append(self.frame(process, method))
+                out.append(self.frame(process, method, bcp=next_slot if kind == INTERPRETED else 0))
         return out
 
     def _stub_frame(self, process: JvmProcess, frame: Frame) -> Frame:
@@ -289,9 +293,11 @@ class HotSpotRuntimes:
                      pid=process.info.pid, reason=str(error))
             return []
 
-    def frame(self, process: JvmProcess, method: int) -> Frame:
+    def frame(self, process: JvmProcess, method: int, bci: int | None = None, bcp: int = 0) -> Frame:
+        """The frame of ``method`` at bytecode index ``bci``, or at the bytecode pointer ``bcp``
+        (an interpreted frame's), for its line; neither: no line."""
         try:
-            name, file = self._name(process, method)
+            name, file, code_base, lines = self._name(process, method)
         except (NameReadError, MemoryReadError, struct.error, UnicodeDecodeError) as error:
             with self._lock:
                 self.stats["frames_unnamed"] += 1
@@ -300,7 +306,10 @@ class HotSpotRuntimes:
             return Frame(address=method, kind=FRAME_KIND)
         with self._lock:
             self.stats["frames_named"] += 1
-        return Frame(address=method, kind=FRAME_KIND, name=name, source_file=file or None)
+        if bcp and code_base <= bcp < code_base + MAX_BYTECODES:
+            bci = bcp - code_base
+        return Frame(address=method, kind=FRAME_KIND, name=name, source_file=file or None,
+                     line=line_at(lines, bci) if bci is not None and bci >= 0 else 0)
 
     def _read(self, process: JvmProcess, address: int, size: int) -> bytes:
         if size > process.budget:
@@ -310,13 +319,14 @@ class HotSpotRuntimes:
         process.budget -= size
         return process.memory.read(address, size)
 
-    def _name(self, process: JvmProcess, method: int) -> tuple[str, str]:
+    def _name(self, process: JvmProcess, method: int) -> tuple[str, str, int, tuple]:
+        """(Class.method, source file, where its bytecodes start, its line table)."""
         layout = process.methods
         check = self._read(process, method + layout.const_method, 8) if method not in process.checked else None
         known = process.names.get(method)
         if known is not None and (check is None or check == known[0]):
             process.checked.add(method)
-            return known[1], known[2]
+            return known[1:]
         check = check or self._read(process, method + layout.const_method, 8)
         const_method = struct.unpack("<Q", check)[0]
         constants = self._u64(process, const_method + layout.constants)
@@ -330,13 +340,31 @@ class HotSpotRuntimes:
             if index:
                 file = self._symbol(process, self._u64(process, constants + layout.pool_size + 8 * index))
         name = f"{_without_hidden_suffix(class_name)}.{method_name}"
+        code_base = const_method + layout.const_method_size
+        lines = self._line_table(process, const_method, code_base)
         with self._lock:
             self.stats["methods_read"] += 1
         if len(process.names) >= MAX_METHODS_PER_PROCESS:
             process.names.pop(next(iter(process.names)))
-        process.names[method] = (check, name, file)
+        process.names[method] = (check, name, file, code_base, lines)
         process.checked.add(method)
-        return name, file
+        return name, file, code_base, lines
+
+    def _line_table(self, process: JvmProcess, const_method: int, code_base: int) -> tuple[tuple[int, int], ...]:
+        """The method's (bci, line) pairs: its compressed line number table, which follows its
+        bytecodes where its flags say it has one."""
+        layout = process.methods
+        if not layout.has_line_table:
+            return ()
+        flags = int.from_bytes(self._read(process, const_method + layout.flags, layout.flags_size), "little")
+        if not flags & layout.has_line_table:
+            return ()
+        code_size = struct.unpack("<H", self._read(process, const_method + layout.code_size, 2))[0]
+        start = code_base + code_size
+        data = self._read(process, start, min(MAX_LINE_TABLE, 4096 - start % 4096))  # (to its page's end first)
+        if 0 not in data and len(data) < MAX_LINE_TABLE:
+            data += self._read(process, start + len(data), min(MAX_LINE_TABLE - len(data), 4096))
+        return decode_line_table(data, layout.excludes_zero)
 
     def _u64(self, process: JvmProcess, address: int) -> int:
         value = struct.unpack("<Q", self._read(process, address, 8))[0]
@@ -348,6 +376,38 @@ class HotSpotRuntimes:
         layout = process.methods
         length = struct.unpack("<H", self._read(process, symbol + layout.symbol_length, 2))[0]
         return self._read(process, symbol + layout.symbol_body, min(length, MAX_SYMBOL)).decode("utf-8", "replace")
+
+
+def decode_line_table(data: bytes, excludes_zero: bool) -> tuple[tuple[int, int], ...]:
+    """The JVM's compressed line number table: a byte (bci delta << 3 | line delta) for small
+    steps, 0xFF then two signed UNSIGNED5 numbers (bci delta, line delta) for others, 0 at its
+    end. A table without its end (the read cut it) keeps what was decoded."""
+    out: list[tuple[int, int]] = []
+    bci = line = at = 0
+    try:
+        while at < len(data) and len(out) < MAX_LINE_ENTRIES:
+            byte = data[at]
+            at += 1
+            if byte == 0:
+                break
+            if byte == 0xFF:
+                bci_delta, at = _unsigned5(data, at, excludes_zero)
+                line_delta, at = _unsigned5(data, at, excludes_zero)
+                bci += (bci_delta >> 1) ^ -(bci_delta & 1)
+                line += (line_delta >> 1) ^ -(line_delta & 1)
+            else:
+                bci += byte >> 3
+                line += byte & 7
+            out.append((bci, line))
+    except ScopeReadError:
+        pass
+    return tuple(out)
+
+
+def line_at(lines: tuple[tuple[int, int], ...], bci: int) -> int:
+    """The line of ``bci``: that of the last entry at or before it (0: none)."""
+    at = bisect.bisect_right(lines, (bci, 1 << 31)) - 1
+    return lines[at][1] if at >= 0 else 0
 
 
 def _bias(segments: list, mapping: Mapping) -> int | None:
