@@ -227,25 +227,23 @@ static __always_inline enum step_result first_frame_pointer_step(struct unwind_s
 
 #include "hotspot.bpf.c"
 
-/* Record a runtime's frame `value` in place of the pc just recorded at `depth`, followed by
- * `next` when `with_next`. Returns 0 when `next` found no room (the caller marks the value so). */
-static __always_inline int record_runtime_frame(struct unwind_state *state, u32 depth, u64 value, int with_next, u64 next)
+/* Record a runtime's frame in place of the pc just recorded at `depth`: `value` followed by
+ * `next` when `with_next` and the stack has room for both, else `alone` (the value whose kind says
+ * no slot follows it). */
+static __always_inline void record_runtime_frame(struct unwind_state *state, u32 depth, u64 value, int with_next, u64 next,
+                                                 u64 alone)
 {
-    OPAQUE(depth);  /* (see below) */
-    if (depth >= UNWIND_MAX_FRAMES)
-        return 1;
-    state->stack.ips[depth] = value;
-    if (!with_next)
-        return 1;
     u64 slot = (u64)depth + 1;  /* (64 bits: a bound checked on a 32-bit copy does not carry over) */
-    if (slot + state->python_len >= UNWIND_MAX_FRAMES)
-        return 0;
-    OPAQUE(slot);  /* else clang merges the two bounds into one the verifier cannot follow */
-    if (slot >= UNWIND_MAX_FRAMES)
-        return 0;
+    int room = with_next && slot + state->python_len < UNWIND_MAX_FRAMES;
+    OPAQUE(depth);  /* else clang merges the bounds into one the verifier cannot follow */
+    if (depth >= UNWIND_MAX_FRAMES)
+        return;
+    state->stack.ips[depth] = room ? value : alone;
+    OPAQUE(slot);
+    if (!room || slot >= UNWIND_MAX_FRAMES)
+        return;
     state->stack.ips[slot] = next < USER_ADDRESS_END ? next : 0;
     state->stack.len = slot + 1;
-    return 1;
 }
 
 /* A frame in the JVM's code cache (hotspot.bpf.c): a Java frame recorded as its Method, with its
@@ -254,8 +252,9 @@ static __always_inline enum step_result hotspot_step(struct unwind_state *state,
 {
     u64 value = 0, next = 0;
     enum step_result result = hotspot_frame(state, depth, &value, &next);
-    if (value && !record_runtime_frame(state, depth, value, 1, next))
-        state->stack.ips[depth & (UNWIND_MAX_FRAMES - 1)] = (value & ~(7ULL << V8_FRAME_KIND_SHIFT)) | HOTSPOT_FRAME_NO_NEXT << V8_FRAME_KIND_SHIFT;
+    if (value)
+        record_runtime_frame(state, depth, value, 1, next,
+                             (value & ~(7ULL << V8_FRAME_KIND_SHIFT)) | HOTSPOT_FRAME_NO_NEXT << V8_FRAME_KIND_SHIFT);
     return result;
 }
 
@@ -278,8 +277,8 @@ static __always_inline enum step_result v8_step(struct unwind_state *state, stru
     }
     u64 value = v8_frame(state->key.tgid, state->bp, in_builtins);
     int compiled = value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT;
-    if (value && !record_runtime_frame(state, depth, value, compiled, state->pc))
-        state->stack.ips[depth & (UNWIND_MAX_FRAMES - 1)] = v8_without_pc(value);
+    if (value)
+        record_runtime_frame(state, depth, value, compiled, state->pc, compiled ? v8_without_pc(value) : value);
     return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
 }
 
