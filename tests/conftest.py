@@ -188,6 +188,7 @@ def profile_a_run(tmp_path: Path, argv: list, hz: int, runtime: str, timeout: fl
     service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
     service.start()
     try:
+        started = time.time()
         process = subprocess.Popen([str(part) for part in argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
         try:
             process.wait(timeout=timeout)
@@ -197,5 +198,17 @@ def profile_a_run(tmp_path: Path, argv: list, hz: int, runtime: str, timeout: fl
         stats = dict(getattr(receiver_of(service), runtime).stats)
     finally:
         service.shutdown()
-    assert not os.path.exists(f"/tmp/perf-{process.pid}.map"), "no perf map: the names come from the runtime's memory"
+    # (one left by an earlier process with the same pid is older than this run)
+    perf_map = Path(f"/tmp/perf-{process.pid}.map")
+    assert not (perf_map.exists() and perf_map.stat().st_mtime >= started), "no perf map: the names come from the runtime's memory"
     return {"pid": process.pid, "messages": capture.consumer.messages, "stats": stats}
+
+
+def samples_of(profiled: dict):
+    """(sample, its value) for each sample with frames of the process ``profile_a_run`` ran."""
+    from pycollector.pdata import iter_samples
+
+    for message in profiled["messages"]:
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") == profiled["pid"] and view.frames:
+                yield view, sum(view.values)

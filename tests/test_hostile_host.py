@@ -349,7 +349,8 @@ def test_a_forged_return_address_beyond_user_space_passes_for_no_python_frame(ar
     finally:
         again.kill()
         again.wait()
-    print(f"forged chain: the unwinder knew the program: {unwound}; stops counted: {counters()['unwind_not_user_address'] - stopped}")
+    print(f"forged chain: the unwinder knew the program: {unwound}; stops counted: {counters()['unwind_not_user_address'] - stopped}; "
+          f"unwind counters {dict((k, v) for k, v in counters().items() if k.startswith('unwind'))}; registry {arena.receiver.unwind.stats}")
     assert counters()["unwind_not_user_address"] > stopped or not unwound
 
 

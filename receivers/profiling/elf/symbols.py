@@ -1,5 +1,6 @@
-"""Defined symbols of an ELF file picked by name, and the initialized data they name, read from
-the file: what the runtime detectors (python/, v8/) look a file up by."""
+"""Defined symbols of an ELF file picked by name, the initialized data they name, read from the
+file, and where the file is loaded: what the runtime detectors (python/, v8/, hotspot/) look a
+file up by."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym, little-endian (x86-64)
+_PF_X = 1
 
 
 def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> dict[str, int]:
@@ -58,4 +60,19 @@ def read_at(elf: ELFFile, segments, vaddr: int, size: int) -> bytes | None:
             elf.stream.seek(p_offset + vaddr - p_vaddr)
             data = elf.stream.read(size)
             return data if len(data) == size else None
+    return None
+
+
+def load_segments(elf: ELFFile) -> tuple[tuple[int, int, int, int], ...]:
+    """The file's PT_LOAD segments: (p_offset, p_filesz, p_vaddr, p_flags)."""
+    return tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+
+
+def load_bias(segments, mapping_start: int, mapping_offset: int, executable: bool = True) -> int | None:
+    """The load bias (process address - ELF virtual address) from one of the file's mappings: its
+    start and file offset, and whether it is the executable one. The segment is chosen by that
+    too: a read-only segment may end on the page where the code begins."""
+    for p_offset, p_filesz, p_vaddr, p_flags in segments:
+        if bool(p_flags & _PF_X) == executable and p_offset - p_offset % 4096 <= mapping_offset < p_offset + p_filesz:
+            return mapping_start - mapping_offset - (p_vaddr - p_offset)
     return None

@@ -56,10 +56,10 @@ class MethodLayout:
 
 
 def _field(tables: VMStructs, *names: tuple[str, str]) -> int:
-    for name in names:
-        if name in tables.fields:
-            return tables.fields[name]
-    raise VMStructsError(f"the JVM does not describe {'::'.join(names[0])}")
+    found = tables.offset(*names)
+    if found is None:
+        raise VMStructsError(f"the JVM does not describe {'::'.join(names[0])}")
+    return found
 
 
 def _static(tables: VMStructs, name: tuple[str, str]) -> int:

@@ -25,10 +25,12 @@ from elftools.elf.elffile import ELFFile
 
 from pycollector.logs import log_once
 
-from ..elf.symbols import defined_symbols
-from ..processes.files import open_mapped_file
+from ..elf.symbols import defined_symbols, load_bias, load_segments
+from ..processes.files import PerMappedFile
 from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
+from ..processes.runtime_processes import RuntimeProcesses
+from ..symbols import runtime_stacks
 from ..symbols.frame import Frame
 from .jvm import CodeCacheLayout, MethodLayout, code_cache_layout, method_layout
 from .scopes import ScopeReader, ScopeReadError, _unsigned5, scope_layout
@@ -36,8 +38,7 @@ from .vmstructs import SYMBOLS, VMStructsError, read_vmstructs
 
 FRAME_KIND = "jvm"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
 MAPPING_HOTSPOT_CODE = 3  # profile.h: struct unwind_mapping.kind
-TAG, KIND_SHIFT = 1 << 63, 60
-INTERPRETED, COMPILED, NO_NEXT = 4, 5, 6  # profile.h HOTSPOT_FRAME_*
+INTERPRETED, COMPILED, NO_NEXT = 4, 5, 6  # profile.h HOTSPOT_FRAME_*: the first two followed by a bcp or pc
 POINTER_MASK = (1 << 47) - 1
 MAX_SYMBOL = 1024
 READ_BUDGET_PER_PROCESS = 256 * 1024
@@ -47,7 +48,6 @@ MAX_BYTECODES = 1 << 16  # a method's bytecodes (the JVM's limit): a bcp beyond 
 MAX_LINE_TABLE = 16 * 1024  # bytes of a line number table read
 MAX_LINE_ENTRIES = 1 << 14
 
-FileKey = tuple[str, int]
 
 
 class NameReadError(Exception):
@@ -73,11 +73,9 @@ class HotSpotRuntimes:
         self._table = table
         self._other_runtime = other_runtime
         self.log = logger
-        self._lock = threading.Lock()
-        self._registering = threading.Lock()
-        self._symbols: dict[FileKey, tuple[dict[str, int], list] | None] = {}
-        self._processes: dict[int, JvmProcess] = {}
-        self._retired: list[JvmProcess] = []
+        self._lock = threading.Lock()  # (the stats and the JVMs starting)
+        self._libjvm = PerMappedFile(_libjvm_symbols)
+        self._processes = RuntimeProcesses(table, self._find, self._leaf, lambda process: process.memory.close())
         # JVMs whose tables were not there yet: looked at again each report, a minute at most
         # (their maps may not change again), with the process table's current snapshot
         # (current(pid)); on_found(info) tells the unwind registry.
@@ -90,49 +88,18 @@ class HotSpotRuntimes:
     # -- processes --------------------------------------------------------------------------------
 
     def register(self, info: ProcessInfo) -> None:
-        if info.kernel_thread or info.exited:
-            return
-        with self._registering:
-            with self._lock:
-                before = self._processes.get(info.pid)
-            if before is not None and before.info.program == info.program:
-                before.info = info
-                return
-            found = self._find(info)
-            with self._lock:
-                before = self._processes.pop(info.pid, None)
-                if found is not None:
-                    self._processes[info.pid] = found
-                if before is not None:
-                    self._retired.append(before)
-                self.stats["processes"] = len(self._processes)
-            key = self._table.Key(info.pid)
-            if found is not None:
-                self._table[key] = self._leaf(found)
-            elif before is not None:
-                self._delete(key)
+        self._processes.register(info)
+        self.stats["processes"] = len(self._processes)
 
     def forget(self, tgid: int) -> None:
-        with self._registering:
-            with self._lock:
-                self._starting.pop(tgid, None)
-                process = self._processes.pop(tgid, None)
-                if process is not None:
-                    self._retired.append(process)
-                self.stats["processes"] = len(self._processes)
-            if process is not None:
-                self._delete(self._table.Key(tgid))
+        with self._lock:
+            self._starting.pop(tgid, None)
+        self._processes.forget(tgid)
+        self.stats["processes"] = len(self._processes)
 
     def code_ranges(self, info: ProcessInfo) -> list[tuple[int, int, int]]:
-        with self._lock:
-            process = self._processes.get(info.pid)
+        process = self._processes.get(info.pid)
         return [(process.code.low, process.code.high, MAPPING_HOTSPOT_CODE)] if process is not None else []
-
-    def _delete(self, key) -> None:
-        try:
-            del self._table[key]
-        except KeyError:
-            pass
 
     def _find(self, info: ProcessInfo) -> JvmProcess | None:
         if self._other_runtime(info):
@@ -140,11 +107,11 @@ class HotSpotRuntimes:
         for mapping in info.mappings:
             if not (mapping.file_backed and os.path.basename(mapping.path) == "libjvm.so"):
                 continue
-            found = self._libjvm_symbols(info, mapping)
+            found = self._libjvm.get(info, mapping)
             if found is None:
                 return None
             symbols, segments = found
-            bias = _bias(segments, mapping)
+            bias = load_bias(segments, mapping.start, mapping.offset)
             if bias is None:
                 return None
             try:
@@ -174,28 +141,6 @@ class HotSpotRuntimes:
             return JvmProcess(info, code, methods, memory, ScopeReader(memory.read, code, scopes) if scopes is not None else None)
         return None
 
-    def _libjvm_symbols(self, info: ProcessInfo, mapping: Mapping) -> tuple[dict[str, int], list] | None:
-        """libjvm's VMStructs symbols and its PT_LOAD segments (read once per file)."""
-        key = mapping.identity
-        with self._lock:
-            if key in self._symbols:
-                return self._symbols[key]
-        found = None
-        fd = open_mapped_file(info, mapping)
-        if fd is not None:
-            try:
-                with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as stream:
-                    elf = ELFFile(stream)
-                    segments = [(s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-                    found = (defined_symbols(elf, SYMBOLS), segments)
-            except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
-                found = None
-            finally:
-                os.close(fd)
-        with self._lock:
-            self._symbols[key] = found
-        return found
-
     def _leaf(self, process: JvmProcess):
         code = process.code
         leaf = self._table.Leaf()
@@ -212,15 +157,11 @@ class HotSpotRuntimes:
 
     def new_report(self) -> None:
         self._retry_starting()
-        with self._lock:
-            retired, self._retired = self._retired, []
-            for process in retired:
-                process.memory.close()
-            for process in self._processes.values():
-                process.checked.clear()
-                process.budget = READ_BUDGET_PER_PROCESS
-                if process.scopes is not None:
-                    process.scopes.new_report()
+        for process in self._processes.new_report():
+            process.checked.clear()
+            process.budget = READ_BUDGET_PER_PROCESS
+            if process.scopes is not None:
+                process.scopes.new_report()
 
     def _retry_starting(self) -> None:
         with self._lock:
@@ -228,43 +169,34 @@ class HotSpotRuntimes:
         for pid, attempts in starting.items():
             info = self.current(pid)
             with self._lock:
-                if info is None or attempts >= STARTING_ATTEMPTS or pid in self._processes:
+                if info is None or attempts >= STARTING_ATTEMPTS or self._processes.get(pid) is not None:
                     self._starting.pop(pid, None)
                     continue
                 self._starting[pid] = attempts + 1
             try:
                 self.register(info)
-                with self._lock:
-                    found = pid in self._processes
-                if found:
+                if self._processes.get(pid) is not None:
                     self.on_found(info)
             except Exception as error:  # noqa: BLE001 - one JVM's retry must not cost the report
                 log_once(self.log, ("hotspot-retry", pid), "warning", "a JVM could not be registered", pid=pid, error=str(error))
 
     def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
-        with self._lock:
-            process = self._processes.get(tgid)
+        process = self._processes.get(tgid)
         if process is None:
             return None
-        frames, native = _split(addresses)
-        leaf_is_native = bool(frames) and frames[0][0] is None
-        natives = iter(symbolize(native) if leaf_is_native else symbolize([0, *native])[1:])
-        out = []
-        for index, (value, next_slot) in enumerate(frames):
-            if value is None:
-                frame = next(natives, None)
-                if frame is None:
-                    break
-                if frame.name is None and process.code.low <= frame.address < process.code.high:
-                    frame = self._stub_frame(process, frame)
-                out.append(frame)
-                continue
-            method, kind = value & POINTER_MASK, (value >> KIND_SHIFT) & 7
+
+        def java(index: int, value: int, next_slot: int) -> list[Frame]:
+            method, kind = value & POINTER_MASK, runtime_stacks.kind_of(value)
             inlined = self._inlined(process, next_slot, method, index > 0) if kind == COMPILED else []
-            out.extend(self.frame(process, scope_method, bci) for scope_method, bci in inlined)
-            if not inlined:
-                out.append(self.frame(process, method, bcp=next_slot if kind == INTERPRETED else 0))
-        return out
+            if inlined:
+                return [self.frame(process, scope_method, bci) for scope_method, bci in inlined]
+            return [self.frame(process, method, bcp=next_slot if kind == INTERPRETED else 0)]
+
+        def native(frame: Frame) -> Frame:
+            in_code_cache = frame.name is None and process.code.low <= frame.address < process.code.high
+            return self._stub_frame(process, frame) if in_code_cache else frame
+
+        return runtime_stacks.interleave(addresses, lambda kind: kind in (INTERPRETED, COMPILED), symbolize, java, native)
 
     def _stub_frame(self, process: JvmProcess, frame: Frame) -> Frame:
         """A pc of the code cache outside Java code (a stub, an adapter, the interpreter where
@@ -410,14 +342,6 @@ def line_at(lines: tuple[tuple[int, int], ...], bci: int) -> int:
     return lines[at][1] if at >= 0 else 0
 
 
-def _bias(segments: list, mapping: Mapping) -> int | None:
-    """The load bias of the file from its executable mapping (process address - ELF address)."""
-    for p_offset, p_filesz, p_vaddr, p_flags in segments:
-        if p_flags & 1 and p_offset - p_offset % 4096 <= mapping.offset < p_offset + p_filesz:
-            return mapping.start - mapping.offset - (p_vaddr - p_offset)
-    return None
-
-
 def _without_hidden_suffix(name: str) -> str:
     """A hidden class (a lambda's) carries its address after a '+' (or '/' in older JDKs): one name
     for all of them."""
@@ -425,21 +349,11 @@ def _without_hidden_suffix(name: str) -> str:
     return name[:at] if at >= 0 else name
 
 
-def _split(addresses: Sequence[int]) -> tuple[list[tuple[int | None, int]], list[int]]:
-    """Each frame as (its Method value, the slot after it: a bcp or pc, or 0), or (None, 0) for a
-    native frame; and the native addresses, in order."""
-    frames: list[tuple[int | None, int]] = []
-    native: list[int] = []
-    at = 0
-    while at < len(addresses):
-        value = addresses[at]
-        at += 1
-        if not value & TAG:
-            frames.append((None, 0))
-            native.append(value)
-        elif (value >> KIND_SHIFT) & 7 in (INTERPRETED, COMPILED) and at < len(addresses):
-            frames.append((value, addresses[at]))
-            at += 1
-        else:
-            frames.append((value, 0))
-    return frames, native
+def _libjvm_symbols(info: ProcessInfo, mapping: Mapping, fd: int) -> tuple[dict[str, int], tuple] | None:
+    """libjvm's VMStructs symbols and its PT_LOAD segments (once per file: PerMappedFile)."""
+    try:
+        with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as stream:
+            elf = ELFFile(stream)
+            return defined_symbols(elf, SYMBOLS), load_segments(elf)
+    except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
+        return None

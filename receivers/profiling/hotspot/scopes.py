@@ -58,9 +58,7 @@ def scope_layout(tables: VMStructs, major: int) -> ScopeLayout | None:
     """None where the JVM keeps these in a way not read here (JDK 23 and 24)."""
     fields = tables.fields
 
-    def first(*names: tuple[str, str]) -> int | None:
-        return next((fields[name] for name in names if name in fields), None)
-
+    first = tables.offset
     immutable = ("nmethod", "_immutable_data") in fields
     common = {"name": first(("CodeBlob", "_name")), "code_begin": first(("CodeBlob", "_code_begin"), ("CodeBlob", "_code_offset")),
               "method": first(("CompiledMethod", "_method"), ("nmethod", "_method")), "compile_id": first(("nmethod", "_compile_id")),

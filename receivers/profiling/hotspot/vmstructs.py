@@ -37,6 +37,10 @@ class VMStructs:
     int_constants: dict[str, int] = field(default_factory=dict)
     long_constants: dict[str, int] = field(default_factory=dict)
 
+    def offset(self, *names: tuple[str, str]) -> int | None:
+        """The offset of the first of ``names`` (alternatives across JDKs) the JVM describes."""
+        return next((self.fields[name] for name in names if name in self.fields), None)
+
 
 def read_vmstructs(read, symbols: dict[str, int], bias: int) -> VMStructs:
     """The tables of the JVM whose memory ``read(address, size)`` reads, from libjvm's

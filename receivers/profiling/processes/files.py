@@ -28,6 +28,8 @@ import errno
 import os
 import stat
 import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from .credentials import acting_as
 from .proc import Credentials, Mapping, ProcessInfo
@@ -48,6 +50,7 @@ class _OpenHow(ctypes.Structure):
 
 stats = dict.fromkeys(("opened", "missing", "not_regular", "too_large", "unreadable_by_process", "other_file", "bad_name"), 0)
 _stats_lock = threading.Lock()
+T = TypeVar("T")
 
 
 def _count(reason: str) -> None:
@@ -192,3 +195,30 @@ def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
             raise OSError(code, "openat2 is not available: files of processes are not read")
         raise OSError(code, os.strerror(code), path)
     return fd
+
+
+class PerMappedFile(Generic[T]):
+    """What ``read(info, mapping, fd)`` makes of a mapped file, read once per file (its device and
+    inode: the same file in every process and container that maps it), the file opened by
+    ``open_mapped_file``. None when it cannot be opened, or ``read`` found nothing there."""
+
+    def __init__(self, read: Callable[[ProcessInfo, Mapping, int], T | None]) -> None:
+        self._read = read
+        self._lock = threading.Lock()
+        self._found: dict[tuple[str, int], T | None] = {}
+
+    def get(self, info: ProcessInfo, mapping: Mapping) -> T | None:
+        key = mapping.identity
+        with self._lock:
+            if key in self._found:
+                return self._found[key]
+        fd = open_mapped_file(info, mapping)
+        found = None
+        if fd is not None:
+            try:
+                found = self._read(info, mapping, fd)
+            finally:
+                os.close(fd)
+        with self._lock:
+            self._found[key] = found
+        return found

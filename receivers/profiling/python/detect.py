@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from elftools.elf.elffile import ELFFile
 
 from ..elf.headers import DEBUG_DIRS, ElfHeaders, debug_file_candidates
-from ..elf.symbols import defined_symbols, read_at
+from ..elf.symbols import defined_symbols, load_bias, load_segments, read_at
 from ..processes.files import open_host_file
 from ..processes.memory import ProcessMemory
 from .offsets import (DEBUG_OFFSETS_MAX_SIZE, FIRST_WITH_DEBUG_OFFSETS, Offsets, UnknownLayout, debug_offsets_version,
@@ -39,7 +39,6 @@ INTERP_HEAD = "interp_head"  # 2.7, 3.6: static PyInterpreterState *, the thread
 PY_VERSION = "Py_Version"  # 3.11+: const unsigned long PY_VERSION_HEX
 AUTO_TLS_KEY = "autoTLSkey"  # 2.7, 3.6: static int, the pthread key of the thread's PyThreadState
 _WANTED = (RUNTIME, INTERP_HEAD, PY_VERSION, AUTO_TLS_KEY)
-_PF_X = 1
 
 
 def may_be_cpython(path: str) -> bool:
@@ -98,10 +97,7 @@ class CPython:
         """The load bias (process address - ELF virtual address) from one of the file's mappings:
         its start and file offset, and whether it is the executable one. The segment is chosen
         by that too: a read-only segment may end on the page where the code begins."""
-        for p_offset, p_filesz, p_vaddr, p_flags in self.segments:
-            if bool(p_flags & _PF_X) == executable and p_offset - p_offset % 4096 <= mapping_offset < p_offset + p_filesz:
-                return mapping_start - mapping_offset - (p_vaddr - p_offset)
-        return None
+        return load_bias(self.segments, mapping_start, mapping_offset, executable)
 
 
 def detect_cpython(path: str, *, fd: int | None = None, open_debug: Callable[[str], int | None] = open_host_file,
@@ -128,8 +124,7 @@ def detect_cpython(path: str, *, fd: int | None = None, open_debug: Callable[[st
 
 def _read(path, elf, version, open_debug, debug_dirs) -> CPython | None:
     headers = ElfHeaders.read_headers(elf, path)
-    segments = tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"])
-                     for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+    segments = load_segments(elf)
     symbols = _symbols(elf)
     if RUNTIME not in symbols and INTERP_HEAD not in symbols:
         symbols.update(_debug_file_symbols(headers, path, open_debug, debug_dirs))

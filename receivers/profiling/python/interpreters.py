@@ -15,14 +15,13 @@ from the report's. One lock guards the bookkeeping; reading memory happens outsi
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pycollector.logs import log_once
 
-from receivers.profiling.processes.files import open_debug_file, open_mapped_file
+from receivers.profiling.processes.files import PerMappedFile, open_debug_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.symbols.frame import Frame
 
@@ -36,8 +35,6 @@ FRAME_KIND = "cpython"  # profile.frame.type, as the OpenTelemetry eBPF profiler
 NO_OFFSET = 0xFFFF  # profile.h PYTHON_NO_OFFSET
 FRAME_OBJECTS, INTERPRETER_FRAMES = 1, 2  # enum python_frame_layout
 OWNER_NONE, OWNER_IS_ENTRY, OWNER_BYTE = 0, 1, 2  # enum python_owner_kind
-
-FileKey = tuple[str, int]
 
 
 @dataclasses.dataclass
@@ -61,7 +58,7 @@ class PythonInterpreters:
         # read again) may register the same process at once, and the kernel's entry must end up
         # as the bookkeeping says.
         self._registering = threading.Lock()
-        self._files: dict[FileKey, CPython | None] = {}  # every file looked at, CPython or not
+        self._cpythons = PerMappedFile(self._detect)  # every file looked at, CPython or not
         self._processes: dict[int, PythonProcess] = {}
         # Frames named in this report, by (tgid, code, instruction): stacks share most of theirs.
         self._named: dict[tuple[int, int, int], Frame] = {}
@@ -108,16 +105,13 @@ class PythonInterpreters:
             self._delete(self._table.Key(tgid))
 
     def _delete(self, key) -> None:
-        try:
-            del self._table[key]
-        except KeyError:
-            pass
+        self._table.pop(key, None)
 
     def _find(self, info: ProcessInfo) -> PythonProcess | None:
         for mapping in info.mappings:
             if not mapping.file_backed or not may_be_cpython(mapping.path):
                 continue
-            cpython = self._detect(info, mapping)
+            cpython = self._cpythons.get(info, mapping)
             if cpython is None:
                 continue
             bias = cpython.bias(mapping.start, mapping.offset)
@@ -126,20 +120,9 @@ class PythonInterpreters:
             return self._attach(info, cpython, bias)
         return None
 
-    def _detect(self, info: ProcessInfo, mapping: Mapping) -> CPython | None:
-        key = mapping.identity
-        with self._lock:
-            if key in self._files:
-                return self._files[key]
-        fd = open_mapped_file(info, mapping)
-        cpython = None
-        if fd is not None:
-            try:
-                cpython = detect_cpython(mapping.path, fd=fd, open_debug=lambda path: open_debug_file(info, path))
-            finally:
-                os.close(fd)
-        with self._lock:
-            self._files[key] = cpython
+    def _detect(self, info: ProcessInfo, mapping: Mapping, fd: int) -> CPython | None:
+        """(Once per file: PerMappedFile.)"""
+        cpython = detect_cpython(mapping.path, fd=fd, open_debug=lambda path: open_debug_file(info, path))
         if cpython is not None:
             self.log.info("found CPython", version="%d.%d" % cpython.version, path=mapping.path, pid=info.pid)
         return cpython

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from elftools.elf.elffile import ELFFile
 
-from ..elf.symbols import defined_symbols, read_at
+from ..elf.symbols import defined_symbols, load_segments, read_at
 from .layout import CodeLayout, UnknownLayout, V8Layout
 
 _NAME = re.compile(r"(node(js)?\d*|nsolid|libnode\.so(\.\d+)*)")
@@ -62,8 +62,7 @@ def detect_v8(path: str, fd: int) -> V8Build | None:
 
 
 def _read(path: str, elf: ELFFile) -> V8Build | None:
-    segments = tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"])
-                     for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+    segments = load_segments(elf)
     symbols = defined_symbols(elf, (BUILTINS, BUILTINS_SIZE, *_VERSION), (PREFIX,))
 
     def int32(name: str) -> int | None:

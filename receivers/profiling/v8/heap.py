@@ -137,8 +137,7 @@ class V8Heap:
         """What names the SharedFunctionInfo ``shared``."""
         layout = self.layout
         self.expect(shared, layout.shared_type, "SharedFunctionInfo")
-        fields = self.read(shared - 1, max(layout.shared_name_or_scope_info, layout.shared_script_or_debug_info,
-                                           layout.shared_function_data) + 8)
+        fields = self.identity(shared)
 
         def at(offset: int) -> int:
             return struct.unpack_from("<Q", fields, offset)[0]
@@ -155,6 +154,8 @@ class V8Heap:
         return FunctionInfo(name, script, script_address, bytecode, fields)
 
     def identity(self, shared: int) -> bytes:
+        """The SharedFunctionInfo's fields a name is read from: another object there reads
+        differently."""
         layout = self.layout
         return self.read(shared - 1, max(layout.shared_name_or_scope_info, layout.shared_script_or_debug_info,
                                          layout.shared_function_data) + 8)

@@ -19,7 +19,6 @@ outside it."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 import threading
 from collections.abc import Callable, Sequence
@@ -27,9 +26,11 @@ from typing import Any
 
 from pycollector.logs import log_once
 
-from ..processes.files import open_mapped_file
+from ..processes.files import PerMappedFile
 from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
+from ..processes.runtime_processes import RuntimeProcesses
+from ..symbols import runtime_stacks
 from ..symbols.frame import Frame
 from .detect import V8Build, detect_v8, may_be_node
 from .code import CodeIndex
@@ -37,9 +38,7 @@ from .heap import BudgetSpent, FunctionInfo, HeapReadError, ReadBudget, V8Heap
 
 MAPPING_V8_CODE, MAPPING_V8_BUILTINS = 1, 2  # profile.h: struct unwind_mapping.kind
 FRAME_KIND = "v8js"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
-TAG = 1 << 63  # profile.h V8_FRAME_TAG
-KIND_SHIFT, INTERPRETED, COMPILED, COMPILED_NO_PC = 60, 1, 2, 3
-OFFSET_SHIFT, OFFSET_MAX = 47, 0x1FFF
+INTERPRETED, COMPILED, COMPILED_NO_PC = 1, 2, 3  # profile.h V8_FRAME_*: a compiled frame's pc follows it
 POINTER_MASK = (1 << 47) - 1
 # Bytes of heap one report may read from one process to name its functions (a name costs a few
 # hundred; names read before cost one check of 48 bytes each).
@@ -67,11 +66,9 @@ class V8Runtimes:
         self._table = table
         self._other_runtime = other_runtime
         self.log = logger
-        self._lock = threading.Lock()
-        self._registering = threading.Lock()
-        self._files: dict[FileKey, V8Build | None] = {}
-        self._processes: dict[int, V8Process] = {}
-        self._retired: list[V8Process] = []
+        self._lock = threading.Lock()  # (the stats)
+        self._builds = PerMappedFile(self._detect)
+        self._processes = RuntimeProcesses(table, self._find, self._leaf, lambda process: process.heap.memory.close())
         self.stats = dict.fromkeys(("processes", "unknown_layout", "unreadable", "frames_named", "frames_unnamed",
                                     "functions_read", "functions_moved", "read_budget_spent", "inlining_unknown"), 0)
 
@@ -79,49 +76,19 @@ class V8Runtimes:
 
     def register(self, info: ProcessInfo) -> None:
         """Look for V8 among ``info``'s mappings (again after its maps changed)."""
-        if info.kernel_thread or info.exited:
-            return
-        with self._registering:
-            with self._lock:
-                before = self._processes.get(info.pid)
-            if before is not None and before.info.program == info.program:
-                before.info = info  # more JIT code mapped: code_ranges reads it from info
-                return
-            found = self._find(info)
-            with self._lock:
-                before = self._processes.pop(info.pid, None)
-                if found is not None:
-                    self._processes[info.pid] = found
-                self.stats["processes"] = len(self._processes)
-            if before is not None:
-                self._retire(before)
-            key = self._table.Key(info.pid)
-            if found is not None:
-                self._table[key] = self._leaf(found)
-            elif before is not None:
-                self._delete(key)
+        self._processes.register(info)
+        self.stats["processes"] = len(self._processes)
 
     def forget(self, tgid: int) -> None:
-        with self._registering:
-            with self._lock:
-                process = self._processes.pop(tgid, None)
-                self.stats["processes"] = len(self._processes)
-            if process is not None:
-                self._retire(process)
-                self._delete(self._table.Key(tgid))
-
-    def _retire(self, process: V8Process) -> None:
-        """Its memory is closed at the next report: the report's thread may be reading it now."""
-        with self._lock:
-            self._retired.append(process)
+        self._processes.forget(tgid)
+        self.stats["processes"] = len(self._processes)
 
     def code_ranges(self, info: ProcessInfo) -> list[tuple[int, int, int]]:
         """Where ``info``'s V8 code is: its anonymous executable mappings (the JIT's code space)
         and its builtins, wherever the binary's pages that hold them are mapped (V8 maps them again
         next to its code space, so that code calls them with short calls); nothing for a process
         without V8."""
-        with self._lock:
-            process = self._processes.get(info.pid)
+        process = self._processes.get(info.pid)
         if process is None:
             return []
         ranges = [(m.start, m.end, MAPPING_V8_CODE) for m in info.mappings if _is_anonymous(m)]
@@ -134,19 +101,13 @@ class V8Runtimes:
                     ranges.append((mapping.start + low - mapping.offset, mapping.start + high - mapping.offset, MAPPING_V8_BUILTINS))
         return ranges
 
-    def _delete(self, key) -> None:
-        try:
-            del self._table[key]
-        except KeyError:
-            pass
-
     def _find(self, info: ProcessInfo) -> V8Process | None:
         if self._other_runtime(info):
             return None
         for mapping in info.mappings:
             if not mapping.file_backed or not may_be_node(mapping.path):
                 continue
-            build = self._detect(info, mapping)
+            build = self._builds.get(info, mapping)
             if build is None:
                 continue
             if build.layout is None:
@@ -169,20 +130,9 @@ class V8Runtimes:
             return V8Process(info, build, mapping.identity, heap, code)
         return None
 
-    def _detect(self, info: ProcessInfo, mapping: Mapping) -> V8Build | None:
-        key = mapping.identity
-        with self._lock:
-            if key in self._files:
-                return self._files[key]
-        fd = open_mapped_file(info, mapping)
-        build = None
-        if fd is not None:
-            try:
-                build = detect_v8(mapping.path, fd)
-            finally:
-                os.close(fd)
-        with self._lock:
-            self._files[key] = build
+    def _detect(self, info: ProcessInfo, mapping: Mapping, fd: int) -> V8Build | None:
+        """(Once per file: PerMappedFile.)"""
+        build = detect_v8(mapping.path, fd)
         if build is not None and build.layout is not None:
             self.log.info("found V8", version=".".join(map(str, build.version)), path=mapping.path, pid=info.pid)
         return build
@@ -202,40 +152,24 @@ class V8Runtimes:
     def new_report(self) -> None:
         """Called once per report: names read before are checked again before they are used, and
         each process's budget of heap reads starts again."""
-        with self._lock:
-            retired, self._retired = self._retired, []
-            for process in retired:
-                process.heap.memory.close()
-            for process in self._processes.values():
-                process.checked.clear()
-                process.heap.budget = ReadBudget(READ_BUDGET_PER_PROCESS)
-                if process.code is not None:
-                    process.code.new_report()
+        for process in self._processes.new_report():
+            process.checked.clear()
+            process.heap.budget = ReadBudget(READ_BUDGET_PER_PROCESS)
+            if process.code is not None:
+                process.code.new_report()
 
     def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
         """The frames of a V8 process's user stack (None for another process's): the native
         addresses named by ``symbolize``, each JavaScript frame the kernel recorded named here."""
-        with self._lock:
-            process = self._processes.get(tgid)
+        process = self._processes.get(tgid)
         if process is None:
             return None
-        javascript, native = _split(addresses)
-        # The symbolizer looks a return address up one byte back, every address but its first:
-        # when the leaf is JavaScript's, the first native address is a return address too.
-        leaf_is_native = bool(javascript) and javascript[0][0] is None
-        natives = iter(symbolize(native) if leaf_is_native else symbolize([0, *native])[1:])
-        out = []
-        for index, (value, pc) in enumerate(javascript):
-            if value is None:
-                frame = next(natives, None)
-                if frame is None:  # the symbolizer ended the stack (where a Go stack starts): so do we
-                    break
-                out.append(frame)
-                continue
-            if pc is not None:
-                out.extend(self._inlined(process, pc, return_address=index > 0))
-            out.append(self.frame(process, value & POINTER_MASK))
-        return out
+
+        def javascript(index: int, value: int, pc: int) -> list[Frame]:
+            inlined = self._inlined(process, pc, return_address=index > 0) if pc else []
+            return [*inlined, self.frame(process, value & POINTER_MASK)]
+
+        return runtime_stacks.interleave(addresses, lambda kind: kind == COMPILED, symbolize, javascript)
 
     def _inlined(self, process: V8Process, pc: int, return_address: bool) -> list[Frame]:
         """The frames of the functions optimized code inlined at ``pc``, innermost first."""
@@ -287,26 +221,6 @@ class V8Runtimes:
         process.functions[shared] = function
         process.checked.add(shared)
         return function
-
-
-def _split(addresses: Sequence[int]) -> tuple[list[tuple[int | None, int | None]], list[int]]:
-    """The stack as (JavaScript frame's value, its pc or None) and (None, None) for each native
-    frame; and the native addresses, in order. A compiled frame's pc is the slot after it."""
-    frames: list[tuple[int | None, int | None]] = []
-    native: list[int] = []
-    at = 0
-    while at < len(addresses):
-        value = addresses[at]
-        at += 1
-        if not value & TAG:
-            frames.append((None, None))
-            native.append(value)
-        elif (value >> KIND_SHIFT) & 7 == COMPILED and at < len(addresses) and not addresses[at] & TAG:
-            frames.append((value, addresses[at]))
-            at += 1
-        else:
-            frames.append((value, None))
-    return frames, native
 
 
 def _is_anonymous(mapping: Mapping) -> bool:
