@@ -138,7 +138,10 @@ class HotSpotRuntimes:
             with self._lock:
                 self._starting.pop(info.pid, None)
             self.log.info("found a JVM", path=mapping.path, pid=info.pid, code_cache=f"{code.low:#x}-{code.high:#x}", heaps=len(code.heaps))
-            return JvmProcess(info, code, methods, memory, ScopeReader(memory.read, code, scopes) if scopes is not None else None)
+            process = JvmProcess(info, code, methods, memory, None)
+            if scopes is not None:  # (its reads count against the process's budget, as the names')
+                process.scopes = ScopeReader(lambda address, size: self._read(process, address, size), code, scopes)
+            return process
         return None
 
     def _leaf(self, process: JvmProcess):
@@ -206,7 +209,7 @@ class HotSpotRuntimes:
             return frame
         try:
             name = process.scopes.blob_name(frame.address)
-        except (ScopeReadError, MemoryReadError, struct.error, UnicodeDecodeError):
+        except (ScopeReadError, NameReadError, MemoryReadError, struct.error, UnicodeDecodeError):
             return frame
         return dataclasses.replace(frame, name=name, kind=FRAME_KIND) if name else frame
 
@@ -217,7 +220,7 @@ class HotSpotRuntimes:
             return []
         try:
             return process.scopes.inlined(pc, method, return_address)
-        except (ScopeReadError, MemoryReadError, struct.error) as error:
+        except (ScopeReadError, NameReadError, MemoryReadError, struct.error) as error:
             with self._lock:
                 self.stats["inlining_unknown"] += 1
             log_once(self.log, ("hotspot-scopes", process.info.pid), "debug", "the methods inlined at a pc of compiled Java code "

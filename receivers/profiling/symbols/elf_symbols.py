@@ -10,17 +10,14 @@ import pydemumble
 from elftools.elf.elffile import ELFFile
 
 from ..elf.headers import ElfHeaders
+from ..elf.symbols import MAX_STRING_TABLE_BYTES, MAX_SYMBOL_ENTRIES
 from .gopclntab import GoFunctions
 from .table import SymbolTable, SymbolTableBuilder
 
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 
-# A symbol table is the file's to write, and the file is the process's: a larger table than these
-# is not read (the file's .dynsym, or no names, instead), so that reading one costs at most about
-# 0.6 s and 80 MiB at its peak whatever the file holds (measured: 500,000 functions, 530 ms,
-# 81 MiB). 524,288 entries are 12 MB of .symtab: six times libLLVM's functions.
-MAX_SYMBOL_ENTRIES = 1 << 19
-MAX_STRING_TABLE_BYTES = 32 << 20
+# A symbol table larger than elf/symbols.py's bounds is not read (the file's .dynsym, or no
+# names, instead): see there.
 _CHECK_CLOCK_EVERY = 1 << 14  # entries between two looks at the deadline
 
 
