@@ -141,6 +141,7 @@ class FakeMemory:
 
     def __init__(self) -> None:
         self.blocks: dict[int, bytes] = {}
+        self.pid, self.exited = 0, False
 
     def read(self, address: int, size: int) -> bytes:
         for start, data in self.blocks.items():

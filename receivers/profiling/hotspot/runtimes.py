@@ -27,7 +27,7 @@ from pycollector.logs import log_once
 
 from ..elf.symbols import defined_symbols, load_bias, load_segments
 from ..processes.files import PerMappedFile
-from ..processes.memory import MemoryReadError, ProcessMemory
+from ..processes.memory import MemoryReadError, ProcessExited, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
 from ..processes.runtime_processes import RuntimeProcesses
 from ..symbols import runtime_stacks
@@ -247,6 +247,8 @@ class HotSpotRuntimes:
                      line=line_at(lines, bci) if bci is not None and bci >= 0 else 0)
 
     def _read(self, process: JvmProcess, address: int, size: int) -> bytes:
+        if process.memory.exited:  # (spends nothing: nothing can be read)
+            raise ProcessExited(process.info.pid, address, size)
         if size > process.budget:
             with self._lock:
                 self.stats["read_budget_spent"] += 1
@@ -257,8 +259,16 @@ class HotSpotRuntimes:
     def _name(self, process: JvmProcess, method: int) -> tuple[str, str, int, tuple]:
         """(Class.method, source file, where its bytecodes start, its line table)."""
         layout = process.methods
-        check = self._read(process, method + layout.const_method, 8) if method not in process.checked else None
         known = process.names.get(method)
+        check = None
+        if method not in process.checked:
+            try:
+                check = self._read(process, method + layout.const_method, 8)
+            except ProcessExited:
+                # Nothing can be read once the JVM has exited: a name read while it ran is kept
+                # (its last samples were of that Method, unless the JVM freed it since).
+                if known is None:
+                    raise
         if known is not None and (check is None or check == known[0]):
             process.checked.add(method)
             return known[1:]

@@ -13,6 +13,7 @@ import bisect
 import struct
 from dataclasses import dataclass
 
+from ..processes.memory import ProcessExited
 from .jvm import CodeCacheLayout
 from .vmstructs import VMStructs, VMStructsError
 
@@ -111,17 +112,24 @@ class ScopeReader:
         self._held = 0  # bytes of scopes data kept
         self._blob_names: dict[int, str] = {}
         self._this_report: dict[tuple[int, int, bool], list[tuple[int, int]]] = {}
+        self._last_report: dict[tuple[int, int, bool], list[tuple[int, int]]] = {}
 
     def new_report(self) -> None:
-        self._this_report = {}
+        self._last_report, self._this_report = self._this_report, {}
 
     def inlined(self, pc: int, method: int, return_address: bool) -> list[tuple[int, int]]:
         """(Method, bci) of each scope at ``pc``, innermost first, the outermost being the
         nmethod's own method (which the kernel recorded: ``method``). Empty when unknown. A
-        report's stacks share most of their pcs: each is read once a report."""
+        report's stacks share most of their pcs: each is read once a report. Once the JVM has
+        exited, what the last report read is kept."""
         key = (pc, method, return_address)
         if key not in self._this_report:
-            self._this_report[key] = self._inlined(pc, method, return_address)
+            try:
+                self._this_report[key] = self._inlined(pc, method, return_address)
+            except ProcessExited:
+                if key not in self._last_report:
+                    raise
+                self._this_report[key] = self._last_report[key]
         return self._this_report[key]
 
     def _inlined(self, pc: int, method: int, return_address: bool) -> list[tuple[int, int]]:

@@ -11,6 +11,10 @@ answering: the fault, and the reading thread, would wait for ever. So before a r
 entries in /proc/PID/pagemap (which reading does not fault in) say whether they are in memory or
 swap; if one is not, the read goes ahead only when no FUSE file is mapped there (the process's
 maps, and its mount table for the file system of each file).
+
+A process that has exited has no memory left to read, and says so (``ProcessExited``, and
+``exited`` from then on): a report often names the last samples of a process after it is gone, and
+its namers then use what they read while it ran rather than spend their budgets on reads that fail.
 """
 
 from __future__ import annotations
@@ -39,6 +43,13 @@ class MemoryReadError(OSError):
         self.pid, self.address, self.size = pid, address, size
 
 
+class ProcessExited(MemoryReadError):
+    """The process has exited (or is exiting): none of its memory is left."""
+
+    def __init__(self, pid: int, address: int, size: int):
+        super().__init__(pid, address, size, "the process has exited")
+
+
 class ProcessMemory:
     """Reads of process ``pid``'s memory. Use as a context manager, or close()."""
 
@@ -53,6 +64,7 @@ class ProcessMemory:
             self.close()
             raise MemoryReadError(pid, 0, 0, f"cannot open its memory: {e.strerror}", e.errno) from e
         self._file_systems: dict[str, str] = {}  # device ("0:52") -> file system type, from its mount table
+        self.exited = False
 
     def read(self, address: int, size: int) -> bytes:
         # Addresses and sizes are read from the process itself: garbage in an exiting process,
@@ -62,6 +74,8 @@ class ProcessMemory:
             raise MemoryReadError(self.pid, address, size, "not a user-space address")
         if size > MAX_READ_BYTES:
             raise MemoryReadError(self.pid, address, size, f"larger than one read may be ({MAX_READ_BYTES} bytes)")
+        if self.exited:
+            raise ProcessExited(self.pid, address, size)
         if size and not self._safe_to_fault(address, size):
             raise MemoryReadError(self.pid, address, size, "a page of a FUSE file that is not in memory: reading it "
                                   "would wait for that file system's daemon")
@@ -69,6 +83,9 @@ class ProcessMemory:
             data = os.pread(self._fd, size, address)
         except OSError as e:
             raise MemoryReadError(self.pid, address, size, e.strerror or str(e), e.errno) from e
+        if not data and size:  # (an address not mapped fails with EIO: nothing at all means no memory)
+            self.exited = True
+            raise ProcessExited(self.pid, address, size)
         if len(data) != size:
             raise MemoryReadError(self.pid, address, size, f"only {len(data)} bytes readable")
         return data
@@ -89,8 +106,13 @@ class ProcessMemory:
         try:
             with open(f"{self._proc}/{self.pid}/maps", "rb") as maps:
                 lines = maps.read().splitlines()
+        except (FileNotFoundError, ProcessLookupError):
+            lines = []
         except OSError:
             return True
+        if not lines:  # (reaped, or a zombie: no mappings left)
+            self.exited = True
+            raise ProcessExited(self.pid, start, end - start)
         for line in lines:
             fields = line.split(None, 5)
             low, _, high = fields[0].partition(b"-")

@@ -8,7 +8,8 @@ instructions start and how long they are. Scanning back from the pc, at every co
 address, for a header whose map is the InstructionStream map and whose Code says its instructions
 start there and hold the pc, finds it; instruction bytes that happen to look like a header fail
 that check. What was found is kept by its range and checked again each report (the collector may
-move or free code)."""
+move or free code). A scan reads up to 256 KiB, so it has a budget of its own (the names' is not
+spent on it) and a pc whose scan found nothing is not scanned again in the same report."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import bisect
 import struct
 from dataclasses import dataclass
 
-from .heap import HeapReadError, V8Heap, is_heap_object
+from .heap import BudgetSpent, HeapReadError, ReadBudget, V8Heap, is_heap_object, still_there
 from .layout import CodeLayout
 
 CODE_ALIGNMENT = 32  # instruction starts are aligned to at least this (64 on x64 since V8 10)
@@ -25,6 +26,7 @@ SCAN_CHUNK = 4096
 MAX_POSITION_TABLE = 64 * 1024  # bytes of a source position table read
 MAX_INLINED = 64  # inlined functions followed at one pc
 MAX_CODES = 4096  # Code objects kept per process
+MAX_MISSES = 4096  # pcs in no Code known, per report
 
 
 @dataclass(frozen=True)
@@ -65,17 +67,21 @@ def inlining_id(source_position: int) -> int:
 
 
 class CodeIndex:
-    """One process's Code objects found so far."""
+    """One process's Code objects found so far. ``heap``: its reads are this index's alone (its
+    budget is spent on scans and tables, and given again each report)."""
 
     def __init__(self, heap: V8Heap, layout: CodeLayout) -> None:
         self.heap, self.layout = heap, layout
         self._starts: list[int] = []
         self._codes: dict[int, CodeObject] = {}
         self._checked: set[int] = set()
+        self._misses: dict[int, str] = {}  # pc -> why no Code was found for it, this report
         self._stream_map = 0  # the InstructionStream map, once seen
 
     def new_report(self) -> None:
         self._checked.clear()
+        self._misses.clear()
+        self.heap.budget = ReadBudget(self.heap.budget.limit)
 
     def find(self, pc: int) -> CodeObject:
         at = bisect.bisect_right(self._starts, pc) - 1
@@ -83,14 +89,21 @@ class CodeIndex:
             code = self._codes[self._starts[at]]
             if code.start <= pc < code.end and self._still_there(code):
                 return code
-        code = self._scan(pc)
+        if pc in self._misses:
+            raise HeapReadError(self._misses[pc])
+        try:
+            code = self._scan(pc)
+        except HeapReadError as error:
+            if len(self._misses) < MAX_MISSES and not isinstance(error, BudgetSpent):
+                self._misses[pc] = str(error)
+            raise
         self._keep(code)
         return code
 
     def _still_there(self, code: CodeObject) -> bool:
         if code.start in self._checked:
             return True
-        if self.heap.word(code.start - 8) == code.code:
+        if still_there(self.heap, lambda: self.heap.word(code.start - 8) == code.code):
             self._checked.add(code.start)
             return True
         self._forget(code)

@@ -9,9 +9,10 @@ depth, and every read is counted against the caller's budget (``ReadBudget``).""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..processes.memory import MemoryReadError, ProcessMemory
+from ..processes.memory import MemoryReadError, ProcessExited, ProcessMemory
 from .layout import V8Layout
 
 MAX_NAME_CHARS = 1024  # a longer name is cut (as the other namers cut theirs)
@@ -55,6 +56,8 @@ class V8Heap:
     # -- primitives --------------------------------------------------------------------------------
 
     def read(self, address: int, size: int) -> bytes:
+        if self.memory.exited:  # (spends nothing: nothing can be read)
+            raise HeapReadError(str(ProcessExited(self.memory.pid, address, size)))
         self.budget.spend(size)
         try:
             return self.memory.read(address, size)
@@ -178,6 +181,19 @@ class V8Heap:
             if is_heap_object(value) and self.is_string(value):
                 return self.string(value)
         return ""
+
+
+def still_there(heap: V8Heap, same: Callable[[], bool]) -> bool:
+    """Whether an object read before is still the one there, by ``same()``. Once the process has
+    exited nothing can be read, and what was read while it ran is kept: its last report's samples
+    were of those objects, unless one moved between that read and the exit (a rare wrong name,
+    where otherwise every last sample of every process would be nameless)."""
+    try:
+        return same()
+    except HeapReadError:
+        if heap.memory.exited:
+            return True
+        raise
 
 
 def is_heap_object(value: int) -> bool:

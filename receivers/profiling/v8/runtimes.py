@@ -34,15 +34,17 @@ from ..symbols import runtime_stacks
 from ..symbols.frame import Frame
 from .detect import V8Build, detect_v8, may_be_node
 from .code import CodeIndex
-from .heap import BudgetSpent, FunctionInfo, HeapReadError, ReadBudget, V8Heap
+from .heap import BudgetSpent, FunctionInfo, HeapReadError, ReadBudget, V8Heap, still_there
 
 MAPPING_V8_CODE, MAPPING_V8_BUILTINS = 1, 2  # profile.h: struct unwind_mapping.kind
 FRAME_KIND = "v8js"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
 INTERPRETED, COMPILED, COMPILED_NO_PC = 1, 2, 3  # profile.h V8_FRAME_*: a compiled frame's pc follows it
 POINTER_MASK = (1 << 47) - 1
 # Bytes of heap one report may read from one process to name its functions (a name costs a few
-# hundred; names read before cost one check of 48 bytes each).
+# hundred; names read before cost one check of 48 bytes each), and to find the Code objects of
+# optimized frames' pcs (code.py: a scan reads up to 256 KiB; a Code found is checked with 8).
 READ_BUDGET_PER_PROCESS = 256 * 1024
+CODE_READ_BUDGET_PER_PROCESS = 1024 * 1024
 MAX_FUNCTIONS_PER_PROCESS = 65536  # names kept per process between reports
 
 FileKey = tuple[str, int]
@@ -126,7 +128,9 @@ class V8Runtimes:
                          "its JavaScript frames are not named", pid=info.pid, error=str(error))
                 return None
             heap = V8Heap(memory, build.layout, ReadBudget(READ_BUDGET_PER_PROCESS))
-            code = CodeIndex(heap, build.code_layout) if build.code_layout is not None else None
+            code = None
+            if build.code_layout is not None:
+                code = CodeIndex(V8Heap(memory, build.layout, ReadBudget(CODE_READ_BUDGET_PER_PROCESS)), build.code_layout)
             return V8Process(info, build, mapping.identity, heap, code)
         return None
 
@@ -207,7 +211,7 @@ class V8Runtimes:
         if known is not None and shared in process.checked:
             return known
         if known is not None:
-            if heap.identity(shared) == known.identity:
+            if still_there(heap, lambda: heap.identity(shared) == known.identity):
                 process.checked.add(shared)
                 return known
             with self._lock:
