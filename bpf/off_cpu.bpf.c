@@ -170,7 +170,7 @@ static __always_inline void return_to_cpu(struct bpf_raw_tracepoint_args *ctx, u
         failed |= store_stack(slot, &wait->kernel, &wait->key.kernel_stack_hash);
     if (wait->key.user_stack_id == STACK_HASHED)
         failed |= store_stack(slot, &wait->user, &wait->key.user_stack_hash);
-    if (!failed) {
+    if (!failed && !slot_flipped(slot)) {
         int err = slot == 1 ? add_sample_1(&wait->key, away) : add_sample_0(&wait->key, away);
         if (err)
             count(COUNTER_MAP_FULL);

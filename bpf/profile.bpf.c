@@ -18,7 +18,12 @@
  * drained map used could pull it from under a key just counted in the active map, and a new
  * stack stored there would give that key the wrong frames.  With a stack map per slot, nothing
  * writes to the drained slot's maps until the next flip.  A program that read the old slot just
- * before the flip finishes within microseconds, long before user space drains it.
+ * before the flip usually finishes within microseconds, long before user space drains it (it waits
+ * FLIP_GRACE_S), but a virtual CPU can be stopped for longer in the middle of one: its
+ * count would land after the drain, its stack ids pointing at buckets the drain emptied and other
+ * stacks then took.  So each program looks at the slot again just before it counts: one that was
+ * retired meanwhile sends the sample by value instead (slot_flipped), which leaves only the few
+ * instructions between that look and the count to the grace period.
  */
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
@@ -219,6 +224,17 @@ static __always_inline struct stack_overflow_event *overflow_event(struct sample
     return event;
 }
 
+/* Whether user space retired `slot` since this program read it (see the top of this file). */
+static __always_inline int slot_flipped(u32 slot)
+{
+    u32 zero = 0;
+    u32 *active = active_slot.lookup(&zero);
+    if (!active || *active == slot)
+        return 0;
+    count(COUNTER_SLOT_FLIPPED);
+    return 1;
+}
+
 /* Send a sample whose kernel or user stack collided, with both stacks by value, through the
  * stack_overflow perf buffer.  Return 0 if sent. */
 static __always_inline int send_overflow(struct bpf_perf_event_data *ctx, struct sample_key *key)
@@ -319,7 +335,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
      * taken, for every sample with that stack until the slot is drained: a bias, not noise),
      * send the sample to user space with both stacks by value instead of counting it here.  Only
      * if that fails is it counted here, without the collided stack. */
-    if (key.kernel_stack_id == -PROFILE_EEXIST || key.user_stack_id == -PROFILE_EEXIST) {
+    if (key.kernel_stack_id == -PROFILE_EEXIST || key.user_stack_id == -PROFILE_EEXIST || slot_flipped(slot)) {
         if (send_overflow(ctx, &key) == 0) {
             count(COUNTER_STACK_OVERFLOW_SENT);
             return 0;

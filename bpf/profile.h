@@ -371,7 +371,8 @@ enum profile_counter {
     COUNTER_HOTSPOT_STUB_FRAMES = 44,    /* frames of the JVM's stubs and adapters stepped */
     COUNTER_HOTSPOT_NO_BLOB = 45,        /* pcs in the code cache in no CodeBlob the segment map knows */
     COUNTER_HOTSPOT_BAD_FRAME = 46,      /* frames whose layout did not hold: the walk ends there */
-    PROFILE_NR_COUNTERS = 47,
+    COUNTER_SLOT_FLIPPED = 47,           /* samples whose slot user space retired mid-program: sent by value */
+    PROFILE_NR_COUNTERS = 48,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

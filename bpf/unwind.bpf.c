@@ -479,7 +479,7 @@ static __always_inline void finish_walk(void *ctx, struct unwind_state *state, i
 #endif
     u64 key;
     int err = store_stack(state->slot, &state->stack, &key);
-    int by_value = err || state->key.kernel_stack_id == -PROFILE_EEXIST;
+    int by_value = err || state->key.kernel_stack_id == -PROFILE_EEXIST || slot_flipped(state->slot);
     if (by_value) {
         if (send_walked_by_value(ctx, state) == 0) {
             count(COUNTER_STACK_OVERFLOW_SENT);

@@ -7,6 +7,7 @@ it with collect() before and after running its workload and looks only at its ow
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from receivers.profiling.processes.table import ProcessTable
+from receivers.profiling.kernel.count_maps import KERNEL_ADDRESS_START, STACK_RACED
 from receivers.profiling.kernel.program import BPFCompileError, SamplerError, check_privileges, find_kernel_headers
 from receivers.profiling.kernel.sampler import BPF_SOURCE, Sampler
 from receivers.profiling.kernel.settings import SamplerSettings
@@ -532,7 +534,8 @@ def test_stack_map_collisions_lose_no_sample_and_bias_no_share(tmp_path):
     share = by_leaf["spin_heavy"] / max(total, 1)
     print(f"\ncollisions: kernel {d['kernel_stack_collision']}, user {d['user_stack_collision']} "
           f"of {d['samples']} samples; overflow sent {d['stack_overflow_sent']}, received "
-          f"{d['stack_overflow_received']}; known_split {total} samples, expected "
+          f"{d['stack_overflow_received']}; stack map races {d['stack_map_races']}, slots flipped mid-program {d['slot_flipped']}; "
+          f"known_split {total} samples, expected "
           f"{expected:.0f}, spin_heavy {share:.1%}")
     # (a) the stack map was far too small, (b) the collided samples came through the perf buffer
     assert d["user_stack_collision"] > 0 and d["kernel_stack_collision"] > 0, d
@@ -545,6 +548,14 @@ def test_stack_map_collisions_lose_no_sample_and_bias_no_share(tmp_path):
     assert d["map_full"] == 0 and d["missing_stacks"] == 0, d
     # (c) no sample lost, no stack lost, no bias
     assert abs(total - expected) <= max(0.05 * expected, 3 * expected ** 0.5) + 3, (total, cpu_s)
-    lost_stack = sum(s.count for s in mine if not s.user_addrs or s.user_stack_error)
-    assert lost_stack == 0, [s for s in mine if not s.user_addrs][:3]
+    # A sample in the kernel of the exiting process, after its memory is gone, has no user stack
+    # (-EFAULT) but has its kernel stack: not lost. The kernel's own stack map race (two CPUs
+    # storing stacks in one empty bucket at once: count_maps.STACK_RACED), which a map this small
+    # makes likely, costs a stack now and then: counted, never another's stack instead.
+    exiting = [s for s in mine if s.user_stack_error == -errno.EFAULT and s.kernel_addrs]
+    raced = [s for s in mine if STACK_RACED in (s.user_stack_error, s.kernel_stack_error)]
+    lost_stack = [s for s in mine if (not s.user_addrs or s.user_stack_error) and s not in exiting and s not in raced]
+    assert not lost_stack, lost_stack[:3]
+    assert d["stack_map_races"] >= len(raced) and len(raced) <= 0.02 * total, (raced, d["stack_map_races"])
+    assert all(a >= KERNEL_ADDRESS_START for s in mine for a in s.kernel_addrs), [s for s in mine if s.kernel_addrs][:3]
     assert abs(share - 0.75) <= share_tolerance(total), by_leaf

@@ -13,6 +13,12 @@ from receivers.profiling.kernel.samples import StackCount, stack_count
 
 STACK_HASHED = -61  # profile.h: the stack id of a stack stored by its hash in user_stacks_N
 USER_ADDRESS_END = 1 << 56  # profile.h: no user address is at or above it (x86-64 with 5-level paging)
+KERNEL_ADDRESS_START = 0xFFFF800000000000  # x86-64: kernel text is in the top half
+# A stack id whose bucket held another stack when read: the kernel's stack map race. Two CPUs that
+# store different stacks in the same empty bucket at once both get its id, and the second
+# replaces the first's stack (kernel/bpf/stackmap.c: each reads the bucket empty, then swaps its
+# own in). Seen as a user stack of kernel addresses, or the other way round; counted.
+STACK_RACED = -errno.ESTALE
 
 
 class CountRow(NamedTuple):
@@ -42,6 +48,7 @@ class SlotContents:
     stacks: list[StackCount]
     missing: int  # stack ids that could not be read back
     freed: int  # stacks deleted from the slot's stack map
+    raced: int = 0  # stack ids that held another stack (STACK_RACED)
 
 
 def map_int(value) -> int:
@@ -62,7 +69,7 @@ class SlotReader:
         # Every id in this map belongs to the interval just drained (see Sampler's docstring).
         freed = _empty_stack_map(stack_map, used)
         walked = self._drain_user_stacks(user_stack_map)
-        missing = 0
+        missing = raced = 0
         out = []
         for row in rows:
             kid, uid = row.kernel_stack_id, row.user_stack_id
@@ -84,14 +91,22 @@ class SlotReader:
                 if kaddrs is None:
                     kerr = -errno.ENOENT
                     missing += 1
+                elif kaddrs and kaddrs[0] < KERNEL_ADDRESS_START:
+                    kerr, kaddrs = STACK_RACED, None
+                    raced += 1
             if uid >= 0:
-                uaddrs = _within_user_space(stacks[uid])
+                uaddrs = stacks[uid]
                 if uaddrs is None:
                     uerr = -errno.ENOENT
                     missing += 1
+                elif uaddrs and uaddrs[0] >= USER_ADDRESS_END:
+                    uerr, uaddrs = STACK_RACED, None
+                    raced += 1
+                else:
+                    uaddrs = _within_user_space(uaddrs)
             out.append(stack_count(row.tgid, row.pid, row.comm, kaddrs, uaddrs, row.user_leaf_return, row.count,
                                    kerr, uerr, row.origin, row.span))
-        return SlotContents(out, missing, freed)
+        return SlotContents(out, missing, freed, raced)
 
     def _drain_counts(self, table) -> list[CountRow]:
         """Read and delete every entry of a retired count map."""
@@ -140,13 +155,11 @@ def _read_stack(table, stack_id: int) -> list[int] | None:
         return ips
 
 
-def _within_user_space(addresses: list[int] | None) -> list[int] | None:
+def _within_user_space(addresses: list[int]) -> list[int]:
     """A stack the kernel walked by frame pointer, up to its first "return address" beyond user
     space: the kernel stores what it reads from the process's stack, which can be anything (or
     forged), and one with bit 63 would pass for a Python frame (PYTHON_FRAME_TAG in profile.h).
     The unwinder stops there itself (COUNTER_UNWIND_NOT_USER_ADDRESS)."""
-    if addresses is None:
-        return None
     for i, address in enumerate(addresses):
         if address >= USER_ADDRESS_END:
             return addresses[:i]

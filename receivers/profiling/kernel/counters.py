@@ -12,7 +12,7 @@ BPF_HEADER = Path(__file__).resolve().parent.parent / "bpf" / "profile.h"  # bpf
 # Counters kept in user space, next to the ones read from the BPF per-CPU array.
 USER_COUNTERS = ("lost_events", "late_announcements", "missing_stacks", "stacks_freed",
                  "intervals", "callback_errors", "stack_overflow_received", "stack_overflow_lost",
-                 "off_cpu_waits_pruned")
+                 "off_cpu_waits_pruned", "stack_map_races")
 
 
 def read_counter_names(header: Path = BPF_HEADER) -> list[str]:
@@ -59,6 +59,10 @@ def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]
     if d.get("off_cpu_lost"):
         out.append(f"{d['off_cpu_lost']} off-CPU waits were lost: their stacks fit neither the stack map nor "
                    "the perf buffer; consider raising map_scale_factor")
+    if d.get("stack_map_races"):
+        out.append(f"{d['stack_map_races']} samples lost a stack to the kernel's stack map race (two CPUs "
+                   "storing different stacks in one empty bucket at once); they are counted without it; "
+                   "a larger map_scale_factor makes it rarer")
     if d.get("missing_stacks"):
         out.append(f"{d['missing_stacks']} stack ids could not be read back from the stack map")
     return out

@@ -475,6 +475,7 @@ class Sampler:
 
         with self._user_lock:
             self._user["missing_stacks"] += slot.missing
+            self._user["stack_map_races"] += slot.raced
             self._user["stacks_freed"] += slot.freed
             self._user["intervals"] += 1
 
