@@ -16,7 +16,7 @@ from pycollector.testing import TestHost, make_settings, sample_data
 
 from exporters.debug.config import DebugConfig
 from exporters.debug.exporter import DebugExporter
-from tests.conftest import REPO, WORKLOADS
+from tests.conftest import REPO, WORKLOADS, share_tolerance
 
 
 def two_process_profile():
@@ -237,7 +237,8 @@ def test_the_console_names_a_python_process_hottest_function_in_python(tmp_path)
     """`pycollector` with the debug exporter, as a user runs it, while known_split.py runs under
     Debian's python3.11 (stripped: its native leaves read `(no symbol)`): each report of the
     process lists spin_heavy with its file and line first among Python functions, and over the run
-    its share is spin_heavy's (3/4 of the work) within 5 points."""
+    its share is spin_heavy's (3/4 of the work) within three standard deviations (5 points at least):
+    a few hundred samples stray by 5 points one run in a hundred."""
     config = tmp_path / "debug.yaml"
     config.write_text(
         "receivers: {profiling: {samples_per_second: 97, reporter_interval: 1s}}\n"
@@ -267,7 +268,7 @@ def test_the_console_names_a_python_process_hottest_function_in_python(tmp_path)
             total[name.split(" (")[0]] += value
     share = total["spin_heavy"] / sum(total.values())
     print(f"spin_heavy {share:.3f} of {sum(total.values())} samples over {len(python_functions)} reports")
-    assert abs(share - 0.75) <= 0.05, total
+    assert abs(share - 0.75) <= share_tolerance(sum(total.values())), total
 
 
 def _python_functions_per_report(output: str, pid: int) -> list[dict[str, int]]:

@@ -15,6 +15,7 @@ import collections
 import json
 import os
 import shutil
+import struct
 import subprocess
 
 import pytest
@@ -97,6 +98,27 @@ def receiver_view(profiled: dict) -> tuple[collections.Counter, int, int]:
     return leaves, total, rooted
 
 
+def cpu_prof_lines(profile: dict, function: str) -> collections.Counter:
+    """V8's profile: the samples in ``function`` by their line (positionTicks, from 1)."""
+    lines: collections.Counter = collections.Counter()
+    for node in profile["nodes"]:
+        if node["callFrame"]["functionName"] == function:
+            for tick in node.get("positionTicks", ()):
+                lines[tick["line"]] += tick["ticks"]
+    return lines
+
+
+def receiver_lines(profiled: dict, function: str) -> collections.Counter:
+    """The receiver's samples whose innermost JavaScript frame is ``function``, by its line (0:
+    none)."""
+    lines: collections.Counter = collections.Counter()
+    for view, count in samples_of(profiled):
+        javascript = [frame for frame in view.frames if frame.frame_type == "v8js" and frame.function]
+        if javascript and javascript[0].function == function:
+            lines[javascript[0].line] += count
+    return lines
+
+
 def heavy_share(leaves: collections.Counter) -> tuple[float, int]:
     heavy, light = leaves["spinHeavy"], leaves["spinLight"]
     return heavy / max(1, heavy + light), heavy + light
@@ -132,6 +154,15 @@ def test_javascript_frames_are_named_without_a_perf_map_as_v8_profiles_them(tmp_
     whole = stacks[("spinHeavy", "runOnce", "main")] + stacks[("spinLight", "runOnce", "main")]
     print(f"JavaScript stacks: {stacks.most_common(4)}")
     assert whole >= 0.95 * named
+    # Lines: of interpreted and optimized frames (Sparkplug's baseline code, which --no-opt runs
+    # once warm, has none yet), where V8's own profile puts them.
+    ours_by_line, theirs_by_line = receiver_lines(profiled, "spinHeavy"), cpu_prof_lines(reference, "spinHeavy")
+    print(f"spinHeavy by line: ours {ours_by_line.most_common(4)}, --cpu-prof {theirs_by_line.most_common(4)}")
+    if "--no-opt" not in flags:
+        with_line = sum(count for line, count in ours_by_line.items() if line)
+        assert with_line >= 0.9 * sum(ours_by_line.values())
+        assert sum(count for line, count in ours_by_line.items() if line in theirs_by_line) >= 0.9 * with_line
+        assert ours_by_line.most_common(1)[0][0] == theirs_by_line.most_common(1)[0][0]
 
 
 # -- the report's side, against memory and tables made here --------------------------------------
@@ -146,7 +177,7 @@ class FakeMemory:
     def read(self, address: int, size: int) -> bytes:
         for start, data in self.blocks.items():
             if start <= address and address + size <= start + len(data):
-                return data[address - start: address - start + size]
+                return bytes(data[address - start: address - start + size])
         from receivers.profiling.processes.memory import MemoryReadError
         raise MemoryReadError(0, address, size, "not mapped")
 
@@ -160,42 +191,53 @@ def node_layout() -> V8Layout:
         os.close(fd)
 
 
-def test_strings_are_read_to_their_bound_through_cons_thin_and_sliced_strings():
-    import struct
+class FakeHeap:
+    """Heap objects laid out as the node binary here says, in a FakeMemory."""
 
-    from receivers.profiling.v8.heap import HeapReadError, ReadBudget, V8Heap
-    layout = node_layout()
-    memory, next_address = FakeMemory(), [0x10000]
+    def __init__(self) -> None:
+        self.layout, self.memory, self._next, self._maps = node_layout(), FakeMemory(), 0x10000, {}
 
-    def allocate(data: bytes) -> int:
-        address = next_address[0]
-        memory.blocks[address] = data + bytes(64)
-        next_address[0] += len(data) + 4096
+    def allocate(self, data: bytes) -> int:
+        address = self._next
+        self.memory.blocks[address] = bytearray(data + bytes(64))
+        self._next += len(data) + 4096
         return address + 1  # tagged
 
-    maps = {}
-
-    def map_of(instance_type: int) -> int:
-        if instance_type not in maps:
+    def map_of(self, instance_type: int) -> int:
+        if instance_type not in self._maps:
             body = bytearray(64)
-            struct.pack_into("<H", body, layout.map_instance_type, instance_type)
-            maps[instance_type] = allocate(bytes(body))
-        return maps[instance_type]
+            struct.pack_into("<H", body, self.layout.map_instance_type, instance_type)
+            self._maps[instance_type] = self.allocate(bytes(body))
+        return self._maps[instance_type]
 
-    def string(instance_type: int, length: int, fields: dict[int, int] = {}, chars: bytes = b"") -> int:
-        body = bytearray(max(64, layout.seq_one_byte_chars + len(chars)))
-        struct.pack_into("<Q", body, layout.object_map, map_of(instance_type))
-        struct.pack_into("<i", body, layout.string_length, length)
+    def object(self, instance_type: int, fields: dict[int, int] = {}, size: int = 64, tail: tuple[int, bytes] = (0, b"")) -> int:
+        """An object of ``instance_type`` with 8-byte ``fields`` (offset: value) and ``tail``'s
+        bytes at its offset."""
+        at, data = tail
+        body = bytearray(max(size, at + len(data)))
+        struct.pack_into("<Q", body, self.layout.object_map, self.map_of(instance_type))
         for offset, value in fields.items():
             struct.pack_into("<Q", body, offset, value)
-        body[layout.seq_one_byte_chars: layout.seq_one_byte_chars + len(chars)] = chars
-        return allocate(bytes(body))
+        body[at: at + len(data)] = data
+        return self.allocate(bytes(body))
 
+    def string(self, instance_type: int, length: int, fields: dict[int, int] = {}, chars: bytes = b"") -> int:
+        layout = self.layout
+        obj = self.object(instance_type, fields, tail=(layout.seq_one_byte_chars, chars))
+        self.memory.blocks[obj - 1][layout.string_length: layout.string_length + 4] = struct.pack("<i", length)
+        return obj
+
+    def seq(self, text: str) -> int:
+        return self.string(self.layout.seq_string_tag | self.layout.one_byte_string_tag, len(text), chars=text.encode())
+
+
+def test_strings_are_read_to_their_bound_through_cons_thin_and_sliced_strings():
+    from receivers.profiling.v8.heap import HeapReadError, ReadBudget, V8Heap
+    fake = FakeHeap()
+    layout, string, seq = fake.layout, fake.string, fake.seq
     one_byte = layout.one_byte_string_tag
-    seq = lambda text: string(layout.seq_string_tag | one_byte, len(text), chars=text.encode())  # noqa: E731
     cons = lambda a, b, n: string(layout.cons_string_tag | one_byte, n, {layout.cons_first: a, layout.cons_second: b})  # noqa: E731
-    heap = V8Heap(FakeMemory.__new__(FakeMemory), layout, ReadBudget(1 << 20))
-    heap.memory = memory
+    heap = V8Heap(fake.memory, layout, ReadBudget(1 << 20))
     assert heap.string(cons(seq("spin"), cons(seq("He"), seq("avy"), 5), 9)) == "spinHeavy"
     thin = string(layout.thin_string_tag | one_byte, 9, {layout.thin_actual: seq("spinLight")})
     assert heap.string(thin) == "spinLight"
@@ -209,7 +251,7 @@ def test_strings_are_read_to_their_bound_through_cons_thin_and_sliced_strings():
     with pytest.raises(HeapReadError):
         heap.string(deep)
     loop = cons(0, 0, 4)
-    memory.blocks[loop - 1] = memory.blocks[loop - 1][:layout.cons_first] + struct.pack("<Q", loop) + memory.blocks[loop - 1][layout.cons_first + 8:]
+    fake.memory.blocks[loop - 1][layout.cons_first: layout.cons_first + 8] = struct.pack("<Q", loop)
     with pytest.raises(HeapReadError):
         heap.string(loop)
     # The budget bounds what one report reads.
@@ -218,8 +260,31 @@ def test_strings_are_read_to_their_bound_through_cons_thin_and_sliced_strings():
         heap.string(cons(seq("a" * 800), seq("b"), 801))
 
 
+def test_a_scripts_lines_come_from_v8s_table_or_else_its_source_to_a_bound():
+    from receivers.profiling.v8 import heap as heap_module
+    from receivers.profiling.v8.heap import ReadBudget, V8Heap
+    fake = FakeHeap()
+    layout = fake.layout
+    undefined = fake.object(layout.first_nonstring_type)  # (anything but a FixedArray)
+    source = fake.seq("function f() {\n  return 1;\n}")
+    script = fake.object(layout.script_type, {layout.script_source: source, layout.script_line_ends: undefined}, size=128)
+    heap = V8Heap(fake.memory, layout, ReadBudget(1 << 20))
+    assert heap.line_ends(script) == (14, 26, 28)  # each newline, then the end
+    # V8's own table, where it made one (Smis), is taken as it is.
+    table = fake.object(layout.fixed_array_type, {layout.fixed_array_length: 2 << 32}, tail=(layout.fixed_array_data, struct.pack("<QQ", 5 << 32, 9 << 32)))
+    with_table = fake.object(layout.script_type, {layout.script_source: source, layout.script_line_ends: table}, size=128)
+    assert heap.line_ends(with_table) == (5, 9)
+    # A source longer than the bound: its first lines, without an end (the later lines are not known).
+    heap_module.MAX_SOURCE_CHARS, bound = 20, heap_module.MAX_SOURCE_CHARS
+    try:
+        assert heap.line_ends(script) == (14,)
+    finally:
+        heap_module.MAX_SOURCE_CHARS = bound
+
+
 def test_source_positions_decode_as_v8_encodes_them_and_name_the_inlined_chain():
-    from receivers.profiling.v8.code import CodeObject, decode_positions
+    from receivers.profiling.v8.code import CodeObject
+    from receivers.profiling.v8.positions import decode_positions
 
     def zigzag_vlq(value: int) -> bytes:
         value = (value << 1) ^ (value >> 63)
@@ -232,7 +297,7 @@ def test_source_positions_decode_as_v8_encodes_them_and_name_the_inlined_chain()
                 return bytes(out)
 
     def position(script_offset: int, inlining_id: int) -> int:
-        return (inlining_id + 1) << 31 | script_offset << 1
+        return (inlining_id + 1) << 31 | (script_offset + 1) << 1  # (each field stored plus one)
 
     # (code offset, is statement, source position), as V8's encoder writes their deltas.
     entries = [(0, True, position(10, -1)), (40, False, position(20, 1)), (90, True, position(30, 0)), (200, True, position(12, -1))]
@@ -245,12 +310,14 @@ def test_source_positions_decode_as_v8_encodes_them_and_name_the_inlined_chain()
     # Inlining 0: runOnce (id 0) inlined into the code's function; 1: spinHeavy (id 1) inlined into runOnce.
     code = CodeObject(code=1, start=0x1000, end=0x2000, kind=13, positions=tuple((o, s) for o, _, s in entries),
                       inlining=((position(5, -1), 0), (position(7, 0), 1)), inlined=(0xA1, 0xB1))
-    assert code.inlined_at(0x1000 + 50, return_address=False) == [0xB1, 0xA1]
-    assert code.inlined_at(0x1000 + 91, return_address=True) == [0xA1]  # (a return address: the call before it)
-    assert code.inlined_at(0x1000 + 250, return_address=False) == []
+    # At 50: spinHeavy at offset 20, inlined into runOnce at 7, inlined into the code's function at 5.
+    assert code.scopes_at(0x1000 + 50, return_address=False) == ([(0xB1, 20), (0xA1, 7)], 5)
+    assert code.scopes_at(0x1000 + 91, return_address=True) == ([(0xA1, 30)], 5)  # (a return address: the call before it)
+    assert code.scopes_at(0x1000 + 250, return_address=False) == ([], 12)
+    assert code.scopes_at(0x1000 - 1, return_address=False) == ([], -1)
     looping = CodeObject(code=1, start=0x1000, end=0x2000, kind=13, positions=((0, position(1, 0)),),
                          inlining=((position(5, 0), 0),), inlined=(0xA1,))
-    assert looping.inlined_at(0x1000, return_address=False) == [0xA1]  # a table whose parent is itself ends there
+    assert looping.scopes_at(0x1000, return_address=False) == ([(0xA1, 1)], -1)  # a table whose parent is itself ends there
 
 
 def test_runtime_code_cuts_the_binarys_mapping_around_the_builtins():

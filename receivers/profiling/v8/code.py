@@ -18,12 +18,12 @@ import struct
 from dataclasses import dataclass
 
 from .heap import BudgetSpent, HeapReadError, ReadBudget, V8Heap, is_heap_object, still_there
+from .positions import MAX_POSITION_TABLE, decode_positions, inlining_id, position_at, script_offset
 from .layout import CodeLayout
 
 CODE_ALIGNMENT = 32  # instruction starts are aligned to at least this (64 on x64 since V8 10)
 MAX_SCAN_BYTES = 256 * 1024  # how far back from a pc a Code's start is looked for
 SCAN_CHUNK = 4096
-MAX_POSITION_TABLE = 64 * 1024  # bytes of a source position table read
 MAX_INLINED = 64  # inlined functions followed at one pc
 MAX_CODES = 4096  # Code objects kept per process
 MAX_MISSES = 4096  # pcs in no Code known, per report
@@ -39,31 +39,26 @@ class CodeObject:
     inlining: tuple[tuple[int, int], ...]  # InliningPositions: (source position, inlined function id)
     inlined: tuple[int, ...]  # the SharedFunctionInfos the ids name (tagged)
 
-    def inlined_at(self, pc: int, return_address: bool) -> list[int]:
-        """The SharedFunctionInfos of the functions inlined at ``pc``, innermost first (the
-        function the code belongs to is not among them)."""
-        offset = pc - self.start - (1 if return_address else 0)
-        at = bisect.bisect_right(self.positions, (offset, 1 << 64)) - 1
-        if at < 0:
-            return []
-        out: list[int] = []
-        position = self.positions[at][1]
+    def scopes_at(self, pc: int, return_address: bool) -> tuple[list[tuple[int, int]], int]:
+        """What ran at ``pc``: the functions optimized code inlined there, innermost first, each
+        with the script offset it was at (its SharedFunctionInfo, offset), and the script offset
+        the code's own function was at (offsets -1 where not known)."""
+        position = position_at(self.positions, pc - self.start - (1 if return_address else 0))
+        if position < 0:
+            return [], -1
+        out: list[tuple[int, int]] = []
         inlining = inlining_id(position)
         while inlining >= 0 and len(out) < MAX_INLINED and inlining < len(self.inlining):
-            position, function_id = self.inlining[inlining]
+            caller_position, function_id = self.inlining[inlining]
             if not 0 <= function_id < len(self.inlined):
                 break
-            out.append(self.inlined[function_id])
+            out.append((self.inlined[function_id], script_offset(position)))
+            position = caller_position
             parent = inlining_id(position)
             if parent >= inlining:  # ids of callers are smaller: anything else is not V8's table
-                break
+                return out, -1
             inlining = parent
-        return out
-
-
-def inlining_id(source_position: int) -> int:
-    """SourcePosition's InliningIdField (bits 31-46), less one: -1 for code not inlined."""
-    return ((source_position >> 31) & 0xFFFF) - 1
+        return out, script_offset(position)
 
 
 class CodeIndex:
@@ -177,17 +172,8 @@ class CodeIndex:
             inlining, inlined = self._inlining(struct.unpack_from("<Q", fields, layout.deoptimization_data)[0])
         return CodeObject(code, start, start + size, kind, positions, inlining, inlined)
 
-    def _byte_array(self, array: int, limit: int) -> bytes:
-        layout = self.layout
-        if not is_heap_object(array):
-            return b""
-        length = self.heap.field(array, layout.array_length) >> 32
-        if not 0 <= length <= limit:
-            raise HeapReadError(f"a table of {length} bytes (at most {limit} are read)")
-        return self.heap.read(array - 1 + layout.array_data, length)
-
     def _positions(self, table: int) -> tuple[tuple[int, int], ...]:
-        return tuple(decode_positions(self._byte_array(table, MAX_POSITION_TABLE)))
+        return tuple(decode_positions(self.heap.byte_array(table, MAX_POSITION_TABLE)))
 
     def _inlining(self, deoptimization_data: int) -> tuple[tuple, tuple]:
         layout, heap = self.layout, self.heap
@@ -202,36 +188,6 @@ class CodeIndex:
             raise HeapReadError(f"deoptimization data naming {count} inlined functions")
         literals = entry(layout.deopt_literals)
         inlined = tuple(heap.field(literals, layout.array_data + 8 * i) & ~2 for i in range(count))  # (weak references)
-        table = self._byte_array(entry(layout.deopt_inlining_positions), 16 * MAX_INLINED * 16)
+        table = self.heap.byte_array(entry(layout.deopt_inlining_positions), 16 * MAX_INLINED * 16)
         inlining = tuple(struct.iter_unpack("<Qi4x", table[: len(table) // 16 * 16]))
         return inlining, inlined
-
-
-def decode_positions(table: bytes) -> list[tuple[int, int]]:
-    """A source position table's (code offset, source position) entries: pairs of zigzag VLQ
-    deltas, the first folding in whether the position is a statement's (by its sign)."""
-    out = []
-    code_offset, position, at = -1, 0, 0
-    while at < len(table):
-        delta, at = _vlq(table, at)
-        code_offset += delta if delta >= 0 else -(delta + 1)
-        if at >= len(table):
-            break
-        delta, at = _vlq(table, at)
-        position += delta
-        out.append((code_offset, position))
-    return out
-
-
-def _vlq(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    for _ in range(10):
-        if at >= len(data):
-            break
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return (value >> 1) ^ -(value & 1), at

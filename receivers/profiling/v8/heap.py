@@ -1,5 +1,6 @@
 """Naming a SharedFunctionInfo the kernel recorded, from the live process's heap: its function's
-name, its script's name, and the line an interpreted frame was on.
+name, its script's name, and the lines of its script (where each line ends), by which a frame's
+script offset becomes its line.
 
 Everything here is the process's to write, and V8's collector moves objects: an address names
 an object only until the next compaction. So every object is checked to be of the type expected
@@ -14,9 +15,12 @@ from dataclasses import dataclass
 
 from ..processes.memory import MemoryReadError, ProcessExited, ProcessMemory
 from .layout import V8Layout
+from .positions import MAX_POSITION_TABLE, decode_positions
 
 MAX_NAME_CHARS = 1024  # a longer name is cut (as the other namers cut theirs)
 MAX_STRING_DEPTH = 16  # cons and sliced strings followed this deep
+MAX_LINES = 1 << 16  # a script's line ends read (a longer script's later lines are not told)
+MAX_SOURCE_CHARS = 128 * 1024  # a script without line ends has its own counted in this much source
 SCOPE_INFO_NAME_SLOTS = 8  # ScopeInfo slots searched for the function's name after the locals
 
 
@@ -133,6 +137,45 @@ class V8Heap:
             return self._string(self.field(obj, layout.sliced_parent), start + offset, count, out, depth + 1)
         else:
             raise HeapReadError(f"string {obj:#x}: an external string (its characters are outside the heap)")
+
+    def byte_array(self, array: int, limit: int) -> bytes:
+        """The bytes of the ByteArray ``array`` (b"" for no heap object: a table not made)."""
+        if not is_heap_object(array):
+            return b""
+        length = self.field(array, self.layout.fixed_array_length) >> 32
+        if not 0 <= length <= limit:
+            raise HeapReadError(f"a table of {length} bytes (at most {limit} are read)")
+        return self.read(array - 1 + self.layout.fixed_array_data, length)
+
+    # -- lines -------------------------------------------------------------------------------------
+
+    def line_ends(self, script: int) -> tuple[int, ...]:
+        """The script offsets at which the lines of the Script ``script`` end: each newline's,
+        then the source's end, as V8's own table has them. V8's table where V8 made one, else
+        counted in the source; either up to a bound (then without the end: the later lines are
+        not known)."""
+        layout = self.layout
+        ends = self.field(script, layout.script_line_ends)
+        if is_heap_object(ends) and self.type_of(ends) == layout.fixed_array_type:
+            count = self.field(ends, layout.fixed_array_length) >> 32
+            if 0 < count:
+                data = self.read(ends - 1 + layout.fixed_array_data, 8 * min(count, MAX_LINES))
+                return tuple(value >> 32 for (value,) in struct.iter_unpack("<Q", data))
+        source = self.field(script, layout.script_source)
+        if not self.is_string(source):
+            return ()
+        text = self.string(source, MAX_SOURCE_CHARS)
+        newlines = tuple(index for index, char in enumerate(text) if char == "\n")
+        whole = len(text) == struct.unpack("<i", self.read(source - 1 + layout.string_length, 4))[0]
+        return newlines + (len(text),) if whole else newlines
+
+    def bytecode_positions(self, bytecode: int) -> tuple[tuple[int, int], ...]:
+        """(bytecode offset, source position) of the BytecodeArray ``bytecode``: empty while V8
+        has not made the table (it makes them lazily, when a profiler or a stack trace asks)."""
+        table = self.field(bytecode, self.layout.bytecode_array_source_positions)
+        if not is_heap_object(table) or self.type_of(table) != self.layout.byte_array_type:
+            return ()
+        return tuple(decode_positions(self.byte_array(table, MAX_POSITION_TABLE)))
 
     # -- functions ---------------------------------------------------------------------------------
 

@@ -37,6 +37,8 @@ class V8Layout:
     script_type: int
     scope_info_type: int
     bytecode_array_type: int
+    fixed_array_type: int  # (-1 where the metadata does not say: then frames have no lines)
+    byte_array_type: int
     shared_name_or_scope_info: int
     shared_script_or_debug_info: int
     shared_function_data: int
@@ -98,6 +100,8 @@ class V8Layout:
             script_type=value("type_Script__SCRIPT_TYPE"),
             scope_info_type=value("type_ScopeInfo__SCOPE_INFO_TYPE"),
             bytecode_array_type=value("type_BytecodeArray__BYTECODE_ARRAY_TYPE"),
+            fixed_array_type=values.get("type_FixedArray__FIXED_ARRAY_TYPE", -1),
+            byte_array_type=values.get("type_ByteArray__BYTE_ARRAY_TYPE", -1),
             shared_name_or_scope_info=value("class_SharedFunctionInfo__name_or_scope_info__Object"),
             shared_script_or_debug_info=value("class_SharedFunctionInfo__script_or_debug_info__HeapObject",
                                               values.get("class_SharedFunctionInfo__script_or_debug_info__Object")),

@@ -18,6 +18,7 @@ outside it."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import struct
 import threading
@@ -32,6 +33,7 @@ from ..processes.proc import Mapping, ProcessInfo
 from ..processes.runtime_processes import RuntimeProcesses
 from ..symbols import runtime_stacks
 from ..symbols.frame import Frame
+from . import positions
 from .detect import V8Build, detect_v8, may_be_node
 from .code import CodeIndex
 from .heap import BudgetSpent, FunctionInfo, HeapReadError, ReadBudget, V8Heap, still_there
@@ -46,6 +48,8 @@ POINTER_MASK = (1 << 47) - 1
 READ_BUDGET_PER_PROCESS = 256 * 1024
 CODE_READ_BUDGET_PER_PROCESS = 1024 * 1024
 MAX_FUNCTIONS_PER_PROCESS = 65536  # names kept per process between reports
+MAX_SCRIPTS_PER_PROCESS = 4096  # scripts whose line ends are kept
+BYTECODE_OFFSET_SHIFT, BYTECODE_OFFSET_MAX = 47, 0x1FFF  # profile.h V8_FRAME_OFFSET_*: an interpreted frame's
 
 FileKey = tuple[str, int]
 
@@ -59,6 +63,9 @@ class V8Process:
     code: CodeIndex | None  # finds the functions inlined at a pc (None: the layout is not known)
     functions: dict[int, FunctionInfo] = dataclasses.field(default_factory=dict)  # by SharedFunctionInfo
     checked: set[int] = dataclasses.field(default_factory=set)  # of those, checked again this report
+    bytecode_positions: dict[int, tuple] = dataclasses.field(default_factory=dict)  # by SharedFunctionInfo, as functions
+    lines: dict[int, tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # Script -> (its source, line ends)
+    lines_checked: set[int] = dataclasses.field(default_factory=set)
 
 
 class V8Runtimes:
@@ -158,6 +165,7 @@ class V8Runtimes:
         each process's budget of heap reads starts again."""
         for process in self._processes.new_report():
             process.checked.clear()
+            process.lines_checked.clear()
             process.heap.budget = ReadBudget(READ_BUDGET_PER_PROCESS)
             if process.code is not None:
                 process.code.new_report()
@@ -170,27 +178,34 @@ class V8Runtimes:
             return None
 
         def javascript(index: int, value: int, pc: int) -> list[Frame]:
-            inlined = self._inlined(process, pc, return_address=index > 0) if pc else []
-            return [*inlined, self.frame(process, value & POINTER_MASK)]
+            shared = value & POINTER_MASK
+            if runtime_stacks.kind_of(value) == INTERPRETED:
+                offset = (value >> BYTECODE_OFFSET_SHIFT) & BYTECODE_OFFSET_MAX
+                return [self.frame(process, shared, bytecode_offset=offset - (process.build.layout.bytecode_array_data - 1)
+                                   if offset < BYTECODE_OFFSET_MAX else None)]
+            inlined, own = self._scopes(process, pc, return_address=index > 0) if pc else ([], -1)
+            return [*(self.frame(process, function, at) for function, at in inlined), self.frame(process, shared, own)]
 
         return runtime_stacks.interleave(addresses, lambda kind: kind == COMPILED, symbolize, javascript)
 
-    def _inlined(self, process: V8Process, pc: int, return_address: bool) -> list[Frame]:
-        """The frames of the functions optimized code inlined at ``pc``, innermost first."""
+    def _scopes(self, process: V8Process, pc: int, return_address: bool) -> tuple[list[tuple[int, int]], int]:
+        """The functions optimized code inlined at ``pc``, innermost first, with the script
+        offsets they were at, and the offset of the code's own function (code.scopes_at)."""
         if process.code is None:
-            return []
+            return [], -1
         try:
-            inlined = process.code.find(pc).inlined_at(pc, return_address)
+            return process.code.find(pc).scopes_at(pc, return_address)
         except HeapReadError as error:
             with self._lock:
                 self.stats["inlining_unknown"] += 1
             log_once(self.log, ("v8-code", process.info.pid), "debug", "the code at a pc of optimized JavaScript could not be "
                      "read: its inlined functions are not shown; counted in pycollector_profiling_v8{stat=\"inlining_unknown\"}",
                      pid=process.info.pid, reason=str(error))
-            return []
-        return [self.frame(process, shared) for shared in inlined]
+            return [], -1
 
-    def frame(self, process: V8Process, shared: int) -> Frame:
+    def frame(self, process: V8Process, shared: int, script_offset: int = -1, bytecode_offset: int | None = None) -> Frame:
+        """The frame of the function ``shared`` at ``script_offset`` in its script, or at the
+        ``bytecode_offset`` of an interpreted frame, for its line (neither: no line)."""
         try:
             function = self._function(process, shared)
         except (HeapReadError, struct.error, UnicodeDecodeError) as error:  # (struct: an offset the binary gave, out of a read)
@@ -203,7 +218,44 @@ class V8Runtimes:
             return Frame(address=shared, kind=FRAME_KIND)
         with self._lock:
             self.stats["frames_named"] += 1
-        return Frame(address=shared, kind=FRAME_KIND, name=function.name or "(anonymous)", source_file=function.script or None)
+        if bytecode_offset is not None and function.bytecode:
+            script_offset = positions.script_offset(positions.position_at(self._bytecode_positions(process, shared, function), bytecode_offset))
+        line = self._line(process, function.script_address, script_offset) if script_offset >= 0 and function.script_address else 0
+        return Frame(address=shared, kind=FRAME_KIND, name=function.name or "(anonymous)", source_file=function.script or None, line=line)
+
+    def _bytecode_positions(self, process: V8Process, shared: int, function: FunctionInfo) -> tuple:
+        """The interpreted function's source positions, kept with its name (V8 makes them
+        lazily: until it has, each report looks again)."""
+        known = process.bytecode_positions.get(shared)
+        if known is None:
+            try:
+                known = process.heap.bytecode_positions(function.bytecode)
+            except (HeapReadError, struct.error):
+                known = ()
+            if known:
+                process.bytecode_positions[shared] = known
+        return known
+
+    def _line(self, process: V8Process, script: int, offset: int) -> int:
+        """The line (from 1) of ``offset`` in the Script ``script``; 0 when not known. A script's
+        line ends are kept by its address and its source's, checked once a report."""
+        heap = process.heap
+        try:
+            known = process.lines.get(script)
+            if known is not None and script not in process.lines_checked:
+                if not still_there(heap, lambda: heap.field(script, heap.layout.script_source) == known[0]):
+                    known = None
+            if known is None:
+                if len(process.lines) >= MAX_SCRIPTS_PER_PROCESS:
+                    process.lines.pop(next(iter(process.lines)))
+                known = process.lines[script] = (heap.field(script, heap.layout.script_source), heap.line_ends(script))
+            process.lines_checked.add(script)
+        except (HeapReadError, struct.error, UnicodeDecodeError):
+            return 0
+        ends = known[1]
+        if not ends or offset > ends[-1]:
+            return 0  # (past what was read of a long script)
+        return bisect.bisect_left(ends, offset) + 1
 
     def _function(self, process: V8Process, shared: int) -> FunctionInfo:
         heap = process.heap
@@ -217,11 +269,14 @@ class V8Runtimes:
             with self._lock:
                 self.stats["functions_moved"] += 1
             del process.functions[shared]
+            process.bytecode_positions.pop(shared, None)
         function = heap.function(shared)
         with self._lock:
             self.stats["functions_read"] += 1
         if len(process.functions) >= MAX_FUNCTIONS_PER_PROCESS:
-            process.functions.pop(next(iter(process.functions)))
+            oldest = next(iter(process.functions))
+            del process.functions[oldest]
+            process.bytecode_positions.pop(oldest, None)
         process.functions[shared] = function
         process.checked.add(shared)
         return function
