@@ -258,10 +258,18 @@ static __always_inline enum step_result hotspot_step(struct unwind_state *state,
     return result;
 }
 
+/* Record a JavaScript frame's value at `depth`, and a compiled one's pc after it (which user space
+ * needs for its line and the functions inlined there), or the value that says no pc follows. */
+static __always_inline void record_v8_frame(struct unwind_state *state, u32 depth, u64 value, u64 pc)
+{
+    int compiled = value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT;
+    record_runtime_frame(state, depth, value, compiled, pc, compiled ? v8_without_pc(value) : value);
+}
+
 /* A frame in V8's code: recorded as the JavaScript function it runs (v8.bpf.c), and stepped by
  * frame pointer. A leaf whose return address is on top of the stack (a builtin without a frame
  * of its own, or a function before its prologue) has not moved rbp yet: rbp is its caller's
- * frame, which is the frame that return address is in. */
+ * frame, which is the frame that return address is in, and that return address its pc. */
 static __always_inline enum step_result v8_step(struct unwind_state *state, struct unwind_process *process, u32 depth,
                                                 int in_builtins)
 {
@@ -272,13 +280,12 @@ static __always_inline enum step_result v8_step(struct unwind_state *state, stru
         u64 caller = v8_frame(state->key.tgid, state->bp, returns_to && returns_to->kind == MAPPING_V8_BUILTINS);
         enum step_result result = first_frame_pointer_step(state);
         if (caller && state->stack.len == 2 && state->stack.ips[1] == state->leaf_return)
-            state->stack.ips[1] = v8_without_pc(caller);
+            record_v8_frame(state, 1, caller, state->leaf_return);
         return result;
     }
     u64 value = v8_frame(state->key.tgid, state->bp, in_builtins);
-    int compiled = value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT;
     if (value)
-        record_runtime_frame(state, depth, value, compiled, state->pc, compiled ? v8_without_pc(value) : value);
+        record_v8_frame(state, depth, value, state->pc);
     return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
 }
 

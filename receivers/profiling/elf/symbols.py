@@ -21,11 +21,12 @@ MAX_STRING_TABLE_BYTES = 32 << 20
 _PF_X = 1
 
 
-def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> dict[str, int]:
+def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[str] = (), sizes: dict[str, int] | None = None) -> dict[str, int]:
     """name -> ELF virtual address of the defined symbols called one of ``names`` or starting with
-    one of ``prefixes``, from .symtab, then .dynsym. The raw table is scanned for the string-table
-    offsets that spell a wanted name (a name may share its bytes with the end of a longer one):
-    pyelftools' lookup by name decodes every symbol, 0.3 s for libpython and 10 s for node."""
+    one of ``prefixes``, from .symtab, then .dynsym (and their sizes into ``sizes``, if given). The
+    raw table is scanned for the string-table offsets that spell a wanted name (a name may share
+    its bytes with the end of a longer one): pyelftools' lookup by name decodes every symbol, 0.3 s
+    for libpython and 10 s for node."""
     out: dict[str, int] = {}
     if elf.elfclass != 64 or not elf.little_endian:
         return out  # the callers' offsets are x86-64's
@@ -55,10 +56,12 @@ def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[
                     wanted[at] = strtab[at:end].decode("ascii", "replace")
                 at = strtab.find(prefix, end)
         data = section.data()
-        for st_name, _info, _other, shndx, value, _size in _SYM64.iter_unpack(data[: len(data) // 24 * 24]):
+        for st_name, _info, _other, shndx, value, size in _SYM64.iter_unpack(data[: len(data) // 24 * 24]):
             name = wanted.get(st_name)
             if name is not None and name not in out and shndx != 0 and value:
                 out[name] = value
+                if sizes is not None:
+                    sizes[name] = size
     return out
 
 

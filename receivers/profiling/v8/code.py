@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 
 from .heap import BudgetSpent, HeapReadError, ReadBudget, V8Heap, is_heap_object, still_there
-from .positions import MAX_POSITION_TABLE, decode_positions, inlining_id, position_at, script_offset
+from .positions import MAX_POSITION_TABLE, baseline_pc_ends, bytecode_offsets, decode_positions, inlining_id, position_at, script_offset
 from .layout import CodeLayout
 
 CODE_ALIGNMENT = 32  # instruction starts are aligned to at least this (64 on x64 since V8 10)
@@ -27,6 +27,7 @@ SCAN_CHUNK = 4096
 MAX_INLINED = 64  # inlined functions followed at one pc
 MAX_CODES = 4096  # Code objects kept per process
 MAX_MISSES = 4096  # pcs in no Code known, per report
+MAX_BYTECODES = 64 * 1024  # bytes of a baseline function's bytecodes read
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,16 @@ class CodeObject:
     positions: tuple[tuple[int, int], ...]  # (code offset, source position), by code offset
     inlining: tuple[tuple[int, int], ...]  # InliningPositions: (source position, inlined function id)
     inlined: tuple[int, ...]  # the SharedFunctionInfos the ids name (tagged)
+    # Baseline code: (code offset where a bytecode's machine code ends, its script offset), in order
+    baseline: tuple[tuple[int, int], ...] = ()
 
     def scopes_at(self, pc: int, return_address: bool) -> tuple[list[tuple[int, int]], int]:
         """What ran at ``pc``: the functions optimized code inlined there, innermost first, each
         with the script offset it was at (its SharedFunctionInfo, offset), and the script offset
         the code's own function was at (offsets -1 where not known)."""
+        if self.baseline:  # (a return address ends its call's code, as V8's own lookup takes it)
+            at = bisect.bisect_left(self.baseline, (pc - self.start, -2))
+            return [], self.baseline[at][1] if at < len(self.baseline) else -1
         position = position_at(self.positions, pc - self.start - (1 if return_address else 0))
         if position < 0:
             return [], -1
@@ -166,11 +172,34 @@ class CodeIndex:
             return None
         size = struct.unpack_from("<I", fields, layout.instruction_size)[0]
         kind = (struct.unpack_from("<I", fields, layout.flags)[0] >> layout.kind_shift) & layout.kind_mask
-        positions, inlining, inlined = (), (), ()
+        positions, inlining, inlined, baseline = (), (), (), ()
         if kind in layout.optimized_kinds:
             positions = self._positions(struct.unpack_from("<Q", fields, layout.source_positions)[0])
             inlining, inlined = self._inlining(struct.unpack_from("<Q", fields, layout.deoptimization_data)[0])
-        return CodeObject(code, start, start + size, kind, positions, inlining, inlined)
+        elif kind == layout.baseline_kind and layout.bytecode_sizes is not None:
+            try:
+                baseline = self._baseline(struct.unpack_from("<Q", fields, layout.deoptimization_data)[0],
+                                          struct.unpack_from("<Q", fields, layout.source_positions)[0])
+            except HeapReadError:
+                baseline = ()  # (its frames then have no line)
+        return CodeObject(code, start, start + size, kind, positions, inlining, inlined, baseline)
+
+    def _baseline(self, bytecode: int, offset_table: int) -> tuple[tuple[int, int], ...]:
+        """Where each bytecode's machine code ends in baseline code, with its script offset: the
+        code keeps its BytecodeArray where optimized code keeps its deoptimization data, and its
+        bytecode offset table where optimized code keeps its source positions."""
+        heap, v8 = self.heap, self.heap.layout
+        if not is_heap_object(bytecode) or heap.type_of(bytecode) != v8.bytecode_array_type:
+            return ()
+        length = heap.field(bytecode, v8.fixed_array_length) >> 32
+        if not 0 < length <= MAX_BYTECODES:
+            return ()
+        offsets = bytecode_offsets(heap.read(bytecode - 1 + v8.bytecode_array_data, length), self.layout.bytecode_sizes)
+        ends = baseline_pc_ends(heap.byte_array(offset_table, MAX_POSITION_TABLE))
+        positions = heap.bytecode_positions(bytecode)
+        # The first end is the prologue's (no bytecode yet); the k-th after it, the k-th bytecode's.
+        return tuple((end, script_offset(position_at(positions, offsets[index - 1])) if 0 < index <= len(offsets) else -1)
+                     for index, end in enumerate(ends))
 
     def _positions(self, table: int) -> tuple[tuple[int, int], ...]:
         return tuple(decode_positions(self.heap.byte_array(table, MAX_POSITION_TABLE)))

@@ -9,6 +9,7 @@ JavaScript frame that runs there runs bytecode. Addresses are ELF virtual addres
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import struct
@@ -24,6 +25,10 @@ PREFIX = "v8dbg_"
 BUILTINS = "v8_Default_embedded_blob_code_"
 BUILTINS_SIZE = "v8_Default_embedded_blob_code_size_"
 _VERSION = tuple(f"_ZN2v88internal7Version6{part}_E" for part in ("major", "minor", "build"))
+# uint8_t Bytecodes::kBytecodeSizes[3][kBytecodeCount]: each bytecode's size with its operands, at
+# each operand scale (the walk through a function's bytecodes that baseline code's pcs need).
+BYTECODE_SIZES = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE"
+MAX_BYTECODE_KINDS = 1024
 
 
 def may_be_node(path: str) -> bool:
@@ -63,7 +68,8 @@ def detect_v8(path: str, fd: int) -> V8Build | None:
 
 def _read(path: str, elf: ELFFile) -> V8Build | None:
     segments = load_segments(elf)
-    symbols = defined_symbols(elf, (BUILTINS, BUILTINS_SIZE, *_VERSION), (PREFIX,))
+    sizes: dict[str, int] = {}
+    symbols = defined_symbols(elf, (BUILTINS, BUILTINS_SIZE, BYTECODE_SIZES, *_VERSION), (PREFIX,), sizes)
 
     def int32(name: str) -> int | None:
         data = read_at(elf, segments, symbols[name], 4) if name in symbols else None
@@ -75,8 +81,23 @@ def _read(path: str, elf: ELFFile) -> V8Build | None:
     if not values or None in version or BUILTINS not in symbols or BUILTINS_SIZE not in symbols:
         return None
     builtins = (symbols[BUILTINS], int32(BUILTINS_SIZE) or 0)
+    code_layout = CodeLayout.from_symbols(values, version)
+    if code_layout is not None:
+        code_layout = dataclasses.replace(code_layout, bytecode_sizes=_bytecode_sizes(elf, segments, symbols, sizes))
     try:
-        return V8Build(path, version, V8Layout.from_symbols(values, version), builtins, segments,
-                       code_layout=CodeLayout.from_symbols(values, version))
+        return V8Build(path, version, V8Layout.from_symbols(values, version), builtins, segments, code_layout=code_layout)
     except UnknownLayout as refusal:
         return V8Build(path, version, None, builtins, segments, refusal=str(refusal))
+
+
+def _bytecode_sizes(elf: ELFFile, segments, symbols: dict[str, int], sizes: dict[str, int]) -> tuple[bytes, bytes, bytes] | None:
+    """The three rows of Bytecodes::kBytecodeSizes (single, double and quadruple operand scale),
+    or None where the binary does not have the table's symbol."""
+    size = sizes.get(BYTECODE_SIZES, 0)
+    if BYTECODE_SIZES not in symbols or not 0 < size <= 3 * MAX_BYTECODE_KINDS or size % 3:
+        return None
+    data = read_at(elf, segments, symbols[BYTECODE_SIZES], size)
+    if data is None:
+        return None
+    count = size // 3
+    return data[:count], data[count:2 * count], data[2 * count:]

@@ -165,11 +165,13 @@ class CodeLayout:
     kind_mask: int
     kind_shift: int
     optimized_kinds: tuple[int, ...]  # Maglev's and TurboFan's code kinds
+    baseline_kind: int  # Sparkplug's: its pcs map to bytecodes (its bytecode offset table)
     array_length: int  # FixedArrayBase.length, a Smi
     array_data: int  # where a FixedArray's (and a ByteArray's) elements start
     deopt_inlined_count: int  # DeoptimizationData entries
     deopt_literals: int
     deopt_inlining_positions: int
+    bytecode_sizes: tuple[bytes, bytes, bytes] | None = None  # Bytecodes::kBytecodeSizes (detect.py), for baseline code's lines
 
     @classmethod
     def from_symbols(cls, values: dict[str, int], version: tuple[int, int, int]) -> CodeLayout | None:
@@ -198,6 +200,7 @@ class CodeLayout:
             kind_mask=values.get("CodeKindFieldMask", 15),
             kind_shift=values.get("CodeKindFieldShift", 0),
             optimized_kinds=(baseline + 1, baseline + 2),
+            baseline_kind=baseline,
             array_length=values.get("class_FixedArrayBase__length__SMI", 8),
             array_data=values.get("class_FixedArray__data__uintptr_t", 16),
             deopt_inlined_count=values.get("DeoptimizationDataInlinedFunctionCountIndex", 1),

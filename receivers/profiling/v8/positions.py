@@ -1,13 +1,21 @@
 """V8's source positions: where in its script a piece of code, or a bytecode, is. A table of them
 (a Code's, a BytecodeArray's) is pairs of zigzag VLQ deltas, (code or bytecode offset, source
 position), the offset's sign saying whether the position is a statement's; a source position
-packs the script offset and the inlining id (SourcePosition's bit fields), each stored plus one."""
+packs the script offset and the inlining id (SourcePosition's bit fields), each stored plus one.
+
+Baseline (Sparkplug) code has no positions of its own: it runs its function's bytecodes in order,
+and its bytecode offset table says where each one's machine code ends (unsigned VLQ deltas, the
+first for its prologue). Which bytecode that is takes a walk through the bytecodes, each as long
+as V8's own table of sizes says (Bytecodes::kBytecodeSizes, read from the binary)."""
 
 from __future__ import annotations
 
 import bisect
 
 MAX_POSITION_TABLE = 64 * 1024  # bytes of a source position table read
+# The bytecodes that make the next one's operands wider: Wide, ExtraWide and their debug-break
+# forms (the first four of V8's bytecode list), with the operand scale's row of sizes.
+_PREFIX_SCALE = {0: 1, 1: 2, 2: 1, 3: 2}
 
 
 def inlining_id(source_position: int) -> int:
@@ -47,6 +55,14 @@ def decode_positions(table: bytes) -> list[tuple[int, int]]:
 
 
 def _vlq(data: bytes, at: int) -> tuple[int, int]:
+    """A zigzag (signed) VLQ number at ``at``, and where the next starts."""
+    value, at = _unsigned_vlq(data, at)
+    return (value >> 1) ^ -(value & 1), at
+
+
+def _unsigned_vlq(data: bytes, at: int) -> tuple[int, int]:
+    """7 bits a byte, least significant first, bit 7 set while more follow; at most 10 bytes (the
+    table is the process's: a run of continuation bytes would build an ever longer integer)."""
     value = shift = 0
     for _ in range(10):
         if at >= len(data):
@@ -57,4 +73,28 @@ def _vlq(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
         if not byte & 0x80:
             break
-    return (value >> 1) ^ -(value & 1), at
+    return value, at
+
+
+def bytecode_offsets(bytecodes: bytes, sizes: tuple[bytes, bytes, bytes]) -> list[int]:
+    """The offset of each bytecode in ``bytecodes`` (a prefix and the bytecode it widens are one)."""
+    out, at = [], 0
+    while at < len(bytecodes):
+        scale = _PREFIX_SCALE.get(bytecodes[at], 0)
+        prefix = 1 if scale else 0
+        if at + prefix >= len(bytecodes) or bytecodes[at + prefix] >= len(sizes[scale]):
+            break  # (not V8's bytecodes)
+        out.append(at)
+        at += prefix + max(1, sizes[scale][bytecodes[at + prefix]])
+    return out
+
+
+def baseline_pc_ends(table: bytes) -> list[int]:
+    """A baseline code's bytecode offset table: where the machine code of its prologue, then of
+    each bytecode in turn, ends (code offsets)."""
+    out, end, at = [], 0, 0
+    while at < len(table):
+        delta, at = _unsigned_vlq(table, at)
+        end += delta
+        out.append(end)
+    return out

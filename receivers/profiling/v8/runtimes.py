@@ -66,6 +66,8 @@ class V8Process:
     bytecode_positions: dict[int, tuple] = dataclasses.field(default_factory=dict)  # by SharedFunctionInfo, as functions
     lines: dict[int, tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # Script -> (its source, line ends)
     lines_checked: set[int] = dataclasses.field(default_factory=set)
+    builtins: tuple[tuple[int, int], ...] = ()  # where its builtins are mapped, as of builtins_of (its maps)
+    builtins_of: ProcessInfo | None = None
 
 
 class V8Runtimes:
@@ -183,10 +185,19 @@ class V8Runtimes:
                 offset = (value >> BYTECODE_OFFSET_SHIFT) & BYTECODE_OFFSET_MAX
                 return [self.frame(process, shared, bytecode_offset=offset - (process.build.layout.bytecode_array_data - 1)
                                    if offset < BYTECODE_OFFSET_MAX else None)]
-            inlined, own = self._scopes(process, pc, return_address=index > 0) if pc else ([], -1)
+            inlined, own = self._scopes(process, pc, return_address=index > 0) if pc and not self._in_builtins(process, pc) else ([], -1)
             return [*(self.frame(process, function, at) for function, at in inlined), self.frame(process, shared, own)]
 
         return runtime_stacks.interleave(addresses, lambda kind: kind == COMPILED, symbolize, javascript)
+
+    def _in_builtins(self, process: V8Process, pc: int) -> bool:
+        """Whether ``pc`` is in V8's builtins (a JavaScript frame's, as a builtin sets it up or
+        runs in it): no Code object of the heap holds it, and a scan for one would read 256 KiB
+        for nothing."""
+        if process.builtins_of is not process.info:
+            process.builtins = tuple((low, high) for low, high, kind in self.code_ranges(process.info) if kind == MAPPING_V8_BUILTINS)
+            process.builtins_of = process.info
+        return any(low <= pc < high for low, high in process.builtins)
 
     def _scopes(self, process: V8Process, pc: int, return_address: bool) -> tuple[list[tuple[int, int]], int]:
         """The functions optimized code inlined at ``pc``, innermost first, with the script
