@@ -194,10 +194,10 @@ def profile_a_run(tmp_path: Path, argv: list, hz: int, runtime: str, timeout: fl
             process.wait(timeout=timeout)
         finally:
             process.kill()
-        time.sleep(1.5)  # (its last samples reported)
-        stats = dict(getattr(receiver_of(service), runtime).stats)
+        time.sleep(0.3)  # (its last samples in the kernel's maps: shutdown reports the last interval)
     finally:
         service.shutdown()
+    stats = dict(getattr(receiver_of(service), runtime).stats)
     # (one left by an earlier process with the same pid is older than this run)
     perf_map = Path(f"/tmp/perf-{process.pid}.map")
     assert not (perf_map.exists() and perf_map.stat().st_mtime >= started), "no perf map: the names come from the runtime's memory"
