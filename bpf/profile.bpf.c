@@ -335,12 +335,15 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
      * taken, for every sample with that stack until the slot is drained: a bias, not noise),
      * send the sample to user space with both stacks by value instead of counting it here.  Only
      * if that fails is it counted here, without the collided stack. */
-    if (key.kernel_stack_id == -PROFILE_EEXIST || key.user_stack_id == -PROFILE_EEXIST || slot_flipped(slot)) {
+    int flipped = slot_flipped(slot);
+    if (key.kernel_stack_id == -PROFILE_EEXIST || key.user_stack_id == -PROFILE_EEXIST || flipped) {
         if (send_overflow(ctx, &key) == 0) {
             count(COUNTER_STACK_OVERFLOW_SENT);
             return 0;
         }
         count(COUNTER_STACK_OVERFLOW_ERRORS);
+        if (flipped)
+            return 0;  /* its stack ids are the retired slot's: lost (counted) rather than misattributed */
         if (key.user_stack_id < 0)
             key.user_leaf_return = 0;
     }

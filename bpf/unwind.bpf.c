@@ -486,13 +486,15 @@ static __always_inline void finish_walk(void *ctx, struct unwind_state *state, i
 #endif
     u64 key;
     int err = store_stack(state->slot, &state->stack, &key);
-    int by_value = err || state->key.kernel_stack_id == -PROFILE_EEXIST || slot_flipped(state->slot);
-    if (by_value) {
+    int flipped = slot_flipped(state->slot);
+    if (err || state->key.kernel_stack_id == -PROFILE_EEXIST || flipped) {
         if (send_walked_by_value(ctx, state) == 0) {
             count(COUNTER_STACK_OVERFLOW_SENT);
             return;
         }
         count(COUNTER_STACK_OVERFLOW_ERRORS);
+        if (flipped)
+            return;  /* (as on_cpu_sample: lost, counted, rather than misattributed) */
         if (err) {  /* counted here without its user stack */
             state->key.user_stack_id = -PROFILE_EEXIST;
             key = 0;

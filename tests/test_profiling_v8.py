@@ -162,6 +162,7 @@ def test_javascript_frames_are_named_without_a_perf_map_as_v8_profiles_them(tmp_
     with_line = sum(count for line, count in ours_by_line.items() if line)
     assert with_line >= (0.3 if "--no-opt" in flags else 0.9) * sum(ours_by_line.values())
     assert sum(count for line, count in ours_by_line.items() if line in theirs_by_line) >= 0.95 * with_line
+    assert with_line and theirs_by_line, (ours_by_line, theirs_by_line)
     assert max((line for line in ours_by_line if line), key=ours_by_line.get) == theirs_by_line.most_common(1)[0][0]
 
 
@@ -274,6 +275,9 @@ def test_a_scripts_lines_come_from_v8s_table_or_else_its_source_to_a_bound():
     table = fake.object(layout.fixed_array_type, {layout.fixed_array_length: 2 << 32}, tail=(layout.fixed_array_data, struct.pack("<QQ", 5 << 32, 9 << 32)))
     with_table = fake.object(layout.script_type, {layout.script_source: source, layout.script_line_ends: table}, size=128)
     assert heap.line_ends(with_table) == (5, 9)
+    # A \r ends a line too, but not the \n after it: V8's count.
+    crlf = fake.object(layout.script_type, {layout.script_source: fake.seq("a\r\nb\rc\n"), layout.script_line_ends: undefined}, size=128)
+    assert heap.line_ends(crlf) == (2, 4, 6, 7)
     # A source longer than the bound: its first lines, without an end (the later lines are not known).
     heap_module.MAX_SOURCE_CHARS, bound = 20, heap_module.MAX_SOURCE_CHARS
     try:
@@ -336,6 +340,8 @@ def test_baseline_code_maps_its_pcs_to_bytecodes_by_their_sizes():
     assert baseline.scopes_at(0x1000 + 3, return_address=False) == ([], -1)  # the prologue
     assert baseline.scopes_at(0x1000 + 100, return_address=False) == ([], 52)
     assert baseline.scopes_at(0x1000 + 215, return_address=True) == ([], 52)  # the end of its call's code
+    assert baseline.scopes_at(0x1000 + 15, return_address=False) == ([], 52)  # a pc where a bytecode's code ends is the next one's
+    assert baseline.scopes_at(0x1000 + 15, return_address=True) == ([], 40)
     assert baseline.scopes_at(0x1000 + 300, return_address=False) == ([], -1)
 
 

@@ -14,6 +14,7 @@ from receivers.profiling.kernel.samples import StackCount, stack_count
 STACK_HASHED = -61  # profile.h: the stack id of a stack stored by its hash in user_stacks_N
 USER_ADDRESS_END = 1 << 56  # profile.h: no user address is at or above it (x86-64 with 5-level paging)
 KERNEL_ADDRESS_START = 0xFFFF800000000000  # x86-64: kernel text is in the top half
+VSYSCALL_PAGE = 0xFFFFFFFFFF600000  # (a user page up there: a user stack may start in it)
 # A stack id whose bucket held another stack when read: the kernel's stack map race. Two CPUs that
 # store different stacks in the same empty bucket at once both get its id, and the second
 # replaces the first's stack (kernel/bpf/stackmap.c: each reads the bucket empty, then swaps its
@@ -99,7 +100,7 @@ class SlotReader:
                 if uaddrs is None:
                     uerr = -errno.ENOENT
                     missing += 1
-                elif uaddrs and uaddrs[0] >= USER_ADDRESS_END:
+                elif uaddrs and uaddrs[0] >= USER_ADDRESS_END and not VSYSCALL_PAGE <= uaddrs[0] < VSYSCALL_PAGE + 4096:
                     uerr, uaddrs = STACK_RACED, None
                     raced += 1
                 else:

@@ -60,7 +60,7 @@ def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]
         out.append(f"{d['off_cpu_lost']} off-CPU waits were lost: their stacks fit neither the stack map nor "
                    "the perf buffer; consider raising map_scale_factor")
     if d.get("stack_map_races"):
-        out.append(f"{d['stack_map_races']} samples lost a stack to the kernel's stack map race (two CPUs "
+        out.append(f"{d['stack_map_races']} counts (a stack's samples in an interval) lost a stack to the kernel's stack map race (two CPUs "
                    "storing different stacks in one empty bucket at once); they are counted without it; "
                    "a larger map_scale_factor makes it rarer")
     if d.get("missing_stacks"):

@@ -13,8 +13,10 @@ swap; if one is not, the read goes ahead only when no FUSE file is mapped there 
 maps, and its mount table for the file system of each file).
 
 A process that has exited has no memory left to read, and says so (``ProcessExited``, and
-``exited`` from then on): a report often names the last samples of a process after it is gone, and
-its namers then use what they read while it ran rather than spend their budgets on reads that fail.
+``exited`` from then on): a read of its memory or of its page map gives nothing at all (the
+descriptors hold its memory until its last user is gone; an address not mapped is an error
+instead). A report often names the last samples of a process after it is gone, and its namers
+then use what they read while it ran rather than spend their budgets on reads that fail.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class ProcessMemory:
             entries = os.pread(self._pagemap, 8 * (last - first + 1), 8 * first)
         except OSError:
             return False
+        if not entries:  # (nothing at all: the memory's last user is gone, as for a read)
+            self.exited = True
+            raise ProcessExited(self.pid, address, size)
         if len(entries) == 8 * (last - first + 1) and all(entry & _IN_MEMORY_OR_SWAP for (entry,) in _U64.iter_unpack(entries)):
             return True  # (the common case: what a process uses is in memory)
         return not self._maps_fuse_file(address, address + size)
@@ -106,13 +111,12 @@ class ProcessMemory:
         try:
             with open(f"{self._proc}/{self.pid}/maps", "rb") as maps:
                 lines = maps.read().splitlines()
-        except (FileNotFoundError, ProcessLookupError):
-            lines = []
         except OSError:
             return True
-        if not lines:  # (reaped, or a zombie: no mappings left)
-            self.exited = True
-            raise ProcessExited(self.pid, start, end - start)
+        if not lines:
+            # A zombie, or a live process whose first thread exited (its threads run on, but
+            # maps shows nothing): not to be told apart here, so nothing is read.
+            return True
         for line in lines:
             fields = line.split(None, 5)
             low, _, high = fields[0].partition(b"-")

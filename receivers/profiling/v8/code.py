@@ -26,6 +26,7 @@ MAX_SCAN_BYTES = 256 * 1024  # how far back from a pc a Code's start is looked f
 SCAN_CHUNK = 4096
 MAX_INLINED = 64  # inlined functions followed at one pc
 MAX_CODES = 4096  # Code objects kept per process
+MAX_HELD_ENTRIES = 1 << 17  # their tables' entries, in all (about 16 MB)
 MAX_MISSES = 4096  # pcs in no Code known, per report
 MAX_BYTECODES = 64 * 1024  # bytes of a baseline function's bytecodes read
 
@@ -41,13 +42,20 @@ class CodeObject:
     inlined: tuple[int, ...]  # the SharedFunctionInfos the ids name (tagged)
     # Baseline code: (code offset where a bytecode's machine code ends, its script offset), in order
     baseline: tuple[tuple[int, int], ...] = ()
+    incomplete: bool = False  # baseline code read before V8 made its function's source positions
+
+    @property
+    def entries(self) -> int:
+        """What it holds, in table entries (a pair of numbers each: about 120 bytes)."""
+        return 1 + len(self.positions) + len(self.inlining) + len(self.inlined) + len(self.baseline)
 
     def scopes_at(self, pc: int, return_address: bool) -> tuple[list[tuple[int, int]], int]:
         """What ran at ``pc``: the functions optimized code inlined there, innermost first, each
         with the script offset it was at (its SharedFunctionInfo, offset), and the script offset
         the code's own function was at (offsets -1 where not known)."""
-        if self.baseline:  # (a return address ends its call's code, as V8's own lookup takes it)
-            at = bisect.bisect_left(self.baseline, (pc - self.start, -2))
+        if self.baseline:  # (a return address ends its call's code; another pc is in the code that ends past it)
+            offset = pc - self.start
+            at = bisect.bisect_left(self.baseline, (offset, -2) if return_address else (offset + 1, -2))
             return [], self.baseline[at][1] if at < len(self.baseline) else -1
         position = position_at(self.positions, pc - self.start - (1 if return_address else 0))
         if position < 0:
@@ -77,6 +85,7 @@ class CodeIndex:
         self._codes: dict[int, CodeObject] = {}
         self._checked: set[int] = set()
         self._misses: dict[int, str] = {}  # pc -> why no Code was found for it, this report
+        self._held = 0  # table entries the codes kept hold (CodeObject.entries)
         self._stream_map = 0  # the InstructionStream map, once seen
 
     def new_report(self) -> None:
@@ -88,7 +97,16 @@ class CodeIndex:
         at = bisect.bisect_right(self._starts, pc) - 1
         if at >= 0:
             code = self._codes[self._starts[at]]
+            first_look = code.start not in self._checked
             if code.start <= pc < code.end and self._still_there(code):
+                if code.incomplete and first_look:  # (once a report: V8 may have made its positions since)
+                    try:
+                        again = self._code_at(code.start, code.code)
+                    except HeapReadError:
+                        again = None
+                    if again is not None and not again.incomplete:
+                        self._keep(again)
+                        return again
                 return code
         if pc in self._misses:
             raise HeapReadError(self._misses[pc])
@@ -113,15 +131,18 @@ class CodeIndex:
     def _keep(self, code: CodeObject) -> None:
         for start in [start for start in self._starts if code.start <= start < code.end]:
             self._forget(self._codes[start])
-        if len(self._starts) >= MAX_CODES:
-            self._forget(self._codes[self._starts[0]])
+        # (the oldest kept first: a dict keeps its order)
+        while self._codes and (len(self._codes) >= MAX_CODES or self._held + code.entries > MAX_HELD_ENTRIES):
+            self._forget(next(iter(self._codes.values())))
         bisect.insort(self._starts, code.start)
         self._codes[code.start] = code
+        self._held += code.entries
         self._checked.add(code.start)
 
     def _forget(self, code: CodeObject) -> None:
         self._starts.remove(code.start)
         del self._codes[code.start]
+        self._held -= code.entries
         self._checked.discard(code.start)
 
     def _scan(self, pc: int) -> CodeObject:
@@ -180,9 +201,13 @@ class CodeIndex:
             try:
                 baseline = self._baseline(struct.unpack_from("<Q", fields, layout.deoptimization_data)[0],
                                           struct.unpack_from("<Q", fields, layout.source_positions)[0])
+            except BudgetSpent:
+                raise  # (not kept: read again when there is budget)
             except HeapReadError:
                 baseline = ()  # (its frames then have no line)
-        return CodeObject(code, start, start + size, kind, positions, inlining, inlined, baseline)
+            return CodeObject(code, start, start + size, kind, (), (), (), baseline,
+                              incomplete=not any(offset >= 0 for _, offset in baseline))
+        return CodeObject(code, start, start + size, kind, positions, inlining, inlined)
 
     def _baseline(self, bytecode: int, offset_table: int) -> tuple[tuple[int, int], ...]:
         """Where each bytecode's machine code ends in baseline code, with its script offset: the

@@ -28,7 +28,7 @@ _VERSION = tuple(f"_ZN2v88internal7Version6{part}_E" for part in ("major", "mino
 # uint8_t Bytecodes::kBytecodeSizes[3][kBytecodeCount]: each bytecode's size with its operands, at
 # each operand scale (the walk through a function's bytecodes that baseline code's pcs need).
 BYTECODE_SIZES = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE"
-MAX_BYTECODE_KINDS = 1024
+MAX_BYTECODE_KINDS = 256  # (a bytecode is one byte: a larger table is not this one)
 
 
 def may_be_node(path: str) -> bool:

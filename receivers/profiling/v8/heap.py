@@ -19,8 +19,9 @@ from .positions import MAX_POSITION_TABLE, decode_positions
 
 MAX_NAME_CHARS = 1024  # a longer name is cut (as the other namers cut theirs)
 MAX_STRING_DEPTH = 16  # cons and sliced strings followed this deep
-MAX_LINES = 1 << 16  # a script's line ends read (a longer script's later lines are not told)
-MAX_SOURCE_CHARS = 128 * 1024  # a script without line ends has its own counted in this much source
+MAX_LINES = 1 << 15  # a script's line ends read (a longer script's later lines are not told)
+MAX_SOURCE_CHARS = 64 * 1024  # a script without line ends has its own counted in this much source
+LINE_TERMINATORS = "\n\r\u2028\u2029"  # as V8 counts lines (a \r\n is one)
 SCOPE_INFO_NAME_SLOTS = 8  # ScopeInfo slots searched for the function's name after the locals
 
 
@@ -165,9 +166,13 @@ class V8Heap:
         if not self.is_string(source):
             return ()
         text = self.string(source, MAX_SOURCE_CHARS)
-        newlines = tuple(index for index, char in enumerate(text) if char == "\n")
+        ends, offset = [], 0  # (offsets count UTF-16 code units, as V8's do)
+        for index, char in enumerate(text):
+            if char in LINE_TERMINATORS and not (char == "\r" and text[index + 1: index + 2] == "\n"):
+                ends.append(offset)
+            offset += 2 if char > "\uffff" else 1
         whole = len(text) == struct.unpack("<i", self.read(source - 1 + layout.string_length, 4))[0]
-        return newlines + (len(text),) if whole else newlines
+        return tuple(ends) + (offset,) if whole else tuple(ends)
 
     def bytecode_positions(self, bytecode: int) -> tuple[tuple[int, int], ...]:
         """(bytecode offset, source position) of the BytecodeArray ``bytecode``: empty while V8

@@ -18,6 +18,7 @@ outside it."""
 
 from __future__ import annotations
 
+import array
 import bisect
 import dataclasses
 import struct
@@ -44,11 +45,16 @@ INTERPRETED, COMPILED, COMPILED_NO_PC = 1, 2, 3  # profile.h V8_FRAME_*: a compi
 POINTER_MASK = (1 << 47) - 1
 # Bytes of heap one report may read from one process to name its functions (a name costs a few
 # hundred; names read before cost one check of 48 bytes each), and to find the Code objects of
-# optimized frames' pcs (code.py: a scan reads up to 256 KiB; a Code found is checked with 8).
+# optimized frames' pcs (code.py: a scan reads up to 256 KiB; a Code found is checked with 8), and
+# to learn lines (a script's line ends: up to 256 KiB once, then 8 bytes a report; a function's
+# source positions).
 READ_BUDGET_PER_PROCESS = 256 * 1024
 CODE_READ_BUDGET_PER_PROCESS = 1024 * 1024
+LINE_READ_BUDGET_PER_PROCESS = 512 * 1024
 MAX_FUNCTIONS_PER_PROCESS = 65536  # names kept per process between reports
 MAX_SCRIPTS_PER_PROCESS = 4096  # scripts whose line ends are kept
+MAX_HELD_BYTES_PER_PROCESS = 8 << 20  # line ends and source positions kept, in all
+LINE_END_BYTES, POSITION_BYTES = 4, 120  # what each holds (an array's item; a tuple of two large ints)
 BYTECODE_OFFSET_SHIFT, BYTECODE_OFFSET_MAX = 47, 0x1FFF  # profile.h V8_FRAME_OFFSET_*: an interpreted frame's
 
 FileKey = tuple[str, int]
@@ -64,10 +70,13 @@ class V8Process:
     functions: dict[int, FunctionInfo] = dataclasses.field(default_factory=dict)  # by SharedFunctionInfo
     checked: set[int] = dataclasses.field(default_factory=set)  # of those, checked again this report
     bytecode_positions: dict[int, tuple] = dataclasses.field(default_factory=dict)  # by SharedFunctionInfo, as functions
-    lines: dict[int, tuple[int, tuple[int, ...]]] = dataclasses.field(default_factory=dict)  # Script -> (its source, line ends)
+    lines: dict[int, tuple[int, array.array]] = dataclasses.field(default_factory=dict)  # Script -> (its source, line ends)
+    held: int = 0  # bytes of line ends and source positions kept, in all
     lines_checked: set[int] = dataclasses.field(default_factory=set)
     builtins: tuple[tuple[int, int], ...] = ()  # where its builtins are mapped, as of builtins_of (its maps)
     builtins_of: ProcessInfo | None = None
+    lines_heap: V8Heap | None = None  # the reads for lines: a budget of their own, so that lines never cost names
+    missed: set[int] = dataclasses.field(default_factory=set)  # scripts and functions whose lines failed this report
 
 
 class V8Runtimes:
@@ -140,7 +149,8 @@ class V8Runtimes:
             code = None
             if build.code_layout is not None:
                 code = CodeIndex(V8Heap(memory, build.layout, ReadBudget(CODE_READ_BUDGET_PER_PROCESS)), build.code_layout)
-            return V8Process(info, build, mapping.identity, heap, code)
+            return V8Process(info, build, mapping.identity, heap, code,
+                             lines_heap=V8Heap(memory, build.layout, ReadBudget(LINE_READ_BUDGET_PER_PROCESS)))
         return None
 
     def _detect(self, info: ProcessInfo, mapping: Mapping, fd: int) -> V8Build | None:
@@ -168,6 +178,8 @@ class V8Runtimes:
         for process in self._processes.new_report():
             process.checked.clear()
             process.lines_checked.clear()
+            process.missed.clear()
+            process.lines_heap.budget = ReadBudget(LINE_READ_BUDGET_PER_PROCESS)
             process.heap.budget = ReadBudget(READ_BUDGET_PER_PROCESS)
             if process.code is not None:
                 process.code.new_report()
@@ -238,30 +250,54 @@ class V8Runtimes:
         """The interpreted function's source positions, kept with its name (V8 makes them
         lazily: until it has, each report looks again)."""
         known = process.bytecode_positions.get(shared)
-        if known is None:
+        if known is None and shared not in process.missed:
             try:
-                known = process.heap.bytecode_positions(function.bytecode)
+                known = process.lines_heap.bytecode_positions(function.bytecode)
             except (HeapReadError, struct.error):
                 known = ()
             if known:
+                self._hold(process, POSITION_BYTES * len(known))
                 process.bytecode_positions[shared] = known
-        return known
+            else:
+                process.missed.add(shared)  # (again next report)
+        return known or ()
+
+    def _hold(self, process: V8Process, size: int) -> None:
+        """Room for ``size`` more bytes of line ends or source positions: the oldest scripts' and
+        functions' go first, past MAX_HELD_BYTES_PER_PROCESS (the process writes these tables)."""
+        while process.held + size > MAX_HELD_BYTES_PER_PROCESS and (process.lines or process.bytecode_positions):
+            if process.lines:
+                process.held -= LINE_END_BYTES * len(process.lines.pop(next(iter(process.lines)))[1])
+            else:
+                process.held -= POSITION_BYTES * len(process.bytecode_positions.pop(next(iter(process.bytecode_positions))))
+        process.held += size
 
     def _line(self, process: V8Process, script: int, offset: int) -> int:
         """The line (from 1) of ``offset`` in the Script ``script``; 0 when not known. A script's
         line ends are kept by its address and its source's, checked once a report."""
-        heap = process.heap
+        heap = process.lines_heap
+        if script in process.missed:
+            return 0
         try:
             known = process.lines.get(script)
             if known is not None and script not in process.lines_checked:
                 if not still_there(heap, lambda: heap.field(script, heap.layout.script_source) == known[0]):
                     known = None
             if known is None:
+                source = heap.field(script, heap.layout.script_source)
+                try:
+                    ends = heap.line_ends(script)
+                except BudgetSpent:
+                    raise
+                except (HeapReadError, struct.error, UnicodeDecodeError):
+                    ends = ()  # (for good, while the source is the same: an external string, a source of garbage)
                 if len(process.lines) >= MAX_SCRIPTS_PER_PROCESS:
-                    process.lines.pop(next(iter(process.lines)))
-                known = process.lines[script] = (heap.field(script, heap.layout.script_source), heap.line_ends(script))
+                    process.held -= LINE_END_BYTES * len(process.lines.pop(next(iter(process.lines)))[1])
+                self._hold(process, LINE_END_BYTES * len(ends))
+                known = process.lines[script] = (source, array.array("I", ends))
             process.lines_checked.add(script)
         except (HeapReadError, struct.error, UnicodeDecodeError):
+            process.missed.add(script)  # (again next report)
             return 0
         ends = known[1]
         if not ends or offset > ends[-1]:
@@ -280,14 +316,14 @@ class V8Runtimes:
             with self._lock:
                 self.stats["functions_moved"] += 1
             del process.functions[shared]
-            process.bytecode_positions.pop(shared, None)
+            process.held -= POSITION_BYTES * len(process.bytecode_positions.pop(shared, ()))
         function = heap.function(shared)
         with self._lock:
             self.stats["functions_read"] += 1
         if len(process.functions) >= MAX_FUNCTIONS_PER_PROCESS:
             oldest = next(iter(process.functions))
             del process.functions[oldest]
-            process.bytecode_positions.pop(oldest, None)
+            process.held -= POSITION_BYTES * len(process.bytecode_positions.pop(oldest, ()))
         process.functions[shared] = function
         process.checked.add(shared)
         return function
