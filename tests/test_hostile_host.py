@@ -326,10 +326,9 @@ int main(void) {
 
 
 def test_a_forged_return_address_beyond_user_space_passes_for_no_python_frame(arena):
-    """The unwinder stops at a "return address" no user address can be (counted), and so does a
-    stack the kernel walked: the attacker's stacks hold no Python frame for the agent to read."""
-    counters = arena.receiver._sampler.counters
-    stopped = counters()["unwind_not_user_address"]
+    """A frame chain that leads to a "return address" no user address can be (bit 63 set would
+    pass for a Python frame): the unwinder stops there, and a stack the kernel walked is cut there,
+    so the attacker's stacks hold no Python frame for the agent to read."""
     forged = compile_c(FORGED_CHAIN_C, arena.attacker_dir / "forged-chain", "-fno-omit-frame-pointer")
     os.chown(forged, NOBODY, NOBODY)
     exported, attacker = arena.attack(lambda: arena.as_nobody([str(forged)]))
@@ -338,26 +337,42 @@ def test_a_forged_return_address_beyond_user_space_passes_for_no_python_frame(ar
     assert frames, "the attacker was sampled"
     assert {frame.frame_type for frame in frames} <= {"native", "kernel"}, collections.Counter(frame.frame_type for frame in frames)
     assert "main" in {frame.function for frame in frames}
-    # The unwinder counts where it stopped, when the kernel walks the program with it (its entry
-    # in unwind_processes): the program runs again until that has counted, or 10 s. (A process
-    # the kernel's unwinder does not know is walked by the kernel's frame-pointer walk, whose
-    # stacks the report cuts at the same address: the check above holds for both.)
-    again, deadline = arena.as_nobody([str(forged)]), time.monotonic() + 10
-    kernel_processes = arena.receiver.unwind._maps.processes
-    walked = False
+    # Whether the unwinder stopped there itself (counted) is asked of a receiver of its own below:
+    # here, after the module's other attacks, the count did not come in whole-suite runs (see
+    # the note of session 17), while the stacks above held no Python frame all the same.
+
+
+def test_the_unwinder_stops_at_a_forged_return_address_and_counts_it(tmp_path):
+    """The same forged chain under a receiver of its own: the unwinder, which has the program's
+    rows (its frame pointer chain leads it to the forged return address), stops there and
+    counts it."""
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    forged = compile_c(FORGED_CHAIN_C, tmp_path / "forged-chain", "-fno-omit-frame-pointer")
+    config = {
+        "receivers": {"profiling": {"samples_per_second": 199, "reporter_interval": "1s", "unwind_cache_dir": str(tmp_path / "cache")}},
+        "exporters": {"capture": {}},
+        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
+    }
+    service = Service(build_plan(config, registry_with(exporters={"capture": CapturingExporterFactory()})))
+    service.start()
+    program = None
     try:
+        counters = receiver_of(service)._sampler.counters
+        stopped = counters()["unwind_not_user_address"]
+        program = subprocess.Popen([str(forged)])
+        deadline = time.monotonic() + 15
         while counters()["unwind_not_user_address"] <= stopped and time.monotonic() < deadline:
             time.sleep(0.2)
-            walked = walked or kernel_processes.Key(again.pid) in kernel_processes
-        registered = arena.receiver.unwind._processes.get(again.pid)
-        known = registered is not None and any(mapping.path == str(forged) for mapping in registered.mappings)
+        counted = counters()["unwind_not_user_address"] - stopped
+        unwind = {key: value for key, value in counters().items() if key.startswith("unwind")}
+        stats = dict(receiver_of(service).unwind.stats)
     finally:
-        again.kill()
-        again.wait()
-    print(f"forged chain: the registry knew the program: {known}, the kernel's unwinder: {walked}; stops counted: "
-          f"{counters()['unwind_not_user_address'] - stopped}; unwind counters "
-          f"{dict((k, v) for k, v in counters().items() if k.startswith('unwind'))}; registry {arena.receiver.unwind.stats}")
-    assert counters()["unwind_not_user_address"] > stopped or not walked
+        if program is not None:
+            program.kill()
+            program.wait()
+        service.shutdown()
+    assert counted > 0, (unwind, stats)
 
 
 def test_a_debug_file_behind_a_directory_the_attacker_cannot_search_is_not_read(arena):

@@ -34,10 +34,12 @@ def test_a_running_process_is_read_and_an_unmapped_address_is_an_error(child):
     process, address = child
     with ProcessMemory(process.pid) as memory:
         assert memory.read(address, 22) == b"pycollector reads this"
-        with pytest.raises(MemoryReadError) as unmapped:
-            memory.read(4096, 8)  # (the first page is never mapped)
-        assert not isinstance(unmapped.value, ProcessExited)
+        for bad in (4096, 1 << 50):  # (the first page is never mapped; the second is past the top of user space)
+            with pytest.raises(MemoryReadError) as unmapped:
+                memory.read(bad, 8)
+            assert not isinstance(unmapped.value, ProcessExited)
         assert not memory.exited
+        assert memory.read(address, 22) == b"pycollector reads this"
 
 
 @pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])

@@ -202,11 +202,12 @@ def share_of(stacks, heavy: str, light: str) -> tuple[float, int]:
     return (weights[heavy] / total if total else 0.0), total
 
 
-def perf_share(data: Path, heavy: str, light: str) -> float:
+def perf_share(data: Path, heavy: str, light: str) -> tuple[float, int]:
+    """perf's share of ``heavy``, and its samples in either."""
     leaves = perf_leaves(data)
     heavy_count = sum(count for leaf, count in leaves.items() if heavy in leaf)
     light_count = sum(count for leaf, count in leaves.items() if light in leaf)
-    return heavy_count / (heavy_count + light_count)
+    return heavy_count / (heavy_count + light_count), heavy_count + light_count
 
 
 @pytest.mark.parametrize("language,executable", [("c", "known_split_c"), ("rust", "known_split_rs")])
@@ -215,10 +216,11 @@ def test_known_split_without_frame_pointers_reaches_the_entry_and_matches_perf(u
     reached = reaching_entry(stacks)
     print(f"{executable}: {reaching_entry(stacks_by_executable(unwound, executable)):.1%} reach the entry counting the first second")
     ours, samples = share_of(stacks, "spin_heavy", "spin_light")
-    theirs = perf_share(unwound["perf"][language], "spin_heavy", "spin_light")
+    theirs, reference_samples = perf_share(unwound["perf"][language], "spin_heavy", "spin_light")
     print(f"{executable}: {samples} samples, {reached:.1%} reach the entry; spin_heavy {ours:.3f} here, {theirs:.3f} by perf --call-graph dwarf")
     assert reached >= 0.95, not_reaching(stacks, 8)
-    assert abs(ours - theirs) <= max(0.05, share_tolerance(samples)), (ours, theirs)
+    both = 1 / (1 / max(samples, 1) + 1 / max(reference_samples, 1))  # (two samplings of the run, each with its noise)
+    assert abs(ours - theirs) <= share_tolerance(both), (ours, theirs, samples, reference_samples)
     # The callers are the program's own: spin_heavy under run_once (unless inlined) under main.
     heavy = next(names for names, _ in sorted(stacks, key=lambda s: -s[1]) if names and "spin_heavy" in names[0])
     assert any("main" in name for name in heavy[1:]), heavy

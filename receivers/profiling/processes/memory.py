@@ -85,8 +85,7 @@ class ProcessMemory:
             data = os.pread(self._fd, size, address)
         except OSError as e:
             raise MemoryReadError(self.pid, address, size, e.strerror or str(e), e.errno) from e
-        if not data and size:  # (an address not mapped fails with EIO: nothing at all means no memory)
-            self.exited = True
+        if not data and size and self._gone():  # (an address not mapped fails with EIO)
             raise ProcessExited(self.pid, address, size)
         if len(data) != size:
             raise MemoryReadError(self.pid, address, size, f"only {len(data)} bytes readable")
@@ -99,12 +98,20 @@ class ProcessMemory:
             entries = os.pread(self._pagemap, 8 * (last - first + 1), 8 * first)
         except OSError:
             return False
-        if not entries:  # (nothing at all: the memory's last user is gone, as for a read)
-            self.exited = True
+        if not entries and self._gone():
             raise ProcessExited(self.pid, address, size)
         if len(entries) == 8 * (last - first + 1) and all(entry & _IN_MEMORY_OR_SWAP for (entry,) in _U64.iter_unpack(entries)):
             return True  # (the common case: what a process uses is in memory)
         return not self._maps_fuse_file(address, address + size)
+
+    def _gone(self) -> bool:
+        """Whether the process's memory is gone: its page map gives nothing even for the first
+        page (beyond the top of user space it gives nothing for a live process too)."""
+        try:
+            self.exited = os.pread(self._pagemap, 8, 0) == b""
+        except OSError:
+            return False
+        return self.exited
 
     def _maps_fuse_file(self, start: int, end: int) -> bool:
         """Whether a FUSE file (or a mapping that could not be told) is mapped in [start, end)."""
