@@ -372,7 +372,8 @@ enum profile_counter {
     COUNTER_HOTSPOT_NO_BLOB = 45,        /* pcs in the code cache in no CodeBlob the segment map knows */
     COUNTER_HOTSPOT_BAD_FRAME = 46,      /* frames whose layout did not hold: the walk ends there */
     COUNTER_SLOT_FLIPPED = 47,           /* samples whose slot user space retired mid-program: sent by value */
-    PROFILE_NR_COUNTERS = 48,
+    COUNTER_HOTSPOT_LEAF_EDGES = 48,     /* Java leaves stepped in their prologue or epilogue */
+    PROFILE_NR_COUNTERS = 49,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

@@ -70,7 +70,7 @@ struct unwind_state {
     u32 slot;
     u32 tail_calls;
     u32 bp_known;  /* 0 once a row said rbp cannot be recovered: no frame-pointer step after that */
-    u32 reserved;
+    u32 hotspot_leaf;  /* hotspot.bpf.c: where a Java leaf's return address is, as the walk starts */
     u64 leaf_return;  /* as sample_key.user_leaf_return: for a first step by frame pointer */
     u64 python_frame;  /* python_walk: the next Python frame to record */
     u32 python_len;    /* Python frames in `python`, which finish_walk appends to the stack */
@@ -542,6 +542,9 @@ static __always_inline int unwind_step_body(void *ctx, int walk_set)
         return 0;
     struct unwind_process *process = unwind_processes.lookup(&state->key.tgid);
     enum step_result result = STEP_DONE;
+    /* (Off a CPU the leaf is in a call, never at a frame's edge.) */
+    if (state->stack.len == 0 && state->tail_calls == 0)
+        state->hotspot_leaf = walk_set == WALK_ON_CPU ? hotspot_leaf(state) : 0;
     if (process) {
         for (int i = 0; i < UNWIND_FRAMES_PER_CALL; i++) {
             result = unwind_one(ctx, state, process);

@@ -195,7 +195,7 @@ class UnwindRegistry:
         for slot, (start, end, mapping, kind) in enumerate(pieces):
             entry = leaf.mappings[slot]
             entry.start, entry.end, entry.kind = start, end, kind
-            key = _key(mapping)
+            key = _key(mapping) if mapping is not None else None
             file = self._files.get(key) if key is not None else None
             if file is None or not file.file_id:
                 continue
@@ -499,10 +499,12 @@ class UnwindRegistry:
             worker.join(timeout=5)
 
 
-def _pieces(mappings: list[Mapping], code: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, Mapping, int]]:
-    """(start, end, mapping, kind) for the kernel: each mapping, cut where a range of runtime code
-    starts or ends inside it (V8's builtins lie within node's text), each piece of the kind of
-    the range it lies in (MAPPING_NATIVE outside them)."""
+def _pieces(mappings: list[Mapping], code: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, Mapping | None, int]]:
+    """(start, end, mapping, kind) for the kernel, by start: each mapping, cut where a range of
+    runtime code starts or ends inside it (V8's builtins lie within node's text), each piece of the
+    kind of the range it lies in (MAPPING_NATIVE outside them); and the parts of those ranges no
+    mapping covers yet, without a mapping (a JVM's code cache is reserved whole and made
+    executable as it fills: a pc there is the JVM's before its maps are read again)."""
     code = sorted(code)
     lows = [low for low, _, _ in code]
     out = []
@@ -516,6 +518,26 @@ def _pieces(mappings: list[Mapping], code: Sequence[tuple[int, int, int]]) -> li
         for start, end in zip(cuts, cuts[1:]):
             kind = next((kind for low, high, kind in near if low <= start and end <= high), MAPPING_NATIVE)
             out.append((start, end, mapping, kind))
+    covered = [(start, end) for start, end, _, _ in out]
+    for low, high, kind in code:
+        for start, end in _uncovered(low, high, covered):
+            out.append((start, end, None, kind))
+    return sorted(out, key=lambda piece: piece[0])
+
+
+def _uncovered(low: int, high: int, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [low, high) outside the sorted, disjoint ``covered`` ranges."""
+    out, at = [], low
+    for start, end in covered[max(0, bisect.bisect_right(covered, (low, low)) - 1):]:
+        if start >= high:
+            break
+        if end <= at:
+            continue
+        if start > at:
+            out.append((at, start))
+        at = max(at, end)
+    if at < high:
+        out.append((at, high))
     return out
 
 
