@@ -21,17 +21,21 @@ MAX_STRING_TABLE_BYTES = 32 << 20
 _PF_X = 1
 
 
-def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[str] = (), sizes: dict[str, int] | None = None) -> dict[str, int]:
+def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[str] = (), sizes: dict[str, int] | None = None,
+                    tables: tuple[str, ...] = (".symtab", ".dynsym")) -> dict[str, int]:
     """name -> ELF virtual address of the defined symbols called one of ``names`` or starting with
-    one of ``prefixes``, from .symtab, then .dynsym (and their sizes into ``sizes``, if given). The
-    raw table is scanned for the string-table offsets that spell a wanted name (a name may share
-    its bytes with the end of a longer one): pyelftools' lookup by name decodes every symbol, 0.3 s
+    one of ``prefixes``, from ``tables`` in order (and their sizes into ``sizes``, if given); with
+    no prefixes, the tables after the one where the last name was found are not read. The raw
+    table is scanned for the string-table offsets that spell a wanted name (a name may share its
+    bytes with the end of a longer one): pyelftools' lookup by name decodes every symbol, 0.3 s
     for libpython and 10 s for node."""
     out: dict[str, int] = {}
     if elf.elfclass != 64 or not elf.little_endian:
         return out  # the callers' offsets are x86-64's
     names, prefixes = list(names), [prefix.encode() for prefix in prefixes]
-    for section_name in (".symtab", ".dynsym"):
+    for section_name in tables:
+        if names and not prefixes and all(name in out for name in names):
+            break
         section = elf.get_section_by_name(section_name)
         if not isinstance(section, SymbolTableSection) or section["sh_type"] == "SHT_NOBITS":
             continue

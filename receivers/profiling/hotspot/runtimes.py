@@ -41,7 +41,7 @@ MAPPING_HOTSPOT_CODE = 3  # profile.h: struct unwind_mapping.kind
 INTERPRETED, COMPILED, NO_NEXT = 4, 5, 6  # profile.h HOTSPOT_FRAME_*: the first two followed by a bcp or pc
 POINTER_MASK = (1 << 47) - 1
 MAX_SYMBOL = 1024
-READ_BUDGET_PER_PROCESS = 256 * 1024
+READ_BUDGET_PER_PROCESS = 16 * 1024 * 1024
 MAX_METHODS_PER_PROCESS = 65536
 STARTING_ATTEMPTS = 60  # reports a starting JVM is looked at again
 MAX_BYTECODES = 1 << 16  # a method's bytecodes (the JVM's limit): a bcp beyond is not this method's
@@ -367,6 +367,7 @@ def _libjvm_symbols(info: ProcessInfo, mapping: Mapping, fd: int) -> tuple[dict[
     try:
         with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as stream:
             elf = ELFFile(stream)
-            return defined_symbols(elf, SYMBOLS), load_segments(elf)
+            # (.dynsym first: the JVM exports them all for debuggers, and its .symtab is 120 times larger)
+            return defined_symbols(elf, SYMBOLS, tables=(".dynsym", ".symtab")), load_segments(elf)
     except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
         return None

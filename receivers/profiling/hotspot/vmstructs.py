@@ -22,6 +22,8 @@ SYMBOLS = TABLES + LAYOUT_SYMBOLS
 MAX_ENTRIES = 1 << 14  # a JDK has about 800 fields; a table without its end is not read further
 MAX_STRIDE = 256
 MAX_NAME = 256
+PAGE = 4096
+MAX_PAGES = 1024  # read for one JVM's tables (a JDK's lie in a few dozen pages)
 
 
 class VMStructsError(Exception):
@@ -42,12 +44,36 @@ class VMStructs:
         return next((self.fields[name] for name in names if name in self.fields), None)
 
 
+class _Pages:
+    """``read`` served from whole pages, each read once: the tables and their names are thousands
+    of small pieces of a few dozen pages (one read each cost a JVM's registration 180 ms, while
+    its first samples went unwalked)."""
+
+    def __init__(self, read) -> None:
+        self._read, self._pages = read, {}
+
+    def __call__(self, address: int, size: int) -> bytes:
+        out = []
+        while size > 0:
+            page = address - address % PAGE
+            data = self._pages.get(page)
+            if data is None:
+                if len(self._pages) >= MAX_PAGES:
+                    raise VMStructsError(f"the tables span more than {MAX_PAGES} pages")
+                data = self._pages[page] = self._read(page, PAGE)
+            piece = data[address - page: address - page + size]
+            out.append(piece)
+            address, size = address + len(piece), size - len(piece)
+        return b"".join(out)
+
+
 def read_vmstructs(read, symbols: dict[str, int], bias: int) -> VMStructs:
     """The tables of the JVM whose memory ``read(address, size)`` reads, from libjvm's
     ``symbols`` (ELF addresses) and the library's load ``bias``."""
     missing = [name for name in SYMBOLS if name not in symbols]
     if missing:
         raise VMStructsError(f"libjvm.so does not export {', '.join(missing[:3])}")
+    read = _Pages(read)
 
     def u64(address: int) -> int:
         return struct.unpack("<Q", read(address, 8))[0]
@@ -62,7 +88,7 @@ def read_vmstructs(read, symbols: dict[str, int], bias: int) -> VMStructs:
         data = b""
         while len(data) < MAX_NAME:  # to each page's end: the next page may not be mapped
             at = address + len(data)
-            data += read(at, min(MAX_NAME - len(data), 4096 - at % 4096))
+            data += read(at, min(MAX_NAME - len(data), PAGE - at % PAGE))
             end = data.find(b"\0")
             if end >= 0:
                 return data[:end].decode("ascii", "replace")
