@@ -84,7 +84,10 @@ class ReportBuilder:
             self.progress.stage("reading the processes' OpenTelemetry contexts")
             self.contexts.refresh(by_process)
             self._span_attributes = self._name_span_attributes([stack for stacks in by_process.values() for stack in stacks])
-        for tgid, stacks in sorted(by_process.items()):
+        # Newest processes first (the highest pids, but for a wrap): the likeliest to exit before
+        # the report reaches them, when what is read from a process's memory (the names of its
+        # JIT code, its interpreters' frames) can no longer be read.
+        for tgid, stacks in sorted(by_process.items(), reverse=True):
             built = len(builder.data.resource_profiles)
             self.progress.stage(f"building the profile of pid {tgid}")
             try:

@@ -128,6 +128,11 @@ class Symbolizer:
 
     # ----------------------------------------------------------------------- kernel
 
+    def load_kernel(self) -> None:
+        """Read the kernel's symbols now, not in the first report that meets a kernel frame."""
+        with self._lock:
+            self.kernel.load()
+
     def symbolize_kernel(self, addrs: Sequence[int]) -> list[Frame]:
         """Kernel stack, leaf first."""
         with self._lock:
