@@ -171,6 +171,16 @@ def test_recognizing_in_c_gathers_what_the_python_walk_gathers(inputs, noise, wh
         assert native is not None and (native.sample, native.profile, native.samples_seen) == expected
 
 
+def test_a_key_beyond_32_bits_is_refused_by_both_walks():
+    """Protobuf's keys are 32-bit varints: a longer one (here a six-byte key of a fixed32 field,
+    from noise hypothesis found) is malformed for the C walk, and was a field numbered
+    363,899,000,516 for the Python one."""
+    body = bytes.fromhex("a5ecc284dd54") + bytes.fromhex("7c2c7519")
+    with pytest.raises(WireError, match="a field numbered 363899000516"):
+        _evidence(body)
+    assert serialized.native.recognize(body) is None
+
+
 def test_serialized_profiles_answer_as_their_message_would():
     message = _one_sample_data("work", "main")
     profiles = SerializedProfiles(message.SerializeToString(), sample_count(message))

@@ -34,8 +34,8 @@ def fields(buffer: bytes | bytearray, start: int, end: int) -> Iterator[tuple[in
         key_start = position
         key, position = read_varint(buffer, position, end)
         number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise WireError("a field numbered 0")
+        if number == 0 or key >> 32:  # (protobuf's keys are 32 bits: field numbers below 2^29)
+            raise WireError(f"a field numbered {number}")
         if wire_type == VARINT:
             _, field_end = read_varint(buffer, position, end)
         elif wire_type == LEN:
