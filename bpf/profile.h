@@ -142,6 +142,10 @@ enum unwind_cfa_type {
      * stack keeps the caller's stack pointer in a slot (OpenSSL's assembly, glibc's start code). */
     CFA_RSP_DEREF = 6,
     CFA_RBP_DEREF = 7,
+    /* A signal handler's return into the sigreturn trampoline: the interrupted registers are in
+     * the ucontext at rsp, rbp at rsp + cfa_offset, then rbx, rdx, rax, rcx, rsp and rip (the
+     * kernel's struct sigcontext, glibc's gregs), as the trampoline's own CFI says. */
+    CFA_SIGNAL = 8,
 };
 
 enum unwind_rbp_type {
@@ -373,7 +377,8 @@ enum profile_counter {
     COUNTER_HOTSPOT_BAD_FRAME = 46,      /* frames whose layout did not hold: the walk ends there */
     COUNTER_SLOT_FLIPPED = 47,           /* samples whose slot user space retired mid-program: sent by value */
     COUNTER_HOTSPOT_LEAF_EDGES = 48,     /* Java leaves stepped in their prologue or epilogue */
-    PROFILE_NR_COUNTERS = 49,
+    COUNTER_UNWIND_SIGNAL_FRAMES = 49,   /* signal handlers stepped to the code they interrupted */
+    PROFILE_NR_COUNTERS = 50,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

@@ -367,6 +367,19 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
     }
     case CFA_END:
         return STEP_COMPLETE;
+    case CFA_SIGNAL: {
+        u64 saved[7];  /* rbp, rbx, rdx, rax, rcx, rsp, rip */
+        if (read_user(saved, sizeof(saved), (void *)(state->sp + (s16)row->cfa_offset))) {
+            count(COUNTER_UNWIND_READ_ERRORS);
+            return STEP_DONE;
+        }
+        count(COUNTER_UNWIND_SIGNAL_FRAMES);
+        state->bp = saved[0];
+        state->bp_known = 1;
+        state->sp = saved[5];
+        state->pc = saved[6];  /* (the interrupted pc, not a return address: looked up one byte back all the same) */
+        return state->pc ? STEP_CONTINUE : STEP_COMPLETE;
+    }
     case CFA_UNSUPPORTED:
         count(COUNTER_UNWIND_UNSUPPORTED);
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);

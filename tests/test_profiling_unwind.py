@@ -74,15 +74,48 @@ __attribute__((noinline)) void library_spin(double seconds) {
 """
 
 
+SIGNAL_C = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/time.h>
+#include <time.h>
+static volatile unsigned long sink;
+static double cpu_seconds(void) {
+    struct timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec / 1e9;
+}
+__attribute__((noinline)) static void handler_spin(double seconds) {
+    double end = cpu_seconds() + seconds;
+    while (cpu_seconds() < end) sink = sink * 6364136223846793005UL + 1;
+}
+__attribute__((noinline)) static void on_signal(int signal) { (void)signal; handler_spin(0.001); }
+__attribute__((noinline)) static void main_spin(double seconds) {
+    double end = cpu_seconds() + seconds;
+    while (cpu_seconds() < end) sink = sink * 2862933555777941757UL + 3037000493UL;
+}
+int main(int argc, char **argv) {
+    struct sigaction action = {0};
+    action.sa_handler = on_signal;
+    sigaction(SIGPROF, &action, 0);
+    struct itimerval every = {{0, 3000}, {0, 3000}};  /* each 3 ms of CPU: 1 ms of it in the handler */
+    setitimer(ITIMER_PROF, &every, 0);
+    main_spin(atof(argv[1]));
+    return 0;
+}
+"""
+
+
 def build(directory: Path) -> dict[str, Path]:
     """The workloads, built as their ecosystems build them by default: no frame pointers."""
-    binaries = {"c": directory / "known_split_c", "rust": directory / "known_split_rs", "main": directory / "dlopen_main", "library": directory / "libhot.so"}
+    binaries = {"c": directory / "known_split_c", "rust": directory / "known_split_rs", "main": directory / "dlopen_main", "library": directory / "libhot.so",
+                "signal": directory / "signal_spin"}
     c_flags = ["gcc", "-O2", "-fomit-frame-pointer", "-g"]
     subprocess.run([*c_flags, "-o", binaries["c"], WORKLOADS / "known_split.c"], check=True)
     (directory / "main.c").write_text(DLOPEN_MAIN_C)
     (directory / "library.c").write_text(LIBRARY_C)
     subprocess.run([*c_flags, "-o", binaries["main"], directory / "main.c", "-ldl"], check=True)
     subprocess.run([*c_flags, "-shared", "-fPIC", "-o", binaries["library"], directory / "library.c"], check=True)
+    (directory / "signal.c").write_text(SIGNAL_C)
+    subprocess.run([*c_flags, "-o", binaries["signal"], directory / "signal.c"], check=True)
     rustc = shutil.which("rustc") or os.path.expanduser("~/.cargo/bin/rustc")
     subprocess.run([rustc, "-C", "opt-level=3", "-o", binaries["rust"], WORKLOADS / "known_split.rs"], check=True, cwd=directory)
     return binaries
@@ -135,6 +168,9 @@ def unwound(tmp_path_factory):
             process.wait(timeout=60)
             assert process.returncode == 0, f"{name} failed"
         pids = {name: process.pid for name, process in running.items()}
+        signal = subprocess.Popen([str(binaries["signal"]), "2"])
+        signal.wait(timeout=30)
+        pids["signal"] = signal.pid
         pids["short"] = []
         for _ in range(SHORT_RUNS):  # one after the other: each lives 100 ms
             short = subprocess.Popen([str(binaries["c"]), "0.1"], stdout=subprocess.DEVNULL)
@@ -247,6 +283,23 @@ def test_a_library_opened_after_the_first_samples_unwinds(unwound):
     assert samples >= HZ, "the library ran for 4 CPU seconds"
     assert reached >= 0.95, not_reaching(in_library)
     assert all("main" in names for names, _ in in_library if any(ENTRY.match(n) for n in names))
+
+
+def test_a_signal_handler_is_walked_through_to_the_code_it_interrupted(unwound):
+    """glibc's sigreturn trampoline (__restore_rt) is where a handler returns: its CFI finds the
+    interrupted registers in the ucontext on the stack (a CFA_SIGNAL row), not at a return
+    address. Before, the walk stopped there: no handler sample reached the entry."""
+    stacks = stacks_of(unwound, unwound["pids"]["signal"])
+    # (on_signal jumps to handler_spin, which gcc may call handler_spin.constprop.0)
+    handler = lambda names: next((at for at, name in enumerate(names) if name.startswith("handler_spin")), None)  # noqa: E731
+    in_handler = [(names, count) for names, count in stacks if handler(names) is not None]
+    samples, handled = sum(count for _, count in stacks), sum(count for _, count in in_handler)
+    through = sum(count for names, count in in_handler if "main_spin" in names[handler(names):])
+    print(f"signal: {samples} samples, {handled} in the handler, {through} of them through to main_spin; "
+          f"{reaching_entry(in_handler):.1%} of those reach the entry")
+    assert handled >= 0.15 * samples, "a third of its CPU is the handler's"
+    assert through >= 0.95 * handled, not_reaching(in_handler)
+    assert reaching_entry(in_handler) >= 0.95, not_reaching(in_handler)
 
 
 def test_processes_of_100_ms_get_full_named_stacks(unwound):

@@ -24,7 +24,7 @@ from receivers.profiling.unwind.rows import ROW_SIZE
 
 MAGIC = b"PCUNWIND"
 # Bump when the rows' meaning or layout changes (profile.h struct unwind_row, rows.py).
-FORMAT_VERSION = 2  # 2: CFA_RSP_DEREF and CFA_RBP_DEREF rows (were CFA_UNSUPPORTED)
+FORMAT_VERSION = 3  # 2: CFA_RSP_DEREF and CFA_RBP_DEREF rows (were CFA_UNSUPPORTED); 3: CFA_SIGNAL
 _HEADER = struct.Struct("<8sIII")  # magic, version, row count, crc32
 DEFAULT_MAX_BYTES = 256 << 20  # libpython's rows are 1.5 MB; a busy host's files, tens of MB
 DEFAULT_MAX_AGE_S = 30 * 24 * 3600.0

@@ -32,7 +32,7 @@ ROW = struct.Struct("<IBBhi")
 ROW_SIZE = ROW.size
 
 # enum unwind_cfa_type, enum unwind_rbp_type (profile.h)
-CFA_UNDEFINED, CFA_RSP, CFA_RBP, CFA_PLT, CFA_END, CFA_UNSUPPORTED, CFA_RSP_DEREF, CFA_RBP_DEREF = range(8)
+CFA_UNDEFINED, CFA_RSP, CFA_RBP, CFA_PLT, CFA_END, CFA_UNSUPPORTED, CFA_RSP_DEREF, CFA_RBP_DEREF, CFA_SIGNAL = range(9)
 RBP_SAME, RBP_AT_CFA, RBP_UNSUPPORTED = range(3)
 
 # DWARF register numbers on x86-64.
@@ -285,8 +285,9 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
         elif low in (0x10, 0x16):  # DW_CFA_expression, val_expression
             register, position = uleb128(code, position)
             length, position = uleb128(code, position)
+            # (a register saved at an address an expression gives: a signal frame's, see _signal_frame)
+            state[register] = ("expression", code[position:position + length]) if low == 0x10 else _OTHER
             position += length
-            state[register] = _OTHER
         elif low == 0x12:  # DW_CFA_def_cfa_sf
             register, position = uleb128(code, position)
             offset, position = sleb128(code, position)
@@ -322,6 +323,9 @@ def _cfa_offset(state: dict) -> int:
 def _encode(state: dict) -> tuple[int, int, int, int]:
     """(cfa_type, rbp_type, rbp_offset, cfa_offset) for a state."""
     return_address = state.get(RETURN_ADDRESS, _UNDEFINED)
+    signal = _signal_frame(state)
+    if signal is not None:
+        return (CFA_SIGNAL, RBP_SAME, 0, signal)
     if return_address == _UNDEFINED:
         return (CFA_END, RBP_SAME, 0, 0)  # _start, thread entry points: the outermost frame
     if return_address != ("offset", -8):
@@ -345,6 +349,33 @@ def _encode(state: dict) -> tuple[int, int, int, int]:
     else:
         saved = (RBP_UNSUPPORTED, 0)
     return (cfa[0], saved[0], saved[1], cfa[1])
+
+
+def _signal_frame(state: dict) -> int | None:
+    """Where, from rsp, a sigreturn trampoline's CFI says the interrupted rbp is, when it says the
+    interrupted rsp and rip are 40 and 48 bytes further (the ucontext's registers, in the order
+    of the kernel's struct sigcontext: rbp, rbx, rdx, rax, rcx, rsp, rip); else None. glibc's
+    __restore_rt: CFA = *(rsp + 160), rip at rsp + 168, rbp at rsp + 120."""
+    cfa, rip, rbp = state.get("cfa"), state.get(RETURN_ADDRESS), state.get(RBP)
+    if not (cfa and cfa[0] == "expression" and rip and rip[0] == "expression" and rbp and rbp[0] == "expression"):
+        return None
+    saved_rsp = _rsp_plus(cfa[1], deref=True)
+    saved_rip, saved_rbp = _rsp_plus(rip[1]), _rsp_plus(rbp[1])
+    if saved_rbp is None or saved_rsp != saved_rbp + 40 or saved_rip != saved_rbp + 48 or not 0 <= saved_rbp < 1 << 15:
+        return None
+    return saved_rbp
+
+
+def _rsp_plus(expression: bytes, deref: bool = False) -> int | None:
+    """n for the expression DW_OP_breg7 (rsp) n, followed by DW_OP_deref when ``deref``."""
+    if not expression or expression[0] != _DW_OP_BREG_RSP:
+        return None
+    try:
+        offset, position = sleb128(expression, 1)
+    except (IndexError, VarintError, CfiError):
+        return None
+    rest = expression[position:]
+    return offset if rest == (bytes([_DW_OP_DEREF]) if deref else b"") else None
 
 
 def _deref(expression: bytes) -> tuple[int, int] | None:
