@@ -155,8 +155,8 @@ class ProfilingReceiver(Component):
         trim_heap()
         self.log.info("profiling every CPU", samples_per_second=self.config.samples_per_second, reporter_interval=f"{self.config.reporter_interval:g}s",
                       **({"off_cpu_threshold": self.config.off_cpu_threshold} if self.config.off_cpu_threshold else {}))
-        # The kernel's symbols before the first report, which would read them (0.4 s alone, three
-        # times that on a busy host) while a short-lived JVM or Node process it must name from its
+        # The kernel's symbols now, not in the first report, which would read them (0.3 s alone,
+        # seconds on a busy host) while a short-lived JVM or Node process it must name from its
         # memory exits: its frames then stay unnamed.
         self.symbolizer.load_kernel()
         for name, target in (("profiling-events", self._events_loop), ("profiling-report", self._report_loop)):

@@ -129,9 +129,14 @@ class Symbolizer:
     # ----------------------------------------------------------------------- kernel
 
     def load_kernel(self) -> None:
-        """Read the kernel's symbols now, not in the first report that meets a kernel frame."""
-        with self._lock:
-            self.kernel.load()
+        """Read the kernel's symbols now, on a thread of their own, rather than in the first report
+        that meets a kernel frame (a report that comes meanwhile waits for them)."""
+        def load() -> None:
+            with self._lock:
+                if self.kernel.loaded_at == 0.0:
+                    self.kernel.load()
+
+        threading.Thread(target=load, name="kernel-symbols", daemon=True).start()
 
     def symbolize_kernel(self, addrs: Sequence[int]) -> list[Frame]:
         """Kernel stack, leaf first."""
