@@ -238,7 +238,10 @@ def test_a_java_leaf_in_its_prologue_or_epilogue_is_stepped_to_its_caller(classe
           f"astray {astray.most_common(4)}")
     for thread in hot:
         assert total[thread] >= HZ * SECONDS * 0.3, (thread, total)
-        assert rooted[thread] >= 0.97 * total[thread], (thread, astray.most_common(6))
+        # (99.6 to 100% here; the margin is for the samples taken before the JVM is registered,
+        # which are walked by frame pointer: 84% of the recursive thread's reached the root when
+        # the leaf's edge was not read)
+        assert rooted[thread] >= 0.95 * total[thread], (thread, astray.most_common(6))
         assert whole[thread] >= 0.95 * total[thread], (thread, astray.most_common(6))
 
 
