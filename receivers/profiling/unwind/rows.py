@@ -359,23 +359,22 @@ def _signal_frame(state: dict) -> int | None:
     cfa, rip, rbp = state.get("cfa"), state.get(RETURN_ADDRESS), state.get(RBP)
     if not (cfa and cfa[0] == "expression" and rip and rip[0] == "expression" and rbp and rbp[0] == "expression"):
         return None
-    saved_rsp = _rsp_plus(cfa[1], deref=True)
     saved_rip, saved_rbp = _rsp_plus(rip[1]), _rsp_plus(rbp[1])
-    if saved_rbp is None or saved_rsp != saved_rbp + 40 or saved_rip != saved_rbp + 48 or not 0 <= saved_rbp < 1 << 15:
+    if saved_rbp is None or saved_rip != saved_rbp + 48 or not 0 <= saved_rbp < 1 << 15:
         return None
-    return saved_rbp
+    # (the CFA, the interrupted rsp, read from rsp + saved_rbp + 40: _deref's packing, nothing added)
+    return saved_rbp if _deref(cfa[1]) == (CFA_RSP_DEREF, saved_rbp + 40) else None
 
 
-def _rsp_plus(expression: bytes, deref: bool = False) -> int | None:
-    """n for the expression DW_OP_breg7 (rsp) n, followed by DW_OP_deref when ``deref``."""
+def _rsp_plus(expression: bytes) -> int | None:
+    """n for the expression DW_OP_breg7 (rsp) n."""
     if not expression or expression[0] != _DW_OP_BREG_RSP:
         return None
     try:
         offset, position = sleb128(expression, 1)
-    except (IndexError, VarintError, CfiError):
+    except (IndexError, VarintError):
         return None
-    rest = expression[position:]
-    return offset if rest == (bytes([_DW_OP_DEREF]) if deref else b"") else None
+    return offset if position == len(expression) else None
 
 
 def _deref(expression: bytes) -> tuple[int, int] | None:
