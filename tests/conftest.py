@@ -171,21 +171,29 @@ def profiles_codec(request, monkeypatch):
     return request.param
 
 
+def capturing_service(tmp_path: Path, hz: int, reporter_interval: str = "1s"):
+    """(a Service, not started, whose profiling receiver samples at ``hz`` and exports to a
+    capturing exporter; that exporter's factory, whose consumer holds what it exported)."""
+    from pycollector.config.validate import build_plan
+    from pycollector.service import Service
+    from pycollector.testing import CapturingExporterFactory, registry_with
+
+    capture = CapturingExporterFactory()
+    config = {
+        "receivers": {"profiling": {"samples_per_second": hz, "reporter_interval": reporter_interval, "unwind_cache_dir": str(tmp_path / "cache")}},
+        "exporters": {"capture": {}},
+        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
+    }
+    return Service(build_plan(config, registry_with(exporters={"capture": capture}))), capture
+
+
 def profile_a_run(tmp_path: Path, argv: list, hz: int, runtime: str, timeout: float = 90) -> dict:
     """``argv`` run to its end with a profiling receiver on (``hz``, a report a second) and no perf
     map asked for: {"pid", "messages" (what it exported), "stats" (the ``runtime`` room's:
     "v8", "hotspot")}."""
-    from pycollector.config.validate import build_plan
-    from pycollector.service import Service
-    from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
+    from pycollector.testing import receiver_of
 
-    capture = CapturingExporterFactory()
-    config = {
-        "receivers": {"profiling": {"samples_per_second": hz, "reporter_interval": "1s", "unwind_cache_dir": str(tmp_path / "cache")}},
-        "exporters": {"capture": {}},
-        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
-    }
-    service = Service(build_plan(config, registry_with(exporters={"capture": capture})))
+    service, capture = capturing_service(tmp_path, hz)
     service.start()
     try:
         started = time.time()

@@ -33,7 +33,7 @@ from pycollector.pdata import iter_samples
 from pycollector.service import Service
 from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
 
-from tests.conftest import WORKLOADS, bpf_unavailable_reason
+from tests.conftest import WORKLOADS, bpf_unavailable_reason, capturing_service
 
 pytestmark = pytest.mark.bpf
 
@@ -349,12 +349,7 @@ def test_the_unwinder_stops_at_a_forged_return_address_and_counts_it(tmp_path):
     if bpf_unavailable_reason():
         pytest.skip(bpf_unavailable_reason())
     forged = compile_c(FORGED_CHAIN_C, tmp_path / "forged-chain", "-fno-omit-frame-pointer")
-    config = {
-        "receivers": {"profiling": {"samples_per_second": 199, "reporter_interval": "1s", "unwind_cache_dir": str(tmp_path / "cache")}},
-        "exporters": {"capture": {}},
-        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
-    }
-    service = Service(build_plan(config, registry_with(exporters={"capture": CapturingExporterFactory()})))
+    service, _ = capturing_service(tmp_path, 199)
     service.start()
     program = None
     try:

@@ -15,14 +15,12 @@ import time
 
 import pytest
 
-from pycollector.config.validate import build_plan
-from pycollector.service import Service
-from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
+from pycollector.testing import receiver_of
 
 from receivers.profiling.processes.proc import parse_stat
 from receivers.profiling.processes.table import ProcessTable
 
-from tests.conftest import bpf_unavailable_reason
+from tests.conftest import bpf_unavailable_reason, capturing_service
 
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 SPIN = "while True: pass"
@@ -141,13 +139,7 @@ def test_a_successor_announced_during_the_scan_is_not_forgotten():
 def test_the_kernel_keeps_the_entries_of_a_pid_reused_between_two_scans(tmp_path):
     if bpf_unavailable_reason():
         pytest.skip(bpf_unavailable_reason())
-    config = {
-        # A long interval: the test runs the scans the report thread would run.
-        "receivers": {"profiling": {"samples_per_second": 199, "reporter_interval": "600s", "unwind_cache_dir": str(tmp_path / "cache")}},
-        "exporters": {"capture": {}},
-        "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
-    }
-    service = Service(build_plan(config, registry_with(exporters={"capture": CapturingExporterFactory()})))
+    service, _ = capturing_service(tmp_path, 199, reporter_interval="600s")  # (the test runs the scans the report thread would)
     service.start()
     try:
         receiver = receiver_of(service)
