@@ -135,6 +135,39 @@ def test_a_successor_announced_during_the_scan_is_not_forgotten():
             process.wait()
 
 
+def test_a_process_that_execs_while_it_is_registered_is_registered_again_as_its_new_program():
+    """A fork+exec child sampled before its exec: its maps are read, then it execs (the kernel
+    clears its entry), then the watchers write what was read. The table sees the program changed
+    and registers the process again, so the watchers end with the new program's maps."""
+    table = ProcessTable()
+    go, went = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", f"import os; os.read({go}, 1); os.execv('/usr/bin/sleep', ['sleep', '60'])"],
+                             pass_fds=(go,))
+    os.close(go)
+    told: list[tuple[str, list[str]]] = []
+
+    def changed(info):
+        told.append((info.exe_path, [mapping.path for mapping in info.mappings]))
+        if len(told) == 1:  # the watcher writes the old image's maps while the process execs
+            os.write(went, b"x")
+            deadline = time.monotonic() + 10
+            while os.readlink(f"/proc/{child.pid}/exe") != os.path.realpath("/usr/bin/sleep"):
+                assert time.monotonic() < deadline, "the child never exec'd"
+                time.sleep(0.01)
+
+    table.watch(changed=changed, exited=lambda pid: None)
+    try:
+        info = table.on_new_process(child.pid, child.pid, "python3")
+        assert [exe for exe, _ in told] == [os.path.realpath(sys.executable), os.path.realpath("/usr/bin/sleep")]
+        assert info.exe_path == os.path.realpath("/usr/bin/sleep") and table.lookup(child.pid) is info
+        assert not any("python" in path for path in told[-1][1]), told[-1]
+        assert table.stats["execs_while_registering"] == 1
+    finally:
+        os.close(went)
+        child.kill()
+        child.wait()
+
+
 @pytest.mark.bpf
 def test_the_kernel_keeps_the_entries_of_a_pid_reused_between_two_scans(tmp_path):
     if bpf_unavailable_reason():

@@ -164,6 +164,12 @@ class ProcessInfo:
 # /proc readers (each raises OSError when the process is gone)
 
 
+def exe_link(base: str) -> tuple[str, bool]:
+    """The program of the process at ``base`` (/proc/PID), and whether it was deleted."""
+    # As bytes: a path is any bytes but NUL and '/', and what is exported must be UTF-8.
+    return _split_deleted(os.readlink(f"{base}/exe".encode()).decode("utf-8", "replace"))
+
+
 def _split_deleted(path: str) -> tuple[str, bool]:
     # The kernel appends " (deleted)" to the path of an unlinked file.  A file whose real name
     # ends that way is indistinguishable; treating it as deleted only costs a fallback open.

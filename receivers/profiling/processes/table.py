@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, _split_deleted, container_id_from_cgroup, find_process_context, parse_maps, parse_stat, parse_status, status_tgid
+from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, container_id_from_cgroup, exe_link, find_process_context, parse_maps, parse_stat, parse_status, status_tgid
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -67,7 +67,8 @@ class ProcessTable:
         # receiver sets it to targeting's decision when only some processes are profiled).
         self.admits: Callable[[int], bool] = lambda _tgid: True
         self._boot_time_s = _boot_time_s(proc_root)
-        self.stats = {"snapshots": 0, "partial_snapshots": 0, "maps_refreshes": 0, "expired": 0, "successors": 0, "watcher_errors": 0}
+        self.stats = {"snapshots": 0, "partial_snapshots": 0, "maps_refreshes": 0, "expired": 0, "successors": 0, "watcher_errors": 0,
+                      "execs_while_registering": 0}
 
     # ----------------------------------------------------------------------- snapshots
 
@@ -108,6 +109,23 @@ class ProcessTable:
     def on_new_process(self, tgid: int, pid: int, comm: str) -> ProcessInfo:
         """Sampler callback: snapshot /proc/<tgid> now, before the process can exit.
         Also used on re-announcement after execve(): the snapshot replaces the old one."""
+        info = self._register(tgid, pid, comm)
+        # A fork+exec child sampled before its exec may exec while it is registered: the exec
+        # cleared the kernel's entry before the watchers wrote the old image's maps back, and
+        # nothing announces it again until it is sampled. Its exe tells (an exec of the same
+        # program is not told apart: its files are the same, at other addresses).
+        if info.exe_path and self._exe_of(tgid) not in (None, info.exe_path):
+            self.stats["execs_while_registering"] += 1
+            info = self._register(tgid, pid, comm)
+        return info
+
+    def _exe_of(self, tgid: int) -> str | None:
+        try:
+            return exe_link(f"{self.proc}/{tgid}")[0]
+        except OSError:
+            return None
+
+    def _register(self, tgid: int, pid: int, comm: str) -> ProcessInfo:
         info = self.snapshot(tgid)
         if comm:
             info.threads[pid] = comm
@@ -171,8 +189,7 @@ class ProcessTable:
 
     def _read_exe(self, info: ProcessInfo, base: str) -> None:
         try:
-            # As bytes: a path is any bytes but NUL and '/', and what is exported must be UTF-8.
-            info.exe_path, info.exe_deleted = _split_deleted(os.readlink(f"{base}/exe".encode()).decode("utf-8", "replace"))
+            info.exe_path, info.exe_deleted = exe_link(base)
         except OSError as e:
             info.errors.append(f"exe: {e}")
 
