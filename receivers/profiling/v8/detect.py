@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from elftools.elf.elffile import ELFFile
 
 from ..elf.symbols import defined_symbols, load_segments, read_at
-from .layout import CodeLayout, UnknownLayout, V8Layout
+from .layout import CodeLayout, UnknownLayout, V8Layout, canonical_names
 
 _NAME = re.compile(r"(node(js)?\d*|nsolid|libnode\.so(\.\d+)*)")
 PREFIX = "v8dbg_"
 BUILTINS = "v8_Default_embedded_blob_code_"
 BUILTINS_SIZE = "v8_Default_embedded_blob_code_size_"
+# Up to V8 10, the name above is a pointer (in .data) to the builtins, which are this symbol.
+BUILTINS_DATA = "v8_Default_embedded_blob_code_data_"
 _VERSION = tuple(f"_ZN2v88internal7Version6{part}_E" for part in ("major", "minor", "build"))
 # uint8_t Bytecodes::kBytecodeSizes[3][kBytecodeCount]: each bytecode's size with its operands, at
 # each operand scale (the walk through a function's bytecodes that baseline code's pcs need).
@@ -69,18 +71,18 @@ def detect_v8(path: str, fd: int) -> V8Build | None:
 def _read(path: str, elf: ELFFile) -> V8Build | None:
     segments = load_segments(elf)
     sizes: dict[str, int] = {}
-    symbols = defined_symbols(elf, (BUILTINS, BUILTINS_SIZE, BYTECODE_SIZES, *_VERSION), (PREFIX,), sizes)
+    symbols = defined_symbols(elf, (BUILTINS, BUILTINS_DATA, BUILTINS_SIZE, BYTECODE_SIZES, *_VERSION), (PREFIX,), sizes)
 
     def int32(name: str) -> int | None:
         data = read_at(elf, segments, symbols[name], 4) if name in symbols else None
         return struct.unpack("<i", data)[0] if data is not None else None
 
     values = {name[len(PREFIX):]: int32(name) for name in symbols if name.startswith(PREFIX)}
-    values = {name: value for name, value in values.items() if value is not None}
+    values = canonical_names({name: value for name, value in values.items() if value is not None})
     version = tuple(int32(name) for name in _VERSION)
     if not values or None in version or BUILTINS not in symbols or BUILTINS_SIZE not in symbols:
         return None
-    builtins = (symbols[BUILTINS], int32(BUILTINS_SIZE) or 0)
+    builtins = (symbols.get(BUILTINS_DATA, symbols[BUILTINS]), int32(BUILTINS_SIZE) or 0)
     code_layout = CodeLayout.from_symbols(values, version)
     if code_layout is not None:
         code_layout = dataclasses.replace(code_layout, bytecode_sizes=_bytecode_sizes(elf, segments, symbols, sizes))

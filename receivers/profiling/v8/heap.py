@@ -178,7 +178,7 @@ class V8Heap:
         """(bytecode offset, source position) of the BytecodeArray ``bytecode``: empty while V8
         has not made the table (it makes them lazily, when a profiler or a stack trace asks)."""
         table = self.field(bytecode, self.layout.bytecode_array_source_positions)
-        if not is_heap_object(table) or self.type_of(table) != self.layout.byte_array_type:
+        if not is_heap_object(table) or self.type_of(table) not in self.layout.byte_array_types:
             return ()
         return tuple(decode_positions(self.byte_array(table, MAX_POSITION_TABLE)))
 

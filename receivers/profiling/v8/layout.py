@@ -6,6 +6,7 @@ read here (pointer compression: 4-byte fields off a cage base) is refused by nam
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -20,6 +21,17 @@ FUNCTION_TYPES = 15
 # in the upper 32 bits.
 _TAGGING = {"TaggedSize": 8, "SystemPointerSize": 8, "HeapObjectTag": 1, "HeapObjectTagMask": 3, "SmiTag": 0,
             "SmiTagMask": 1, "SmiShiftSize": 31}
+
+
+# V8 12 names a field's type by its handle, ``Tagged<T>``: ``class_Script__name__Tagged_Object_``
+# where V8 11 said ``class_Script__name__Object``.
+_TAGGED_TYPE = re.compile(r"__Tagged_(\w+)_$")
+
+
+def canonical_names(values: dict[str, int]) -> dict[str, int]:
+    """The ``v8dbg_*`` values (names without the prefix) with each field's type spelled as V8 11
+    spells it, which is how this module asks for them."""
+    return {_TAGGED_TYPE.sub(r"__\1", name): value for name, value in values.items()}
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,7 @@ class V8Layout:
     scope_info_type: int
     bytecode_array_type: int
     fixed_array_type: int  # (-1 where the metadata does not say: then frames have no lines)
-    byte_array_type: int
+    byte_array_types: tuple[int, int]  # ByteArray's, and V8 12's TrustedByteArray's (-1 where not said)
     shared_name_or_scope_info: int
     shared_script_or_debug_info: int
     shared_function_data: int
@@ -83,9 +95,12 @@ class V8Layout:
             return found
 
         function_type = value("type_JSFunction__JS_FUNCTION_TYPE")
-        # A BytecodeArray's source position table: a field of its own until V8 11 (the metadata
-        # lost its name in 9.4), 8 bytes past the FixedArrayBase length it follows.
+        # A BytecodeArray's source position table: the metadata lost its name in 9.4. Until V8 11 it
+        # is 24 bytes past the FixedArrayBase length; V8 12 puts it right after the wrapper (the
+        # array became a trusted object, that the heap reaches through a BytecodeWrapper).
         length = value("class_FixedArrayBase__length__SMI", 8)
+        wrapper = values.get("class_BytecodeArray__wrapper__BytecodeWrapper")
+        positions = length + 24 if wrapper is None else wrapper + 8
         layout = cls(
             fp_context=value("off_fp_context", -8),
             fp_function=value("off_fp_function", -16),
@@ -101,10 +116,14 @@ class V8Layout:
             scope_info_type=value("type_ScopeInfo__SCOPE_INFO_TYPE"),
             bytecode_array_type=value("type_BytecodeArray__BYTECODE_ARRAY_TYPE"),
             fixed_array_type=values.get("type_FixedArray__FIXED_ARRAY_TYPE", -1),
-            byte_array_type=values.get("type_ByteArray__BYTE_ARRAY_TYPE", -1),
-            shared_name_or_scope_info=value("class_SharedFunctionInfo__name_or_scope_info__Object"),
+            byte_array_types=(values.get("type_ByteArray__BYTE_ARRAY_TYPE", -1),
+                              values.get("type_TrustedByteArray__TRUSTED_BYTE_ARRAY_TYPE", -1)),
+            shared_name_or_scope_info=value("class_SharedFunctionInfo__name_or_scope_info__Object",
+                                            values.get("class_SharedFunctionInfo__name_or_scope_info__NameOrScopeInfoT")),
+            # (V8 12 keeps debug info elsewhere: the field holds the script alone)
             shared_script_or_debug_info=value("class_SharedFunctionInfo__script_or_debug_info__HeapObject",
-                                              values.get("class_SharedFunctionInfo__script_or_debug_info__Object")),
+                                              values.get("class_SharedFunctionInfo__script_or_debug_info__Object",
+                                                         values.get("class_SharedFunctionInfo__script__HeapObject"))),
             shared_function_data=value("class_SharedFunctionInfo__function_data__Object", 8),
             script_name=value("class_Script__name__Object"),
             script_source=value("class_Script__source__Object"),
@@ -114,7 +133,7 @@ class V8Layout:
             fixed_array_length=length,
             fixed_array_data=value("class_FixedArray__data__uintptr_t", 16),
             bytecode_array_data=value("class_BytecodeArray__data__uintptr_t"),
-            bytecode_array_source_positions=value("class_BytecodeArray__source_position_table__Object", length + 24),
+            bytecode_array_source_positions=value("class_BytecodeArray__source_position_table__Object", positions),
             first_nonstring_type=value("FirstNonstringType"),
             string_length=value("class_String__length__int32_t"),
             string_representation_mask=value("StringRepresentationMask"),
@@ -151,15 +170,17 @@ class V8Layout:
 
 @dataclass(frozen=True)
 class CodeLayout:
-    """What finding the functions inlined at a pc reads (code.py): V8 11.1 and later, where a
-    Code object points to an InstructionStream that holds the instructions."""
+    """What finding the functions inlined at a pc reads (code.py). From V8 11.1 a Code object
+    points to an InstructionStream that holds the instructions; before, the Code object holds
+    them itself, after its header (then ``stream_type`` is the Code's own type and
+    ``instruction_start`` is -1: the instructions start where the header ends)."""
 
     code_type: int
-    stream_type: int
-    stream_header: int  # bytes from an InstructionStream to its instructions
+    stream_type: int  # the type of the object the instructions follow
+    stream_header: int  # bytes from that object to its instructions
     deoptimization_data: int  # Code fields
     source_positions: int
-    instruction_start: int
+    instruction_start: int  # (-1: the Code holds its instructions)
     flags: int
     instruction_size: int
     kind_mask: int
@@ -173,23 +194,35 @@ class CodeLayout:
     deopt_inlining_positions: int
     bytecode_sizes: tuple[bytes, bytes, bytes] | None = None  # Bytecodes::kBytecodeSizes (detect.py), for baseline code's lines
 
+    @property
+    def code_holds_instructions(self) -> bool:
+        return self.instruction_start < 0
+
     @classmethod
     def from_symbols(cls, values: dict[str, int], version: tuple[int, int, int]) -> CodeLayout | None:
-        """None before V8 11.1, or when the metadata lacks what has no fallback: then optimized
-        frames are named by their function alone."""
-        if version < (11, 1, 0) or "type_InstructionStream__INSTRUCTION_STREAM_TYPE" not in values:
+        """None where the metadata lacks what has no fallback: then optimized frames are named by
+        their function alone."""
+        baseline = values.get("CodeKindBaseline")
+        if baseline is None or "type_Code__CODE_TYPE" not in values:
+            return None
+        if version < (11, 1, 0):
+            return cls._holding_instructions(values, baseline)
+        if "type_InstructionStream__INSTRUCTION_STREAM_TYPE" not in values:
             return None
         # The Code fields V8 11.x leaves out of its metadata follow the source position table's:
         # deoptimization data before it, then the InstructionStream, the instruction start (a
         # pointer), the flags and the instruction size (4 bytes further apart before 11.4.59).
+        # V8 12 says the fields after the table (from its wrapper on) and not the table, which
+        # lies before the wrapper.
         positions = values.get("class_Code__source_position_table__ByteArray")
-        baseline = values.get("CodeKindBaseline")
-        if positions is None or baseline is None:
+        if positions is None and "class_Code__wrapper__CodeWrapper" in values:
+            positions = values["class_Code__wrapper__CodeWrapper"] - 8
+        if positions is None:
             return None
-        start = values.get("class_Code__instruction_start__uintptr_t", positions + 16)
+        start = values.get("class_Code__instruction_start__uintptr_t",
+                           values.get("class_Code__instruction_start__Address", positions + 16))
         flags = values.get("class_Code__flags__uint32_t", start + 8)
         return cls(
-            code_type=values["type_Code__CODE_TYPE"],
             stream_type=values["type_InstructionStream__INSTRUCTION_STREAM_TYPE"],
             stream_header=values.get("class_InstructionStream__instruction_start__uintptr_t", 16),
             deoptimization_data=values.get("class_Code__deoptimization_data__FixedArray", positions - 8),
@@ -197,6 +230,33 @@ class CodeLayout:
             instruction_start=start,
             flags=flags,
             instruction_size=values.get("class_Code__instruction_size__int", flags + (4 if version >= (11, 4, 59) else 8)),
+            **cls._common(values, baseline),
+        )
+
+    @classmethod
+    def _holding_instructions(cls, values: dict[str, int], baseline: int) -> CodeLayout | None:
+        """V8 10: the Code's header (its size is where the metadata says its instructions start)
+        holds relocation info, deoptimization data, the source position table and a data
+        container's pointer, then the instruction size and the flags."""
+        header = values.get("class_Code__instruction_start__uintptr_t")
+        if header is None or "class_Code__instruction_size__int" not in values or "class_Code__flags__uint32_t" not in values:
+            return None
+        deoptimization_data = values.get("class_Code__deoptimization_data__FixedArray", 16)
+        return cls(
+            stream_type=values["type_Code__CODE_TYPE"],
+            stream_header=header,
+            deoptimization_data=deoptimization_data,
+            source_positions=values.get("class_Code__source_position_table__ByteArray", deoptimization_data + 8),
+            instruction_start=-1,
+            flags=values["class_Code__flags__uint32_t"],
+            instruction_size=values["class_Code__instruction_size__int"],
+            **cls._common(values, baseline),
+        )
+
+    @staticmethod
+    def _common(values: dict[str, int], baseline: int) -> dict[str, int | tuple[int, ...]]:
+        return dict(
+            code_type=values["type_Code__CODE_TYPE"],
             kind_mask=values.get("CodeKindFieldMask", 15),
             kind_shift=values.get("CodeKindFieldShift", 0),
             optimized_kinds=(baseline + 1, baseline + 2),
