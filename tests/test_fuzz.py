@@ -19,7 +19,7 @@ from pycollector.otlp import OTLP_SIGNALS
 from pycollector.testing import CapturingConsumer, TestHost, make_settings
 from receivers.otlp.factory import factory
 from tests.fuzz import targets
-from tests.fuzz.__main__ import NAMES, ROOT, SEEDS, Result, add_stats, child_env, command, dictionary_flags
+from tests.fuzz.__main__ import INSTRUMENTED, NAMES, ROOT, SEEDS, Result, add_stats, child_env, command, dictionary_flags
 
 # Inputs each short run makes: a few seconds each here, the same inputs on every run.
 SHORT_RUNS = {"otlp_decode": 10_000, "config": 400, "profiles_append_split": 10_000, "profiles_merge_split": 125,
@@ -32,7 +32,7 @@ def _corpus() -> list[tuple[str, str]]:
 
 
 def test_every_target_has_seeds_and_a_short_run():
-    assert set(NAMES) == set(targets.TARGETS) == set(SHORT_RUNS)
+    assert set(NAMES) == set(targets.TARGETS) == set(SHORT_RUNS) == set(INSTRUMENTED)
     for name in NAMES:
         assert len(list((SEEDS / name).glob("seed-*"))) >= 4, name
 
