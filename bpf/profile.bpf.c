@@ -147,6 +147,21 @@ static __always_inline int add_sample_1(struct sample_key *key, u64 amount)
     return err;
 }
 
+/* Whether the instruction before `ret` is a call, as before a return address. x86-64 only. */
+static __always_inline int follows_call(u64 ret)
+{
+#ifdef CONFIG_X86_64
+    u8 code[6] = {};
+    if (read_user(code, sizeof(code), (void *)(ret - 6)))
+        return 0;
+    return code[1] == 0xe8 ||                               /* call rel32 */
+           (code[0] == 0xff && code[1] == 0x15) ||          /* call *disp32(%rip) */
+           (code[4] == 0xff && (code[5] & 0xf8) == 0xd0);   /* call *%reg */
+#else
+    return 0;
+#endif
+}
+
 /* The return address at the top of the user stack, if there is one there (see
  * sample_key.user_leaf_return).  `interrupted`: the registers of the sample, or NULL when the
  * task is in the kernel by its own doing (off-CPU: it is calling schedule()).  x86-64 only:
@@ -175,17 +190,10 @@ static __always_inline u64 user_leaf_return(struct pt_regs *interrupted)
         return 0;
     if (ret + (8ULL << 20) > sp && ret < sp + (8ULL << 20))
         return 0;
-    u8 code[6] = {};
-    if (read_user(code, sizeof(code), (void *)(ret - 6)))
-        return 0;
-    if (code[1] == 0xe8)                                     /* call rel32 */
-        return ret;
-    if (code[0] == 0xff && code[1] == 0x15)                  /* call *disp32(%rip) */
-        return ret;
-    if (code[4] == 0xff && (code[5] & 0xf8) == 0xd0)         /* call *%reg */
-        return ret;
-#endif
+    return follows_call(ret) ? ret : 0;
+#else
     return 0;
+#endif
 }
 
 /* A stack that get_stackid() could not store (-EEXIST) or stored (id >= 0), read again by value

@@ -378,7 +378,8 @@ enum profile_counter {
     COUNTER_SLOT_FLIPPED = 47,           /* samples whose slot user space retired mid-program: sent by value */
     COUNTER_HOTSPOT_LEAF_EDGES = 48,     /* Java leaves stepped in their prologue or epilogue */
     COUNTER_UNWIND_SIGNAL_FRAMES = 49,   /* signal handlers stepped to the code they interrupted */
-    PROFILE_NR_COUNTERS = 50,
+    COUNTER_V8_BUILTIN_RETURNS = 50,     /* leaves in a builtin whose return address lay below the stack's top */
+    PROFILE_NR_COUNTERS = 51,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

@@ -260,10 +260,34 @@ static __always_inline enum step_result hotspot_step(struct unwind_state *state,
 
 /* Record a JavaScript frame's value at `depth`, and a compiled one's pc after it (which user space
  * needs for its line and the functions inlined there), or the value that says no pc follows. */
+static __always_inline int v8_compiled(u64 value)
+{
+    return value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT;
+}
+
 static __always_inline void record_v8_frame(struct unwind_state *state, u32 depth, u64 value, u64 pc)
 {
-    int compiled = value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT;
+    int compiled = v8_compiled(value);
     record_runtime_frame(state, depth, value, compiled, pc, compiled ? v8_without_pc(value) : value);
+}
+
+#define V8_RETURN_SCAN 4  /* words from the top of the stack looked at for a builtin's return address */
+
+/* A leaf in a builtin that compiled JavaScript called, when the word on top of the stack is not
+ * its return address (Modulus_Baseline keeps a double there for x87's fprem): the return
+ * address, the first word above that is an address in V8's JIT code after a call, or 0. */
+static __always_inline u64 v8_builtin_return(struct unwind_state *state, struct unwind_process *process)
+{
+    u64 words[V8_RETURN_SCAN];
+    if (read_user(words, sizeof(words), (void *)state->sp))
+        return 0;
+#pragma unroll
+    for (int i = 1; i < V8_RETURN_SCAN; i++) {
+        struct unwind_mapping *mapping = find_mapping(process, words[i] - 1);
+        if (mapping && mapping->kind == MAPPING_V8_CODE && follows_call(words[i]))
+            return words[i];
+    }
+    return 0;
 }
 
 /* A frame in V8's code: recorded as the JavaScript function it runs (v8.bpf.c), and stepped by
@@ -284,6 +308,17 @@ static __always_inline enum step_result v8_step(struct unwind_state *state, stru
         return result;
     }
     u64 value = v8_frame(state->key.tgid, state->bp, in_builtins);
+    if (depth == 0 && in_builtins && v8_compiled(value)) {  /* (an interpreted frame runs in the builtins) */
+        u64 returns_to = v8_builtin_return(state, process);
+        if (returns_to) {
+            count(COUNTER_V8_BUILTIN_RETURNS);
+            state->leaf_return = returns_to;
+            enum step_result result = first_frame_pointer_step(state);
+            if (state->stack.len == 2 && state->stack.ips[1] == returns_to)
+                record_v8_frame(state, 1, value, returns_to);
+            return result;
+        }
+    }
     if (value)
         record_v8_frame(state, depth, value, state->pc);
     return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
