@@ -135,32 +135,44 @@ def test_a_successor_announced_during_the_scan_is_not_forgotten():
             process.wait()
 
 
-def test_a_process_that_execs_while_it_is_registered_is_registered_again_as_its_new_program():
+@pytest.mark.parametrize("program", ["/usr/bin/sleep", sys.executable], ids=["another program", "the same program"])
+def test_a_process_that_execs_while_it_is_registered_is_registered_again_as_its_new_image(program):
     """A fork+exec child sampled before its exec: its maps are read, then it execs (the kernel
-    clears its entry), then the watchers write what was read. The table sees the program changed
-    and registers the process again, so the watchers end with the new program's maps."""
+    clears its entry), then the watchers write what was read. The table sees the image changed
+    (its program, or where its stack begins: an exec of the same program moves it) and registers
+    the process again, so the watchers end with the new image's maps."""
     table = ProcessTable()
     go, went = os.pipe()
-    child = subprocess.Popen([sys.executable, "-c", f"import os; os.read({go}, 1); os.execv('/usr/bin/sleep', ['sleep', '60'])"],
+    argv = [program, "60"] if program.endswith("sleep") else [program, "-c", "import time; time.sleep(60)"]
+    child = subprocess.Popen([sys.executable, "-c", f"import os; os.read({go}, 1); os.execv({program!r}, {argv!r})"],
                              pass_fds=(go,))
     os.close(go)
-    told: list[tuple[str, list[str]]] = []
+    loaded(child.pid)  # (its first image settled: /proc shows no start of stack while an exec finishes)
+    told: list[set[tuple[int, int]]] = []
+
+    def user_space(ranges) -> set[tuple[int, int]]:
+        return {(start, end) for start, end in ranges if start < 1 << 63}  # (not [vsyscall])
+
+    def executable_mappings() -> set[tuple[int, int]]:
+        return user_space(tuple(int(part, 16) for part in line.split()[0].split("-"))
+                          for line in open(f"/proc/{child.pid}/maps") if line.split()[1][2] == "x")
 
     def changed(info):
-        told.append((info.exe_path, [mapping.path for mapping in info.mappings]))
+        told.append(user_space((mapping.start, mapping.end) for mapping in info.mappings))
         if len(told) == 1:  # the watcher writes the old image's maps while the process execs
+            before = executable_mappings()
             os.write(went, b"x")
             deadline = time.monotonic() + 10
-            while os.readlink(f"/proc/{child.pid}/exe") != os.path.realpath("/usr/bin/sleep"):
+            while "libc.so" not in open(f"/proc/{child.pid}/maps").read() or executable_mappings() & before:
                 assert time.monotonic() < deadline, "the child never exec'd"
                 time.sleep(0.01)
 
     table.watch(changed=changed, exited=lambda pid: None)
     try:
         info = table.on_new_process(child.pid, child.pid, "python3")
-        assert [exe for exe, _ in told] == [os.path.realpath(sys.executable), os.path.realpath("/usr/bin/sleep")]
-        assert info.exe_path == os.path.realpath("/usr/bin/sleep") and table.lookup(child.pid) is info
-        assert not any("python" in path for path in told[-1][1]), told[-1]
+        assert len(told) == 2 and table.lookup(child.pid) is info
+        assert told[-1] == executable_mappings() != told[0]
+        assert info.exe_path == os.path.realpath(program)
         assert table.stats["execs_while_registering"] == 1
     finally:
         os.close(went)

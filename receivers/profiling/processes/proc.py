@@ -212,11 +212,12 @@ def find_process_context(maps_text: str) -> int | None:
 
 
 def parse_stat(text: str) -> dict:
-    """comm, state, ppid, flags and starttime from /proc/PID/stat (comm may hold ')' or ' ')."""
+    """comm, state, ppid, flags, starttime and startstack from /proc/PID/stat (comm may hold ')'
+    or ' '). startstack (where the stack began) is new with each exec: ASLR places it anew."""
     lpar, rpar = text.index("("), text.rindex(")")
     rest = text[rpar + 2:].split()  # rest[0] is field 3 (state)
     return {"comm": text[lpar + 1:rpar], "state": rest[0], "ppid": int(rest[1]),
-            "flags": int(rest[6]), "starttime": int(rest[19])}
+            "flags": int(rest[6]), "starttime": int(rest[19]), "startstack": int(rest[25]) if len(rest) > 25 else 0}
 
 
 def _boot_time_s(proc: str) -> int:

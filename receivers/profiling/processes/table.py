@@ -39,6 +39,19 @@ from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, PF_KTHREAD, Mapping, Pro
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+# Registrations of one announcement: a process that execs while registered is registered again,
+# and one that keeps exec'ing (a chain of wrappers) is left to its next sample.
+MAX_REGISTRATIONS = 3
+
+
+def _same_image(before: tuple[str, int] | None, after: tuple[str, int] | None) -> bool:
+    """Whether no exec came between two readings of a process's image (one that could not be
+    read tells nothing; nor does a start of stack of 0, which /proc shows as an exec finishes)."""
+    if before is None or after is None:
+        return True
+    return before[0] == after[0] and (before[1] == after[1] or 0 in (before[1], after[1]))
+
+
 class ProcessTable:
     """Snapshots of sampled processes, keyed by tgid.  Thread-safe."""
 
@@ -109,20 +122,23 @@ class ProcessTable:
     def on_new_process(self, tgid: int, pid: int, comm: str) -> ProcessInfo:
         """Sampler callback: snapshot /proc/<tgid> now, before the process can exit.
         Also used on re-announcement after execve(): the snapshot replaces the old one."""
-        info = self._register(tgid, pid, comm)
         # A fork+exec child sampled before its exec may exec while it is registered: the exec
         # cleared the kernel's entry before the watchers wrote the old image's maps back, and
-        # nothing announces it again until it is sampled. Its exe tells (an exec of the same
-        # program is not told apart: its files are the same, at other addresses).
-        if info.exe_path and self._exe_of(tgid) not in (None, info.exe_path):
-            self.stats["execs_while_registering"] += 1
+        # nothing announces it again until it is sampled. Its image (program and where its stack
+        # began: new with each exec, the same program's too) tells; it is registered again.
+        for _ in range(MAX_REGISTRATIONS):
+            before = self._image_of(tgid)
             info = self._register(tgid, pid, comm)
+            if _same_image(before, self._image_of(tgid)):
+                break
+            self.stats["execs_while_registering"] += 1
         return info
 
-    def _exe_of(self, tgid: int) -> str | None:
+    def _image_of(self, tgid: int) -> tuple[str, int] | None:
+        base = f"{self.proc}/{tgid}"
         try:
-            return exe_link(f"{self.proc}/{tgid}")[0]
-        except OSError:
+            return exe_link(base)[0], parse_stat(_read(f"{base}/stat"))["startstack"]
+        except (OSError, ValueError, IndexError):
             return None
 
     def _register(self, tgid: int, pid: int, comm: str) -> ProcessInfo:
