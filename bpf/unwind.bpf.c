@@ -275,7 +275,8 @@ static __always_inline void record_v8_frame(struct unwind_state *state, u32 dept
 
 /* A leaf in a builtin that compiled JavaScript called, when the word on top of the stack is not
  * its return address (Modulus_Baseline keeps a double there for x87's fprem): the return
- * address, the first word above that is an address in V8's JIT code after a call, or 0. */
+ * address, the first word above that is an address in V8's JIT code after a call, or 0. Only
+ * words below the frame pointer: from there up the stack is the JavaScript frame's own. */
 static __always_inline u64 v8_builtin_return(struct unwind_state *state, struct unwind_process *process)
 {
     u64 words[V8_RETURN_SCAN];
@@ -283,6 +284,8 @@ static __always_inline u64 v8_builtin_return(struct unwind_state *state, struct 
         return 0;
 #pragma unroll
     for (int i = 1; i < V8_RETURN_SCAN; i++) {
+        if (state->sp + 8 * i >= state->bp)
+            return 0;
         struct unwind_mapping *mapping = find_mapping(process, words[i] - 1);
         if (mapping && mapping->kind == MAPPING_V8_CODE && follows_call(words[i]))
             return words[i];

@@ -30,6 +30,7 @@ MAX_CODES = 4096  # Code objects kept per process
 MAX_HELD_ENTRIES = 1 << 17  # their tables' entries, in all (about 16 MB)
 MAX_MISSES = 4096  # pcs in no Code known, per report
 MAX_BYTECODES = 64 * 1024  # bytes of a baseline function's bytecodes read
+MAX_CODE_BYTES = 64 << 20  # a Code's instructions: a larger size is not a Code's
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,8 @@ class CodeIndex:
         elif struct.unpack_from("<Q", fields, layout.instruction_start)[0] != start:
             return None
         size = struct.unpack_from("<I", fields, layout.instruction_size)[0]
+        if not 0 < size <= MAX_CODE_BYTES:  # (before V8 11.1 only the Code map vouches for a header found)
+            return None
         kind = (struct.unpack_from("<I", fields, layout.flags)[0] >> layout.kind_shift) & layout.kind_mask
         positions, inlining, inlined, baseline = (), (), (), ()
         if kind in layout.optimized_kinds:
