@@ -255,6 +255,9 @@ def test_a_pin_without_a_pinned_view_says_how_to_pin(saved_page):
 VERSIONED = Path(__file__).parent / "testdata" / "flamegraph" / "versioned_split.py"
 VERSION_SECONDS = 6
 HOT_SHARES = {"1": 0.2, "2": 0.6}
+# Three standard deviations of the difference of the two sampled shares, about 500 samples each
+# (97 Hz for 6 s on a busy host). A fixed 0.05 (under two) failed a whole-suite run, 0.061 off.
+CHANGE_TOLERANCE = 3 * sum(share * (1 - share) / 500 for share in HOT_SHARES.values()) ** 0.5
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +319,7 @@ def test_the_page_puts_the_function_that_grew_first_with_its_change(two_versions
     assert console == [], console
     table, frames = DiffTable(dom), Frames(dom)
     print(f"page: {table.more[:2]} / {table.less[:2]}; {table.note}; CPU seconds {two_versions['cpu_seconds']}")
-    assert table.more[0][0] == HOT and abs(table.more[0][1] - TRUE_CHANGE) <= 0.05, table.more
+    assert table.more[0][0] == HOT and abs(table.more[0][1] - TRUE_CHANGE) <= CHANGE_TOLERANCE, table.more
     assert table.less[0][0] == COLD, table.less
     hot_frame = next(name for name in frames.fills if name.startswith("hot (versioned_split.py:"))
     cold_frame = next(name for name in frames.fills if name.startswith("cold (versioned_split.py:"))
@@ -335,7 +338,7 @@ def test_pycollector_diff_puts_the_function_that_grew_first_with_its_change(two_
     print(result.stdout)
     lines = result.stdout.splitlines()
     first_more, first_less = lines[lines.index("costs more") + 1], lines[lines.index("costs less") + 1]
-    assert first_more.endswith(HOT) and abs(float(first_more.split()[0].rstrip("%~")) / 100 - TRUE_CHANGE) <= 0.05, result.stdout
+    assert first_more.endswith(HOT) and abs(float(first_more.split()[0].rstrip("%~")) / 100 - TRUE_CHANGE) <= CHANGE_TOLERANCE, result.stdout
     assert first_less.endswith(COLD), result.stdout
 
 
