@@ -202,10 +202,8 @@ class CodeIndex:
                                              layout.source_positions + 4, layout.deoptimization_data + 4) + 4)
         except HeapReadError:
             return None
-        if layout.code_holds_instructions:
-            if code - 1 + layout.stream_header != start:
-                return None
-        elif struct.unpack_from("<Q", fields, layout.instruction_start)[0] != start:
+        # (a Code that holds its instructions was found from where they start: only the other says it)
+        if not layout.code_holds_instructions and struct.unpack_from("<Q", fields, layout.instruction_start)[0] != start:
             return None
         size = struct.unpack_from("<I", fields, layout.instruction_size)[0]
         if not 0 < size <= MAX_CODE_BYTES:  # (before V8 11.1 only the Code map vouches for a header found)
