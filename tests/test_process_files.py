@@ -12,6 +12,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import sys
 import threading
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from receivers.profiling.processes import files
 from receivers.profiling.processes.credentials import acting_as
 from receivers.profiling.processes.proc import Credentials
 from receivers.profiling.processes.table import ProcessTable
+
+from tests.deployments import DEPLOYMENTS, REPO, run_as_deployed
 
 NOBODY = 65534
 ACL_USER, ACL_READ = 0x02, 0x04
@@ -144,3 +147,59 @@ def _fs_ids() -> tuple[int, int]:
     with open("/proc/thread-self/status") as status:
         fields = dict(line.split(":", 1) for line in status)
     return int(fields["Uid"].split()[3]), int(fields["Gid"].split()[3])
+
+
+# Run as the deployment runs the agent: opens each path as the process (pid argv[1]) would, and
+# its mapped program through map_files; prints what opened and the thread's state after.
+AS_DEPLOYED = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from receivers.profiling.processes import files
+from receivers.profiling.processes.credentials import thread_capabilities
+from receivers.profiling.processes.table import ProcessTable
+info = ProcessTable().snapshot(int(sys.argv[2]))
+before = thread_capabilities(), os.getgroups()
+opened = {}
+for path in sys.argv[3:]:
+    fd = files.open_process_file(info, path)
+    opened[path] = fd is not None and os.read(fd, 64).decode()
+    if fd is not None:
+        os.close(fd)
+program = next(m for m in info.mappings if m.path.endswith("/sleep"))
+fd = files.open_mapped_file(info, program)
+opened["program"] = fd is not None and os.read(fd, 4) == b"\\x7fELF"
+print(json.dumps({"opened": opened, "refused": files.stats["unreadable_by_process"],
+                  "restored": (thread_capabilities(), os.getgroups()) == before}))
+"""
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_as_deployed_the_agent_opens_what_the_process_may_read_and_nothing_more(place, nobody_process, deployment):
+    """Under the systemd unit (a dynamic user holding CAP_DAC_READ_SEARCH) and the DaemonSet (root
+    with its capabilities cut), a user's files are opened as that user: what it may read opens,
+    and what only root may read does not, by path, by symlink, or behind an ACL or a closed
+    directory, although the agent itself could read each of them."""
+    open_to_all = place / "open"
+    open_to_all.write_text("anyone's")
+    open_to_all.chmod(0o644)
+    root_only = place / "root-only"
+    root_only.write_text("root's")
+    root_only.chmod(0o600)
+    link = place / "link-to-root-only"  # a perf map or debug link the process points at it
+    link.symlink_to(root_only)
+    acl_closed = place / "acl-closed"
+    acl_closed.write_text("root's")
+    acl_closed.chmod(0o644)
+    deny_acl(acl_closed, NOBODY)
+    (place / "closed").mkdir(mode=0o700)
+    behind_closed = place / "closed" / "readable-by-all"
+    behind_closed.write_text("root's")
+    behind_closed.chmod(0o644)
+    paths = [open_to_all, root_only, link, acl_closed, behind_closed]
+    done = subprocess.run([*run_as_deployed(deployment), sys.executable, "-c", AS_DEPLOYED, str(REPO), str(nobody_process.pid),
+                           *map(str, paths)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = __import__("json").loads(done.stdout)
+    assert result["opened"] == {str(open_to_all): "anyone's", str(root_only): False, str(link): False,
+                                str(acl_closed): False, str(behind_closed): False, "program": True}, done.stderr
+    assert result["refused"] == 4 and result["restored"]

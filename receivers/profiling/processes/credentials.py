@@ -8,8 +8,13 @@ the open, and the kernel checks them as it would for the process.
 Linux keeps credentials per thread, so only the calling thread changes, and only for the
 ``with`` block. setfsuid and setfsgid are per-thread system calls in glibc too, but glibc's
 setgroups() changes every thread of the process: the raw system call changes the caller's
-alone. An fs uid other than 0 also drops the capabilities that override file permissions
-(CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH...) from the thread; setting it back to 0 restores them.
+alone. Taking another user's ids needs CAP_SETUID and CAP_SETGID.
+
+The capabilities that override file permissions (CAP_DAC_READ_SEARCH above all, which the agent
+holds to read /proc/PID/mem) must not come along: the kernel drops them from the thread only when
+its fs uid changes from 0, which an agent run as its own user (the systemd unit's DynamicUser)
+never does. So the block also drops them from the thread's effective set itself, checks that
+they are gone, and puts them back after (they stay in its permitted set).
 """
 
 from __future__ import annotations
@@ -25,30 +30,77 @@ from .proc import Credentials
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.setfsuid.argtypes = _libc.setfsgid.argtypes = [ctypes.c_uint32]
 _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
+_SYS_CAPGET = {"x86_64": 125, "aarch64": 90}.get(platform.machine())
+_SYS_CAPSET = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
 _ASK = 0xFFFFFFFF  # an invalid id: setfsuid(-1) changes nothing and returns the current one
+_CAPABILITY_VERSION_3 = 0x20080522
+
+CAPABILITIES = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3, "CAP_FSETID": 4,
+                "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_LINUX_IMMUTABLE": 9, "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21,
+                "CAP_MKNOD": 27, "CAP_MAC_OVERRIDE": 32, "CAP_SYSLOG": 34, "CAP_PERFMON": 38, "CAP_BPF": 39,
+                "CAP_CHECKPOINT_RESTORE": 40}
+# What the kernel drops from a thread whose fs uid leaves 0 (CAP_FS_MASK): every capability that
+# lets a file be read, searched or changed against its permissions.
+FILE_CAPABILITIES = frozenset(CAPABILITIES[name] for name in (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_LINUX_IMMUTABLE",
+    "CAP_MKNOD", "CAP_MAC_OVERRIDE"))
+_FILE_MASK = sum(1 << cap for cap in FILE_CAPABILITIES)
+
+
+class _Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
 @contextlib.contextmanager
 def acting_as(credentials: Credentials) -> Iterator[None]:
-    """Within the block, the calling thread's file accesses are checked as ``credentials``.
-    Raises PermissionError, changing nothing, when the thread cannot take them (an agent
-    without CAP_SETUID and CAP_SETGID, or an architecture whose setgroups number is unknown):
-    then nothing of that process is opened."""
+    """Within the block, the calling thread's file accesses are checked as ``credentials``, with
+    no capability that overrides file permissions. Raises PermissionError, changing nothing
+    for good, when the thread cannot take them (an agent without CAP_SETUID and CAP_SETGID, or
+    an architecture whose system call numbers are not known here): then nothing of that
+    process is opened."""
     if credentials.fsuid == 0:  # a root process: the agent's own rights are its
         yield
         return
     own_groups = os.getgroups()
-    _set_groups(sorted(credentials.groups))
+    own_caps = thread_capabilities()
+    _set_groups(sorted(credentials.groups))  # (raises, changing nothing, without CAP_SETGID)
     own_gid = _libc.setfsgid(credentials.fsgid)
     own_uid = _libc.setfsuid(credentials.fsuid)
     try:
-        if _libc.setfsuid(_ASK) != credentials.fsuid or _libc.setfsgid(_ASK) != credentials.fsgid:
+        _set_capabilities(own_caps[0] & ~_FILE_MASK, own_caps[1], own_caps[2])
+        if (_libc.setfsuid(_ASK) != credentials.fsuid or _libc.setfsgid(_ASK) != credentials.fsgid
+                or thread_capabilities()[0] & _FILE_MASK):
             raise PermissionError("cannot take a sampled process's credentials to open its files")
         yield
     finally:
         _libc.setfsuid(own_uid)  # first: back to fs uid 0 brings back the right to the rest
         _libc.setfsgid(own_gid)
+        _set_capabilities(*own_caps)
         _set_groups(own_groups)
+
+
+def thread_capabilities() -> tuple[int, int, int]:
+    """The calling thread's (effective, permitted, inheritable) capability sets, as bit masks."""
+    header, data = _Header(_CAPABILITY_VERSION_3, 0), (_Data * 2)()
+    if _SYS_CAPGET is None or _libc.syscall(_SYS_CAPGET, ctypes.byref(header), data) != 0:
+        raise PermissionError(f"capget failed on {platform.machine()}")
+    return tuple(getattr(data[0], name) | getattr(data[1], name) << 32 for name in ("effective", "permitted", "inheritable"))
+
+
+def _set_capabilities(effective: int, permitted: int, inheritable: int) -> None:
+    header, data = _Header(_CAPABILITY_VERSION_3, 0), (_Data * 2)()
+    for index in (0, 1):
+        shift = 32 * index
+        data[index].effective = effective >> shift & 0xFFFFFFFF
+        data[index].permitted = permitted >> shift & 0xFFFFFFFF
+        data[index].inheritable = inheritable >> shift & 0xFFFFFFFF
+    if _SYS_CAPSET is None or _libc.syscall(_SYS_CAPSET, ctypes.byref(header), data) != 0:
+        code = ctypes.get_errno()
+        raise PermissionError(code, f"capset: {os.strerror(code)}")
 
 
 def _set_groups(groups: list[int]) -> None:
