@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -76,3 +77,62 @@ def _state(pid: int) -> str:
     except OSError:
         return ""
 
+
+
+# A process that registers a megabyte with userfaultfd (for missing pages) and never answers a
+# fault: argv[1] "user" asks for user-mode faults only (all an unprivileged user gets while
+# vm.unprivileged_userfaultfd is 0), else kernel-mode faults too (root, CAP_SYS_PTRACE, or that
+# sysctl at 1). Prints the range's address.
+UFFD_C = r"""
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int uffd = syscall(SYS_userfaultfd, O_CLOEXEC | (argc > 1 && !strcmp(argv[1], "user") ? UFFD_USER_MODE_ONLY : 0));
+    struct uffdio_api api = {.api = UFFD_API};
+    if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api)) { perror("userfaultfd"); return 1; }
+    char *range = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct uffdio_register registration = {.range = {.start = (unsigned long)range, .len = 1 << 20}, .mode = UFFDIO_REGISTER_MODE_MISSING};
+    if (ioctl(uffd, UFFDIO_REGISTER, &registration)) { perror("UFFDIO_REGISTER"); return 1; }
+    printf("%lu\n", (unsigned long)range);
+    fflush(stdout);
+    pause();
+}
+"""
+
+
+@pytest.mark.parametrize("faults", ["user", "kernel"])
+def test_a_page_a_process_serves_with_userfaultfd_is_an_error_not_a_wait(tmp_path, faults):
+    """A process can point the reader at memory it registered with userfaultfd and never answer
+    the fault. A read through /proc/PID/mem faults without leave to retry, which userfaultfd
+    answers with an error (SIGBUS inside the kernel, EIO to the reader) rather than a wait, for
+    both kinds of registration: the reading thread never waits for the process. (The read runs on
+    a thread of its own, so a kernel that waited would fail this test rather than hang it.)"""
+    (tmp_path / "uffd.c").write_text(UFFD_C)
+    subprocess.run(["gcc", "-O2", "-o", str(tmp_path / "uffd"), str(tmp_path / "uffd.c")], check=True)
+    process = subprocess.Popen([str(tmp_path / "uffd"), faults], stdout=subprocess.PIPE, text=True)
+    try:
+        address = int(process.stdout.readline())
+        outcome: list = []
+
+        def read() -> None:
+            with ProcessMemory(process.pid) as memory:
+                try:
+                    outcome.append(memory.read(address + 4096, 8))
+                except MemoryReadError as error:
+                    outcome.append(error)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+        assert not reader.is_alive(), "the read waits for the process's fault handler"
+        [error] = outcome
+        assert isinstance(error, MemoryReadError) and not isinstance(error, ProcessExited), error
+    finally:
+        process.kill()
+        process.wait()
