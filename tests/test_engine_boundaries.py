@@ -29,7 +29,7 @@ PROFILING_ROOMS = {
     "python": {"elf", "processes", "symbols"},
     "v8": {"elf", "processes", "symbols"},
     "hotspot": {"elf", "processes", "symbols"},
-    "otel_context": {"processes", "symbols"},  # (symbols/loads.py: files parsed off the calling thread)
+    "otel_context": {"elf", "processes", "symbols"},  # (symbols/loads.py: files parsed off the calling thread)
 }
 
 

@@ -26,6 +26,7 @@ from pycollector.pdata import merge, sample_count
 from pycollector.process_memory import trim_heap
 
 from receivers.profiling.config import TRACERS, ProfilingConfig
+from receivers.profiling.elf import bounded as elf_bounds
 from receivers.profiling.jit.jvm_perfmap import JvmPerfMapRequester
 from receivers.profiling.jit.names import TRACER_OF_RUNTIME, JitNames
 from receivers.profiling.jit.perfmap import PerfMaps
@@ -217,6 +218,7 @@ class ProfilingReceiver(Component):
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",
                                                               "files_over_budget", "long_lines", "names_truncated"))
         _publish(self._stats, process_files, "process_files_")  # the files of sampled processes: opened, refused and why
+        _publish(self._stats, elf_bounds, "elf_")  # what of their ELF files was past its bounds, and not read
         _publish(self._unwind_stats, self.unwind)
         _publish(self._unwind_stats, self.row_source.cache, "cache_")
         for component, prefix in ((self.targeting, "targeting_"), (self.jvm_perf_maps, "jvm_perf_map_"), (self.probabilistic, "probabilistic_")):

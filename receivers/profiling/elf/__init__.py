@@ -1,3 +1,5 @@
-"""Reading ELF files: segments, build ids, notes, where a separate debug file may be.
+"""Reading ELF files: segments, build ids, notes, where a separate debug file may be, each within
+the bounds bounded.py sets (the files are the sampled processes').
 
-Shared by symbols/, unwind/ and python/; imports nothing else of the receiver."""
+Shared by symbols/, unwind/, python/, v8/, hotspot/ and otel_context/; imports nothing else of the
+receiver."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
+
+from .bounded import BoundedElf, section_data
 
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym, little-endian (x86-64)
 # A symbol table is the file's to write, and the file is the process's: a larger table than these
@@ -21,7 +22,7 @@ MAX_STRING_TABLE_BYTES = 32 << 20
 _PF_X = 1
 
 
-def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[str] = (), sizes: dict[str, int] | None = None,
+def defined_symbols(elf: BoundedElf, names: Iterable[str] = (), prefixes: Iterable[str] = (), sizes: dict[str, int] | None = None,
                     tables: tuple[str, ...] = (".symtab", ".dynsym")) -> dict[str, int]:
     """name -> ELF virtual address of the defined symbols called one of ``names`` or starting with
     one of ``prefixes``, from ``tables`` in order (and their sizes into ``sizes``, if given); with
@@ -40,16 +41,10 @@ def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[
         if not isinstance(section, SymbolTableSection) or section["sh_type"] == "SHT_NOBITS":
             continue
         strings = elf.get_section(section["sh_link"])
-        if section["sh_size"] // 24 > MAX_SYMBOL_ENTRIES or strings["sh_size"] > MAX_STRING_TABLE_BYTES:
+        if section.data_size // 24 > MAX_SYMBOL_ENTRIES or strings.data_size > MAX_STRING_TABLE_BYTES:
             continue  # (too large to read: the next table, or nothing)
-        strtab = strings.data()
-        wanted: dict[int, str] = {}
-        for name in names:
-            key = name.encode() + b"\0"
-            at = strtab.find(key)
-            while at >= 0:
-                wanted[at] = name
-                at = strtab.find(key, at + 1)
+        strtab = section_data(elf, strings)
+        wanted = name_offsets(strtab, names)
         for prefix in prefixes:
             at = strtab.find(prefix)
             while at >= 0:
@@ -59,7 +54,7 @@ def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[
                 if at == 0 or strtab[at - 1] == 0:  # the start of a name, not the middle of one
                     wanted[at] = strtab[at:end].decode("ascii", "replace")
                 at = strtab.find(prefix, end)
-        data = section.data()
+        data = section_data(elf, section)
         for st_name, _info, _other, shndx, value, size in _SYM64.iter_unpack(data[: len(data) // 24 * 24]):
             name = wanted.get(st_name)
             if name is not None and name not in out and shndx != 0 and value:
@@ -69,7 +64,20 @@ def defined_symbols(elf: ELFFile, names: Iterable[str] = (), prefixes: Iterable[
     return out
 
 
-def read_at(elf: ELFFile, segments, vaddr: int, size: int) -> bytes | None:
+def name_offsets(strtab: bytes, names: Iterable[str]) -> dict[int, str]:
+    """The offsets in the string table ``strtab`` that spell one of ``names`` (a name may share
+    its bytes with the end of a longer one), each with the name it spells."""
+    wanted: dict[int, str] = {}
+    for name in names:
+        key = name.encode() + b"\0"
+        at = strtab.find(key)
+        while at >= 0:
+            wanted[at] = name
+            at = strtab.find(key, at + 1)
+    return wanted
+
+
+def read_at(elf: BoundedElf, segments, vaddr: int, size: int) -> bytes | None:
     """``size`` bytes of initialized data at ELF virtual address ``vaddr``, from the file;
     ``segments``: its PT_LOADs as (p_offset, p_filesz, p_vaddr, ...)."""
     for p_offset, p_filesz, p_vaddr, *_ in segments:
@@ -80,7 +88,7 @@ def read_at(elf: ELFFile, segments, vaddr: int, size: int) -> bytes | None:
     return None
 
 
-def load_segments(elf: ELFFile) -> tuple[tuple[int, int, int, int], ...]:
+def load_segments(elf: BoundedElf) -> tuple[tuple[int, int, int, int], ...]:
     """The file's PT_LOAD segments: (p_offset, p_filesz, p_vaddr, p_flags)."""
     return tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
 

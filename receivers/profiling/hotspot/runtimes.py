@@ -21,10 +21,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from elftools.elf.elffile import ELFFile
-
 from pycollector.logs import log_once
 
+from ..elf.bounded import BoundedElf
 from ..elf.symbols import defined_symbols, load_bias, load_segments
 from ..processes.files import PerMappedFile
 from ..processes.memory import MemoryReadError, ProcessExited, ProcessMemory
@@ -369,7 +368,7 @@ def _libjvm_symbols(info: ProcessInfo, mapping: Mapping, fd: int) -> tuple[dict[
     """libjvm's VMStructs symbols and its PT_LOAD segments (once per file: PerMappedFile)."""
     try:
         with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as stream:
-            elf = ELFFile(stream)
+            elf = BoundedElf(stream)
             # (.dynsym first: the JVM exports them all for debuggers, and its .symtab is 120 times larger)
             return defined_symbols(elf, SYMBOLS, tables=(".dynsym", ".symtab")), load_segments(elf)
     except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import os
 import struct
+from array import array
 from dataclasses import dataclass
 
-from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
+from ..elf.bounded import BoundedElf, count, read_region, regions, section_data
+from ..elf.symbols import MAX_STRING_TABLE_BYTES, name_offsets
 from ..processes.memory import ProcessMemory
 from ..processes.proc import Mapping
 
@@ -36,6 +39,16 @@ SCHEMAS = ("tlsdesc_v1_dev", "tls_v1")
 
 _R_X86_64_DTPMOD64, _R_X86_64_DTPOFF64, _R_X86_64_TPOFF64, _R_X86_64_TLSDESC = 16, 17, 18, 36
 MAX_DYNAMIC_SYMBOLS = 1 << 19  # as symbols/elf_symbols.py's cap on a symbol table
+# A module reaches its TLS variable through one GOT slot for each access model it uses (initial
+# exec, a descriptor, general dynamic): one or two relocations. Only a file whose .dynsym defines
+# the variable has its relocation tables read: libLLVM's hold 354,000 entries, libjvm's 100,000;
+# a million take about 0.4 s to search.
+MAX_RELOCATIONS = 16
+MAX_RELOCATION_ENTRIES = 1 << 20
+_LOCATING = (_R_X86_64_TPOFF64, _R_X86_64_TLSDESC, _R_X86_64_DTPMOD64)
+_SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym
+_RELA = struct.Struct("<QQq")  # Elf64_Rela: r_offset, r_info, r_addend
+_STT_TLS = 6
 _MAX_STATIC_OFFSET = 1 << 30  # static TLS lies within this of the thread pointer
 _MAX_MODULES = 1 << 16
 _MAX_BLOCK_OFFSET = 1 << 30
@@ -65,31 +78,73 @@ class Definition:
 
 def read_definition(fd: int) -> Definition | None:
     """The definition of otel_thread_ctx_v1 in the ELF file open as ``fd``, or None when it has
-    none (nearly every file: one .dynsym lookup)."""
+    none (nearly every file: its name is not in .dynstr). Read within bounds (the file is the
+    process's): a .dynsym of at most MAX_DYNAMIC_SYMBOLS entries, each relocation table's bytes
+    once however many headers point at them, at most MAX_RELOCATION_ENTRIES entries of them and
+    MAX_RELOCATIONS that reach the variable; a file past them has none (counted)."""
     with os.fdopen(os.dup(fd), "rb") as stream:
-        elf = ELFFile(stream)
+        elf = BoundedElf(stream)
         dynsym = elf.get_section_by_name(".dynsym")
-        if dynsym is None or elf["e_machine"] != "EM_X86_64":
+        if not isinstance(dynsym, SymbolTableSection) or elf["e_machine"] != "EM_X86_64" or elf.elfclass != 64 or not elf.little_endian:
             return None
-        if dynsym.num_symbols() > MAX_DYNAMIC_SYMBOLS:
-            return None  # (the file is the process's: a table this large is not read)
-        # One pass for the symbol and its index (the relocations name it by index).
-        index, symbol = next(((i, s) for i, s in enumerate(dynsym.iter_symbols()) if s.name == SYMBOL
-                              and s["st_info"]["type"] == "STT_TLS" and s["st_shndx"] != "SHN_UNDEF"), (None, None))
-        if symbol is None:
+        strings = elf.get_section(dynsym["sh_link"])
+        if dynsym.data_size // _SYM.size > MAX_DYNAMIC_SYMBOLS or strings.data_size > MAX_STRING_TABLE_BYTES:
+            count("dynamic_symbols_too_many")
+            return None
+        wanted = name_offsets(section_data(elf, strings), (SYMBOL,))
+        if not wanted:
+            return None
+        # The symbol's index: the relocations name it by that.
+        data = section_data(elf, dynsym)
+        index, value = next(((i, value) for i, (st_name, info, _other, shndx, value, _size) in enumerate(_SYM.iter_unpack(data[: len(data) // _SYM.size * _SYM.size]))
+                             if st_name in wanted and info & 0xF == _STT_TLS and shndx != 0), (None, None))
+        if index is None:
             return None
         tls = next((s for s in elf.iter_segments() if s["p_type"] == "PT_TLS"), None)
         if tls is None:
             return None
-        relocations = []
-        for section in elf.iter_sections():
-            if section["sh_type"] == "SHT_RELA" and section["sh_link"] and elf.get_section(section["sh_link"]).name == ".dynsym":
-                for relocation in section.iter_relocations():
-                    if relocation["r_info_sym"] == index and relocation["r_info_type"] in (_R_X86_64_TPOFF64, _R_X86_64_TLSDESC, _R_X86_64_DTPMOD64):
-                        relocations.append((relocation["r_info_type"], relocation["r_offset"]))
+        relocations = _relocations(elf, elf.get_section_index(".dynsym"), index)
+        if relocations is None:
+            return None
         code = tuple((s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
                      if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1)
-        return Definition(symbol["st_value"], tls["p_memsz"], max(1, tls["p_align"]), tls["p_vaddr"], tuple(relocations), code)
+        return Definition(value, tls["p_memsz"], max(1, tls["p_align"]), tls["p_vaddr"], tuple(relocations), code)
+
+
+def _relocations(elf: BoundedElf, dynsym: int, index: int) -> list[tuple[int, int]] | None:
+    """(type, offset) of the relocations of .dynsym's symbol ``index`` that say where it is, from
+    the SHT_RELA tables linked to .dynsym (index ``dynsym``); None past the bounds (counted)."""
+    spans = ((s["sh_offset"], s["sh_size"]) for s in elf.iter_sections() if s["sh_type"] == "SHT_RELA" and s["sh_link"] == dynsym)
+    found, entries_left = [], MAX_RELOCATION_ENTRIES
+    for offset, size in regions(spans):
+        entries = size // _RELA.size
+        if entries > entries_left:
+            count("relocations_too_many")
+            return None
+        entries_left -= entries
+        data = read_region(elf, offset, entries * _RELA.size)
+        words = array("Q", data[: len(data) // _RELA.size * _RELA.size])  # (x86-64's order is this host's)
+        infos = words[1::3]
+        # r_info (the symbol's index and the type) looked for as a whole: the table is not
+        # decoded entry by entry. In the table's order, as locate() takes them.
+        here = []
+        for kind in _LOCATING:
+            at = _index(infos, index << 32 | kind, 0)
+            while at is not None and len(found) + len(here) <= MAX_RELOCATIONS:
+                here.append((at, kind, words[3 * at]))
+                at = _index(infos, index << 32 | kind, at + 1)
+        if len(found) + len(here) > MAX_RELOCATIONS:
+            count("relocations_too_many")
+            return None
+        found += [(kind, got) for _at, kind, got in sorted(here)]
+    return found
+
+
+def _index(values: array, value: int, start: int) -> int | None:
+    try:
+        return values.index(value, start)
+    except ValueError:
+        return None
 
 
 def locate(definition: Definition, mapping: Mapping, memory: ProcessMemory, *, main_program: bool,

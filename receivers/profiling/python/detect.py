@@ -21,8 +21,7 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from elftools.elf.elffile import ELFFile
-
+from ..elf.bounded import BoundedElf
 from ..elf.headers import DEBUG_DIRS, ElfHeaders, debug_file_candidates
 from ..elf.symbols import defined_symbols, load_bias, load_segments, read_at
 from ..processes.files import open_host_file
@@ -117,7 +116,7 @@ def detect_cpython(path: str, *, fd: int | None = None, open_debug: Callable[[st
         return None
     with os.fdopen(own, "rb", buffering=1 << 16) as stream:
         try:
-            return _read(path, ELFFile(stream), version, open_debug, debug_dirs)
+            return _read(path, BoundedElf(stream), version, open_debug, debug_dirs)
         except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
             return None
 
@@ -157,7 +156,7 @@ def _read(path, elf, version, open_debug, debug_dirs) -> CPython | None:
                    build_id=headers.build_id, version_hex=version_hex, debug_offsets_data=debug_data)
 
 
-def _symbols(elf: ELFFile) -> dict[str, int]:
+def _symbols(elf: BoundedElf) -> dict[str, int]:
     return defined_symbols(elf, _WANTED)
 
 
@@ -169,7 +168,7 @@ def _debug_file_symbols(headers: ElfHeaders, path: str, open_debug, debug_dirs) 
             continue
         with os.fdopen(fd, "rb") as f:
             try:
-                debug = ELFFile(f)
+                debug = BoundedElf(f)
                 if headers.build_id and ElfHeaders.read_headers(debug, candidate).build_id != headers.build_id:
                     continue
                 found = _symbols(debug)

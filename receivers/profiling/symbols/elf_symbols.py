@@ -7,8 +7,7 @@ import time
 from array import array
 
 import pydemumble
-from elftools.elf.elffile import ELFFile
-
+from ..elf.bounded import BoundedElf, section_data
 from ..elf.headers import ElfHeaders
 from ..elf.symbols import MAX_STRING_TABLE_BYTES, MAX_SYMBOL_ENTRIES
 from .gopclntab import GoFunctions
@@ -62,7 +61,7 @@ class ElfSymbols(ElfHeaders):
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
         return self._symbols.lookup(vaddr)
 
-    def read_symbols(self, elf: ELFFile, which: str, demangler, deadline: float | None = None) -> bool:
+    def read_symbols(self, elf: BoundedElf, which: str, demangler, deadline: float | None = None) -> bool:
         """Read the function symbols of section ``which``; whether it had any. Raises
         SymbolsTooLarge for a table past the caps, ParseOverTime past ``deadline`` (monotonic)."""
         sec = elf.get_section_by_name(which)
@@ -73,11 +72,11 @@ class ElfSymbols(ElfHeaders):
         else:
             fmt, size, order = "IIIBBH", 16, (0, 3, 5, 1, 2)
         strtab_section = elf.get_section(sec["sh_link"])
-        if sec["sh_size"] // size > MAX_SYMBOL_ENTRIES or strtab_section["sh_size"] > MAX_STRING_TABLE_BYTES:
-            raise SymbolsTooLarge(f"{which} of {sec['sh_size'] // size} entries and {strtab_section['sh_size']} bytes of "
+        if sec.data_size // size > MAX_SYMBOL_ENTRIES or strtab_section.data_size > MAX_STRING_TABLE_BYTES:
+            raise SymbolsTooLarge(f"{which} of {sec.data_size // size} entries and {strtab_section.data_size} bytes of "
                                   f"names, over {MAX_SYMBOL_ENTRIES} entries or {MAX_STRING_TABLE_BYTES} bytes")
-        strtab = strtab_section.data()
-        data = sec.data()
+        strtab = section_data(elf, strtab_section)
+        data = section_data(elf, sec)
         fmt = ("<" if elf.little_endian else ">") + fmt
         thumb = elf["e_machine"] == "EM_ARM"
         # Parallel arrays, not a tuple a symbol (21 bytes a symbol, not 180).

@@ -49,9 +49,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 
-from elftools.elf.elffile import ELFFile
-
 from pycollector.varint import VarintError, read_uvarint as uleb128  # Go's varints are unsigned LEB128, as DWARF's are
+
+from ..elf.bounded import BoundedElf, section_data
 
 # Layout versions by magic: what changed is named in the module docstring.
 _GO12, _GO116, _GO118 = 12, 116, 118
@@ -90,7 +90,7 @@ class GoFunctions:
             raise GoTableError(f"damaged pclntab: {e}") from None
 
     @classmethod
-    def from_elf(cls, elf: ELFFile) -> GoFunctions | None:
+    def from_elf(cls, elf: BoundedElf) -> GoFunctions | None:
         """The table of a Go ELF file, or None when it has none or it is damaged (the caller
         counts it).  Found by section name or inside .data.rel.ro; the module docstring says
         what is not handled."""
@@ -244,12 +244,12 @@ class GoFunctions:
                 return value
 
 
-def _candidates(elf: ELFFile):
+def _candidates(elf: BoundedElf):
     """The bytes where a pclntab may start, most likely first."""
     for name in (".gopclntab", ".data.rel.ro.gopclntab"):
         section = elf.get_section_by_name(name)
         if section is not None and section["sh_type"] != "SHT_NOBITS":
-            yield section.data()
+            yield section_data(elf, section)
             return
     if elf.get_section_by_name(".go.buildinfo") is None and elf.get_section_by_name(
             ".note.go.buildid") is None:
@@ -257,7 +257,7 @@ def _candidates(elf: ELFFile):
     section = elf.get_section_by_name(".data.rel.ro")
     if section is None or section["sh_type"] == "SHT_NOBITS":
         return
-    data = section.data()
+    data = section_data(elf, section)
     for magic in _MAGICS:
         pattern = struct.pack("<IH", magic, 0)
         at = data.find(pattern)

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import structlog
-from elftools.elf.elffile import ELFFile
 
 from pycollector.logs import log_once
 
+from ..elf.bounded import BoundedElf
 from ..elf.headers import DEBUG_DIRS, debug_file_candidates, elf_build_id
 from ..jit.names import JitNames
 from ..processes.files import open_debug_file, open_host_file, open_mapped_file
@@ -294,7 +294,7 @@ class Symbolizer:
         deadline = time.monotonic() + MAX_PARSE_S
         try:
             with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as f:
-                elf_file = ELFFile(f)
+                elf_file = BoundedElf(f)
                 elf = ElfSymbols.read_headers(elf_file, path, mapping_ids=True)
                 if self.go_names:  # Go's own table names Go code, stripped or not, with file and line
                     elf.go = GoFunctions.from_elf(elf_file)
@@ -311,7 +311,7 @@ class Symbolizer:
         self.stats["files_parsed"] += 1
         return elf
 
-    def _read_symbols(self, elf: ElfSymbols, elf_file: ELFFile, which: str, deadline: float) -> bool:
+    def _read_symbols(self, elf: ElfSymbols, elf_file: BoundedElf, which: str, deadline: float) -> bool:
         """elf.read_symbols, a table past its size caps counted and taken as none."""
         try:
             return elf.read_symbols(elf_file, which, self._demangler, deadline)
@@ -331,7 +331,7 @@ class Symbolizer:
                 continue
             with os.fdopen(fd, "rb", buffering=1 << 16) as f:
                 try:
-                    dbg = ELFFile(f)
+                    dbg = BoundedElf(f)
                     dbg_id = elf_build_id(dbg)
                     if elf.build_id and dbg_id and dbg_id != elf.build_id:
                         continue  # a debug file of another build

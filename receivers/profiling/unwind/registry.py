@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import hashlib
 import multiprocessing
 import os
 import threading
@@ -44,10 +43,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from elftools.elf.elffile import ELFFile
-
 from pycollector.periodic import Periodic
 
+from receivers.profiling.elf.bounded import BoundedElf
 from receivers.profiling.elf.headers import ElfHeaders, debug_file_candidates
 from receivers.profiling.processes.files import open_debug_file, open_host_file, open_mapped_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
@@ -584,7 +582,7 @@ def _load_segments(fd: int) -> list[tuple[int, int, int]]:
     begins belongs to both, and only the code's gives the right bias."""
     with os.fdopen(os.dup(fd), "rb") as stream:
         try:
-            elf = ELFFile(stream)
+            elf = BoundedElf(stream)
             return [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
                     if s["p_type"] == "PT_LOAD" and s["p_flags"] & _PF_X]
         except Exception:  # not ELF, or cut short: no rows either
@@ -643,14 +641,18 @@ class RowSource:
 
         Rows are cached by a hash of the file's content, what it is, never by the build id it
         declares: a program carrying another's build id would otherwise hand that one's
-        processes its rows, here and in the cache on disk across restarts."""
+        processes its rows, here and in the cache on disk across restarts. The hash reads the
+        file to the size it had when it was opened here: one that grew meanwhile (a sparse
+        ftruncate to terabytes) is not hashed to its new end, and has no rows (counted)."""
         with os.fdopen(os.dup(fd), "rb") as stream:
             try:
-                headers = ElfHeaders.read_headers(ELFFile(stream), path)
+                elf = BoundedElf(stream)
+                headers = ElfHeaders.read_headers(elf, path)
             except Exception as error:
                 raise NoRows(f"not an ELF file: {error}") from None
-            stream.seek(0)
-            key = hashlib.file_digest(stream, "sha256").hexdigest()
+            key = elf.digest()
+            if elf.grew():
+                raise NoRows("the file's size changed while it was read")
         candidates = debug_file_candidates(headers.build_id, headers.debuglink, path)
 
         def build() -> bytes:

@@ -20,10 +20,9 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
-from elftools.elf.elffile import ELFFile
-
 from pycollector.varint import VarintError
 
+from receivers.profiling.elf.bounded import BoundedElf, section_data
 from receivers.profiling.elf.headers import elf_build_id
 from receivers.profiling.unwind.cfi import CfiError, Cie, Fde, read_pointer, records, sleb128, uleb128
 
@@ -94,9 +93,9 @@ def build_rows_at(path: str, debug_files: Sequence[str] = ()) -> bytes:
         raise NoRows(f"cannot read {path}: {error}") from None
 
 
-def _elf(stream: BinaryIO) -> ELFFile:
+def _elf(stream: BinaryIO) -> BoundedElf:
     try:
-        elf = ELFFile(stream)
+        elf = BoundedElf(stream)
     except Exception as error:  # pyelftools raises several kinds for a file that is not ELF
         raise NoRows(f"not an ELF file: {error}") from None
     if elf["e_machine"] != "EM_X86_64":
@@ -104,12 +103,12 @@ def _elf(stream: BinaryIO) -> ELFFile:
     return elf
 
 
-def _fdes(elf: ELFFile, name: str) -> list[Fde]:
+def _fdes(elf: BoundedElf, name: str) -> list[Fde]:
     section = elf.get_section_by_name(name)
     if section is None or section["sh_type"] == "SHT_NOBITS" or not section["sh_size"]:
         return []
     try:
-        return list(records(section.data(), section["sh_addr"], name == ".eh_frame"))
+        return list(records(section_data(elf, section), section["sh_addr"], name == ".eh_frame"))
     except (CfiError, IndexError, struct.error, ValueError) as error:
         raise NoRows(f"unreadable {name}: {error}") from None
 

@@ -15,8 +15,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from elftools.elf.elffile import ELFFile
-
+from ..elf.bounded import BoundedElf
 from ..elf.symbols import defined_symbols, load_segments, read_at
 from .layout import CodeLayout, UnknownLayout, V8Layout, canonical_names
 
@@ -63,12 +62,12 @@ def detect_v8(path: str, fd: int) -> V8Build | None:
         return None
     with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as stream:
         try:
-            return _read(path, ELFFile(stream))
+            return _read(path, BoundedElf(stream))
         except Exception:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
             return None
 
 
-def _read(path: str, elf: ELFFile) -> V8Build | None:
+def _read(path: str, elf: BoundedElf) -> V8Build | None:
     segments = load_segments(elf)
     sizes: dict[str, int] = {}
     symbols = defined_symbols(elf, (BUILTINS, BUILTINS_DATA, BUILTINS_SIZE, BYTECODE_SIZES, *_VERSION), (PREFIX,), sizes)
@@ -92,7 +91,7 @@ def _read(path: str, elf: ELFFile) -> V8Build | None:
         return V8Build(path, version, None, builtins, segments, refusal=str(refusal))
 
 
-def _bytecode_sizes(elf: ELFFile, segments, symbols: dict[str, int], sizes: dict[str, int]) -> tuple[bytes, bytes, bytes] | None:
+def _bytecode_sizes(elf: BoundedElf, segments, symbols: dict[str, int], sizes: dict[str, int]) -> tuple[bytes, bytes, bytes] | None:
     """The three rows of Bytecodes::kBytecodeSizes (single, double and quadruple operand scale),
     or None where the binary does not have the table's symbol."""
     size = sizes.get(BYTECODE_SIZES, 0)

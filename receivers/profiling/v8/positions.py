@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import bisect
 
+from pycollector.varint import VarintError, read_uvarint
+
 MAX_POSITION_TABLE = 64 * 1024  # bytes of a source position table read
 # The bytecodes that make the next one's operands wider: Wide, ExtraWide and their debug-break
 # forms (the first four of V8's bytecode list), with the operand scale's row of sizes.
@@ -40,40 +42,28 @@ def position_at(positions: tuple[tuple[int, int], ...], offset: int) -> int:
 
 def decode_positions(table: bytes) -> list[tuple[int, int]]:
     """A source position table's (code offset, source position) entries: pairs of zigzag VLQ
-    deltas, the first folding in whether the position is a statement's (by its sign)."""
+    deltas, the first folding in whether the position is a statement's (by its sign). A table
+    that ends inside a number (cut at its bound), or holds one over 10 bytes, keeps the entries
+    before it."""
     out = []
     code_offset, position, at = -1, 0, 0
-    while at < len(table):
-        delta, at = _vlq(table, at)
-        code_offset += delta if delta >= 0 else -(delta + 1)
-        if at >= len(table):
-            break
-        delta, at = _vlq(table, at)
-        position += delta
-        out.append((code_offset, position))
+    try:
+        while at < len(table):
+            delta, at = _vlq(table, at)
+            code_offset += delta if delta >= 0 else -(delta + 1)
+            delta, at = _vlq(table, at)
+            position += delta
+            out.append((code_offset, position))
+    except VarintError:
+        pass
     return out
 
 
 def _vlq(data: bytes, at: int) -> tuple[int, int]:
-    """A zigzag (signed) VLQ number at ``at``, and where the next starts."""
-    value, at = _unsigned_vlq(data, at)
+    """A zigzag (signed) VLQ number at ``at``, and where the next starts. V8's VLQ is unsigned
+    LEB128 (pycollector.varint's, with its bound of 10 bytes: the table is the process's)."""
+    value, at = read_uvarint(data, at)
     return (value >> 1) ^ -(value & 1), at
-
-
-def _unsigned_vlq(data: bytes, at: int) -> tuple[int, int]:
-    """7 bits a byte, least significant first, bit 7 set while more follow; at most 10 bytes (the
-    table is the process's: a run of continuation bytes would build an ever longer integer)."""
-    value = shift = 0
-    for _ in range(10):
-        if at >= len(data):
-            break
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return value, at
 
 
 def bytecode_offsets(bytecodes: bytes, sizes: tuple[bytes, bytes, bytes]) -> list[int]:
@@ -91,10 +81,13 @@ def bytecode_offsets(bytecodes: bytes, sizes: tuple[bytes, bytes, bytes]) -> lis
 
 def baseline_pc_ends(table: bytes) -> list[int]:
     """A baseline code's bytecode offset table: where the machine code of its prologue, then of
-    each bytecode in turn, ends (code offsets)."""
+    each bytecode in turn, ends (code offsets); up to a number cut short or over 10 bytes."""
     out, end, at = [], 0, 0
-    while at < len(table):
-        delta, at = _unsigned_vlq(table, at)
-        end += delta
-        out.append(end)
+    try:
+        while at < len(table):
+            delta, at = read_uvarint(table, at)
+            end += delta
+            out.append(end)
+    except VarintError:
+        pass
     return out
