@@ -117,7 +117,9 @@ class Symbolizer:
         self._addresses: _LRU = _LRU(max_addresses)
         self._pin_lock = threading.Lock()
         self._pinned: _LRU = _LRU(max_pinned_files, on_evict=lambda _k, fd: os.close(fd))
-        self._unreadable: dict[tuple[str, int], float] = {}
+        # (file, pid, start time) -> when that process could not open the file: an open says what
+        # one process may (its credentials, its mount namespace, its exit), not what others may.
+        self._unreadable: dict[tuple[tuple[str, int], int, int | None], float] = {}
         self.loads = BackgroundLoads("symbol-files")
         self.deferred = 0  # frames left unnamed because their file was still being read
         self.stats = {"files_parsed": 0, "files_failed": 0, "files_unreadable": 0,
@@ -256,7 +258,8 @@ class Symbolizer:
         elf = self._files.get_touch(m.identity)
         if elf is not None:
             return elf
-        failed_at = self._unreadable.get(m.identity)
+        refusal = (m.identity, info.pid, info.start_time_ticks)
+        failed_at = self._unreadable.get(refusal)
         if failed_at is not None and time.monotonic() - failed_at < _UNREADABLE_RETRY_S:
             return None
         # Read on a thread of its own, waited for a moment: a slow file's frames are named by a
@@ -266,14 +269,14 @@ class Symbolizer:
             self.deferred += 1  # (a report may hold the process's samples back until it is read)
             return None
         if elf is None:
-            # Not cached as a file: another process mapping it may still be alive.  Until
-            # then, do not retry the opens for every frame.
+            # Not cached as a file: another process mapping it may open it.  This one does not
+            # try again for every frame.
             if len(self._unreadable) > 4096:
                 self._unreadable.clear()
-            self._unreadable[m.identity] = time.monotonic()
+            self._unreadable[refusal] = time.monotonic()
             self.stats["files_unreadable"] += 1
             return None
-        self._unreadable.pop(m.identity, None)
+        self._unreadable.pop(refusal, None)
         self._files.put(m.identity, elf)
         return elf
 

@@ -83,8 +83,13 @@ class _File:
     first_row: int = 0
     row_count: int = 0
     segments: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)  # PT_LOADs: (offset, vaddr, size)
-    state: str = "queued"  # queued, loaded, no_rows, failed, no_room (waits for room), evicted
+    # queued, loaded, no_rows, failed, unopened (no process that maps it could open it yet),
+    # no_room (waits for room), evicted
+    state: str = "queued"
     users: set[int] = dataclasses.field(default_factory=set)  # tgids mapping it
+    # Users that could not open it: an open says what one process may (its credentials, its mount
+    # namespace, its exit), so each other user tries in turn, one that maps it later too.
+    refused_by: set[int] = dataclasses.field(default_factory=set)
     last_used: float = 0.0  # when a walk last used its rows (as the sweeps saw), or it was loaded
     needed: int = 0  # rows it needs, once known (no_room, evicted)
     demand_seen: int = 0  # its unwind_demand at the last look (going without rows, a sweep): more means sampled since
@@ -118,7 +123,7 @@ class UnwindRegistry:
             ("files_loaded", "files_without_rows", "files_failed", "rows_loaded", "rows_freed",
              "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes", "files_waiting",
              "files_waiting_for_room", "files_evicted", "files_evicted_over_share", "rows_evicted", "row_budget_free",
-             "files_over_time"), 0)
+             "files_over_time", "files_refused_to_a_process", "files_unopened"), 0)
         self.stats["row_budget_free"] = row_budget
         self._sweeper = Periodic("unwind-usage", SWEEP_INTERVAL_S, self.sweep, logger)
 
@@ -149,11 +154,30 @@ class UnwindRegistry:
                     else:
                         file.state = "failed"
                         self.stats["file_ids_exhausted"] += 1
+                elif file.state == "unopened" and info.pid not in file.refused_by and key not in self._pending:
+                    self._queue_again(key, file, info, mapping)
                 file.users.add(info.pid)
             self.stats["processes"] = len(self._processes)
             self.stats["files_waiting"] = len(self._pending)
             self._write_process(info)
             self._ensure_workers()
+
+    def _queue_again(self, key: FileKey, file: _File, info: ProcessInfo, mapping: Mapping) -> None:
+        """A file none of its users could open, queued with a process that has not tried."""
+        if not self._free_ids:
+            self.stats["file_ids_exhausted"] += 1
+            return
+        file.file_id, file.state = self._free_ids.pop(), "queued"
+        self._maps.demand[self._maps.demand.Key(file.file_id)] = self._maps.demand.Leaf(0)
+        self._pending[key] = (info, mapping)
+        self._wake.notify_all()
+
+    def file_state(self, key: FileKey) -> str | None:
+        """Where the rows of the file ``key`` (a mapping's identity) stand: queued, loaded,
+        unopened... (_File.state); None for a file no registered process maps."""
+        with self._lock:
+            file = self._files.get(key)
+            return file.state if file is not None else None
 
     def forget(self, tgid: int) -> None:
         """The process exited: drop its mappings, and the rows of files no one maps any more."""
@@ -174,6 +198,7 @@ class UnwindRegistry:
             file = self._files.get(key) if key is not None else None
             if file is not None:
                 file.users.discard(tgid)
+                file.refused_by.discard(tgid)
                 if not file.users:
                     self._pending.pop(key, None)
                     self._free(key, file)
@@ -291,6 +316,23 @@ class UnwindRegistry:
             if self._files.get(key) is taken:
                 self._without_rows(taken, "failed")
 
+    def _refused(self, key: FileKey, taken: _File, info: ProcessInfo) -> None:
+        """``info``'s process could not open the file: another user that has not tried does,
+        else it waits for a process that maps it later."""
+        with self._lock:
+            self.stats["files_refused_to_a_process"] += 1
+            if self._files.get(key) is not taken or self._closing.is_set():
+                return
+            taken.refused_by.add(info.pid)
+            source = self._source(key, taken, excluding=taken.refused_by)
+            if source is not None:
+                self._pending[key] = source
+                self._wake.notify_all()
+            else:
+                self.stats["files_unopened"] += 1
+                self._without_rows(taken, "unopened")
+            self.stats["files_waiting"] = len(self._pending)
+
     def _without_rows(self, file: _File, state: str) -> None:
         """The file will have no rows: its id goes back, its mappings step by frame pointer."""
         file.state = state
@@ -303,7 +345,7 @@ class UnwindRegistry:
         """Build and write the rows of the file ``taken`` from the queue (by ``info``'s mapping)."""
         fd = _vdso_file() if key == _VDSO_KEY else open_mapped_file(info, mapping)
         if fd is None:
-            self._failed(key, taken)
+            self._refused(key, taken, info)
             return
         try:
             segments = _load_segments(fd)
@@ -449,9 +491,10 @@ class UnwindRegistry:
             self._count_waiting()
             self._wake.notify_all()
 
-    def _source(self, key: FileKey, file: _File) -> tuple[ProcessInfo, Mapping] | None:
-        """A process that maps the file, and its mapping: what a build opens it by."""
-        for pid in file.users:
+    def _source(self, key: FileKey, file: _File, excluding: set[int] = frozenset()) -> tuple[ProcessInfo, Mapping] | None:
+        """A process that maps the file (not one of ``excluding``), and its mapping: what a build
+        opens it by."""
+        for pid in file.users - excluding:
             info = self._processes.get(pid)
             mapping = next((mapping for mapping in info.mappings if _key(mapping) == key), None) if info else None
             if mapping is not None:
