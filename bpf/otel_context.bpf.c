@@ -37,6 +37,7 @@ struct otel_thread_ctx_head {
 static __always_inline void keep_span_attributes(struct sample_key *key, u64 record, u32 size)
 {
     struct thread_ctx_span span;
+    span.tgid = key->tgid;
     __builtin_memcpy(span.trace_id, key->trace_id, sizeof(span.trace_id));
     __builtin_memcpy(span.span_id, key->span_id, sizeof(span.span_id));
     struct thread_ctx_attrs *attrs = thread_ctx_attributes.lookup(&span);

@@ -55,9 +55,12 @@ struct sample_key {
 
 /* A span's attributes as its thread context record last held them (the record's attrs-data:
  * entries of a key index, a length and that many bytes), for user space to name by the process
- * context's key map.  Kept per span in thread_ctx_attributes. */
+ * context's key map.  Kept per process and span in thread_ctx_attributes: a span id is whatever a
+ * process writes in its record, so another process that copies it keeps its own entry rather than
+ * overwriting the first's. */
 #define THREAD_CTX_ATTRS_MAX 256
 struct thread_ctx_span {
+    u32 tgid;
     u8 trace_id[16];
     u8 span_id[8];
 };

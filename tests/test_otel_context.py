@@ -352,6 +352,26 @@ def test_a_publisher_of_garbage_costs_only_its_own_links(service_and_capture, wr
 
 
 @pytest.mark.bpf
+def test_a_process_that_copies_anothers_span_ids_puts_nothing_on_its_samples(service_and_capture, writers):
+    """Two processes write the same trace and span ids in their records (a span id is whatever a
+    process writes there): the victim's key map names its attribute http.route, the copier's
+    stolen.key. Each process's samples carry their own record's attributes: none of the
+    victim's carries stolen.key, and its routes stay its own."""
+    service, capture = service_and_capture
+    victim_payload = resource(service__name="victim", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["http.route"])
+    copier_payload = resource(service__name="copier", threadlocal__schema_version="tlsdesc_v1_dev", threadlocal__attribute_key_map=["stolen.key"])
+    with _running(([writers["tlsdesc, static"][0], "30"], {"OTEL_CTX_PAYLOAD": victim_payload.hex()}),
+                  ([writers["local-exec"][0], "30"], {"OTEL_CTX_PAYLOAD": copier_payload.hex()})) as (victim, copier):
+        messages = capture.consumer.messages
+        seen = _once_linked(capture, [victim, copier], seconds=3)
+        stolen = {pid: sum(sum(view.values) for message in messages[seen:] for view in iter_samples(message)
+                           if view.resource.get("process.pid") == pid and "stolen.key" in view.attributes) for pid in (victim.pid, copier.pid)}
+        routes = _routes_by_leaf(messages[seen:], victim.pid)
+        assert stolen[victim.pid] == 0 and stolen[copier.pid] > 0, stolen
+        assert routes["spin_heavy"].get("/heavy", 0) / sum(routes["spin_heavy"].values()) > 0.95, routes
+
+
+@pytest.mark.bpf
 def test_a_publisher_of_wrong_sizes_costs_only_what_it_lied_about(service_and_capture, writers):
     """A record that says its attributes take 65535 bytes: its samples keep their spans, its
     attributes are cut at the kernel's bound (counted). A process context whose header says

@@ -54,9 +54,9 @@ class ReportBuilder:
         # V8Runtimes): each names its processes' stacks, and says None of another's.
         self.runtimes: list = []
         self.contexts: ProcessContexts | None = None  # the resources OpenTelemetry SDKs publish
-        # {span: (tgid, attrs-data)} for the spans asked (the sampler's thread_ctx_attributes)
-        self.span_attributes: Callable[[Iterable[bytes]], dict[bytes, tuple[int, bytes]]] | None = None
-        self._span_attributes: dict[bytes, dict[str, str]] = {}
+        # {(tgid, span): attrs-data} for the spans asked (the sampler's thread_ctx_attributes)
+        self.span_attributes: Callable[[Iterable[tuple[int, bytes]]], dict[tuple[int, bytes], bytes]] | None = None
+        self._span_attributes: dict[tuple[int, bytes], dict[str, str]] = {}
         # Stacks of processes held back one report because a file of theirs was still being read
         # (symbols/loads.py): sent with the next report's, named, rather than unnamed now.
         self._carried: list[StackCount] = []
@@ -107,17 +107,17 @@ class ReportBuilder:
                          sum(stack.count for stack in stacks if stack.off_cpu), error)
         return builder.data
 
-    def _name_span_attributes(self, stacks: list[StackCount]) -> dict[bytes, dict[str, str]]:
-        """The attributes of the spans the interval's samples ran in, named by the key map of
-        their process's context."""
-        spans = {stack.span for stack in stacks if stack.span}
+    def _name_span_attributes(self, stacks: list[StackCount]) -> dict[tuple[int, bytes], dict[str, str]]:
+        """The attributes of the spans the interval's samples ran in, as each process's own
+        record held them, named by the key map of that process's context."""
+        spans = {(stack.tgid, stack.span) for stack in stacks if stack.span}
         if not spans or self.span_attributes is None:
             return {}
         named = {}
-        for span, (tgid, data) in self.span_attributes(spans).items():
+        for (tgid, span), data in self.span_attributes(spans).items():
             attributes = self.contexts.span_attributes(tgid, data)
             if attributes:
-                named[span] = attributes
+                named[(tgid, span)] = attributes
         return named
 
     def _frames(self, tgid: int, stack: StackCount) -> list[Frame]:
@@ -157,7 +157,7 @@ class ReportBuilder:
                     builder.stack([self._location(builder, frame, locations) for frame in frames]),
                     [stack.count],
                     # The comm in the sample is the thread's name when it was sampled.
-                    attributes={**self._span_attributes.get(stack.span, {}), "thread.id": stack.tid, "thread.name": stack.comm},
+                    attributes={**self._span_attributes.get((stack.tgid, stack.span), {}), "thread.id": stack.tid, "thread.name": stack.comm},
                     # The span it ran in, as the SDK's thread context said: a trace's slow span links to its samples.
                     link_index=builder.link(stack.span[:16], stack.span[16:]) if stack.span else 0,
                 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes as ct
 import os
+import struct
 import sys
 import threading
 import time
@@ -42,6 +43,8 @@ from receivers.profiling.kernel.program import SamplerError
 from receivers.profiling.kernel.program_cache import ProgramCache
 from receivers.profiling.kernel.samples import Interval, stack_count
 from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
+
+_TGID = struct.Struct("<I")  # the first field of the kernel's thread_ctx_span
 
 # The BPF sources: the repository's bpf/ folder, which receivers/profiling/bpf links to (a relative
 # symlink), so a source checkout and an installed wheel (where the build copied the files in as
@@ -427,17 +430,17 @@ class Sampler:
         table = self._thread_ctx_locations
         table[table.Key(tgid)] = table.Leaf(tp_offset or 0, module, offset, 1 if tp_offset is not None else 0, 0)
 
-    def span_attributes(self, spans: Iterable[bytes]) -> dict[bytes, tuple[int, bytes]]:
-        """{span (trace id + span id): (tgid, the attrs-data its thread context record held at
-        its last sample)} for those of ``spans`` the kernel still keeps."""
+    def span_attributes(self, spans: Iterable[tuple[int, bytes]]) -> dict[tuple[int, bytes], bytes]:
+        """{(tgid, span (trace id + span id)): the attrs-data that process's thread context record
+        held at its last sample in the span} for those of ``spans`` the kernel still keeps."""
         self._require_started()
         table, out = self._thread_ctx_attributes, {}
-        for span in spans:
+        for tgid, span in spans:
             try:
-                value = table[table.Key.from_buffer_copy(span)]
+                value = table[table.Key.from_buffer_copy(_TGID.pack(tgid) + span)]
             except KeyError:
                 continue
-            out[span] = (value.tgid, bytes(value.data[: value.size]))
+            out[(tgid, span)] = bytes(value.data[: value.size])
         return out
 
     def clear_thread_context(self, tgid: int) -> None:
