@@ -35,13 +35,14 @@ files_evicted_over_share), row_budget_free.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO
 
 from pycollector.periodic import Periodic
 
@@ -51,7 +52,7 @@ from receivers.profiling.processes.files import open_debug_file, open_host_file,
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.unwind.builder_process import BuilderProcess, BuildTimeout
 from receivers.profiling.unwind.cache import RowCache
-from receivers.profiling.unwind.rows import ROW_SIZE, NoRows, build_rows_at
+from receivers.profiling.unwind.rows import ROW_SIZE, CfiInput, NoRows, cfi_of, rows_from
 from receivers.profiling.unwind.space import RowSpace
 
 # Files whose code mapping is at most this large are small: their rows take milliseconds, built in
@@ -606,8 +607,8 @@ def _bias(segments: list[tuple[int, int, int]], mapping: Mapping) -> int | None:
 
 class RowSource:
     """A file's rows for the registry: from the disk cache, else built in a helper process
-    (builder_process.py). The helper opens the file through /proc/<this pid>/fd/<fd>, so it sees
-    exactly the file the registry opened (deleted, or in another mount namespace)."""
+    (builder_process.py) from the bytes read here, from exactly the file the registry opened
+    (deleted, or in another mount namespace)."""
 
     def __init__(self, cache_dir: str, logger: Any):
         self.cache = RowCache(cache_dir, logger)
@@ -639,41 +640,39 @@ class RowSource:
         ``small`` one is built here: its milliseconds would otherwise wait behind the helper's
         build of a large one.
 
-        Rows are cached by a hash of the file's content, what it is, never by the build id it
-        declares: a program carrying another's build id would otherwise hand that one's
-        processes its rows, here and in the cache on disk across restarts. The hash reads the
-        file to the size it had when it was opened here: one that grew meanwhile (a sparse
-        ftruncate to terabytes) is not hashed to its new end, and has no rows (counted)."""
+        Rows are cached by a hash of what they are built from (rows.CfiInput: the file's
+        .eh_frame, its .debug_frame or its debug file's), never by the build id it declares: a
+        program carrying another's build id would otherwise hand that one's processes its rows,
+        here and in the cache on disk across restarts. Those bytes are read once, hashed, and the
+        rows built from that copy: a file rewritten between a hash and a second read would have
+        had its rows stored under the key of what it held before (another file's, libc's, for
+        every process that maps libc). They are read no further than the size the file had when
+        it was opened here; one whose size changed meanwhile has no rows (counted)."""
         with os.fdopen(os.dup(fd), "rb") as stream:
             try:
                 elf = BoundedElf(stream)
                 headers = ElfHeaders.read_headers(elf, path)
             except Exception as error:
                 raise NoRows(f"not an ELF file: {error}") from None
-            key = elf.digest()
+            candidates = debug_file_candidates(headers.build_id, headers.debuglink, path)
+            with contextlib.closing(_debug_files(candidates, open_debug)) as debug_files:
+                cfi = cfi_of(elf, debug_files)
             if elf.grew():
                 raise NoRows("the file's size changed while it was read")
-        candidates = debug_file_candidates(headers.build_id, headers.debuglink, path)
 
         def build() -> bytes:
-            debug_fds = [found for found in map(open_debug, candidates) if found is not None]
-            try:
-                if small:
-                    return build_rows_at(f"/proc/self/fd/{fd}", [f"/proc/self/fd/{n}" for n in debug_fds])
-                return self._build_elsewhere(fd, debug_fds)
-            finally:
-                for debug_fd in debug_fds:
-                    os.close(debug_fd)
+            if small:
+                return rows_from(cfi)
+            return self._build_elsewhere(cfi)
 
-        return self.cache.get_or_build(key, build)
+        return self.cache.get_or_build(cfi.digest(), build)
 
-    def _build_elsewhere(self, fd: int, debug_fds: list[int]) -> bytes:
+    def _build_elsewhere(self, cfi: CfiInput) -> bytes:
         with self._lock:
             helper = self._running_helper()
         # Not tried again when the helper dies: the file may be what killed it (memory). The
         # next file gets a new helper.
-        own = f"/proc/{os.getpid()}/fd"
-        return helper.build(f"{own}/{fd}", [f"{own}/{n}" for n in debug_fds], stopping=lambda: self._closed)
+        return helper.build(cfi, stopping=lambda: self._closed)
 
     def close(self) -> None:
         """Stop the helper, abandoning a build under way."""
@@ -682,3 +681,13 @@ class RowSource:
             self._closed = True
         if helper is not None:
             helper.stop()
+
+
+def _debug_files(candidates: Sequence[str], open_debug: Callable[[str], int | None]) -> Iterator[BinaryIO]:
+    """The candidates that open (as the process would open them), each open until the next is
+    asked for: a debug file is read only when the file has no .debug_frame of its own."""
+    for candidate in candidates:
+        fd = open_debug(candidate)
+        if fd is not None:
+            with os.fdopen(fd, "rb") as stream:
+                yield stream
