@@ -13,8 +13,10 @@ import os
 import re
 import shutil
 import subprocess
+import struct
 import threading
 import time
+import tracemalloc
 
 import pytest
 import structlog
@@ -23,11 +25,14 @@ from elftools.elf.elffile import ELFFile
 from receivers.profiling.unwind import cache as cache_module
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.builder_process import BuilderProcess, BuildTimeout, HelperDied
-from receivers.profiling.unwind.registry import RowSource
+from receivers.profiling.unwind import registry as registry_module
+from receivers.profiling.unwind.registry import SMALL_CFI_BYTES, NeedsHelper, RowSource
 from receivers.profiling.unwind.rows import (
     CFA_END, CFA_PLT, CFA_RBP, CFA_RBP_DEREF, CFA_RSP, CFA_RSP_DEREF, CFA_SIGNAL, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME,
-    RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows, build_rows, read_cfi,
+    RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows, build_rows, read_cfi, rows_from,
 )
+
+from tests.elf_writer import SHT_PROGBITS, Section, body_offset, elf_file
 
 pytestmark = pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf (binutils) is not installed")
 
@@ -383,6 +388,88 @@ def test_rows_through_a_debug_file_are_keyed_by_that_debug_file_too(tmp_path):
     finally:
         source.close()
     assert files == {"attacker": theirs, "victim": want}
+
+
+def uleb128(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def eh_frame_file(cie_instructions: bytes, fde_instructions: bytes) -> bytes:
+    """An ELF file whose .eh_frame is one CIE (no augmentation: absolute 8-byte addresses) and
+    one FDE, with these instructions."""
+    cie_body = struct.pack("<IB", 0, 1) + b"\0" + uleb128(1) + b"\x78\x10" + cie_instructions  # code 1, data -8, ra 16
+    cie = struct.pack("<I", len(cie_body)) + cie_body
+    fde_body = struct.pack("<IQQ", len(cie) + 4, 0x1000, 0x100) + fde_instructions  # (its CIE, that many bytes back)
+    section = cie + struct.pack("<I", len(fde_body)) + fde_body + bytes(4)
+    return elf_file([Section(".eh_frame", SHT_PROGBITS, offset=body_offset(0), size=len(section), addr=0x2000, flags=2)], [], section)
+
+
+def rule_bomb(registers: int, fde_instructions: bytes) -> bytes:
+    """A CIE giving a rule to ``registers`` registers no row holds (DW_CFA_offset_extended of
+    r128 up), and an FDE of these instructions."""
+    return eh_frame_file(b"".join(b"\x05" + uleb128(128 + n) + b"\x01" for n in range(registers)), fde_instructions)
+
+
+def test_rules_for_registers_no_row_holds_cost_nothing():
+    """The interpreter kept a rule for every register a CIE named and copied them all for each
+    FDE and each DW_CFA_remember_state: work and memory quadratic in the section's size (48 KB
+    took 0.5 s, 1 MB minutes; remembered states without end, gigabytes), in the collector's own
+    process for a file counted as small (64 KB: 31 s and 9.6 GB). Only rbp's and the return
+    address's are kept now, and 64 nested states: an FDE that nests deeper has an unsupported row."""
+    peaks = []
+    for instructions in (b"\x0a\x0b" * 1000, b"\x0a" * 1000):  # remembered and restored; remembered
+        tracemalloc.start()
+        try:
+            rows = unpack(build_rows(io.BytesIO(rule_bomb(1000, instructions))))  # 5 KB
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert rows[0][:2] == (0x1000, CFA_RSP if instructions[1:2] == b"\x0b" else CFA_UNSUPPORTED)
+    assert max(peaks) < 4 << 20, f"{peaks} bytes at the peak (a million rules copied: 40 MB)"
+
+
+def test_where_rows_are_built_goes_by_the_bytes_parsed(tmp_path, monkeypatch):
+    """A file's rows are built in this process only when its CFI is small, whatever the size of
+    the code it maps (a small program may carry a large .eh_frame, or name a large debug file);
+    anything larger goes to the helper, whose build is killed past its time (counted by the
+    registry as files_over_time)."""
+    small = tmp_path / "small"
+    small.write_bytes(eh_frame_file(b"", b"\x41\x0e\x10"))  # advance 1, CFA = rsp + 16
+    large = tmp_path / "large"
+    large.write_bytes(rule_bomb(0, b"\x0a\x0b" * (SMALL_CFI_BYTES // 2 + 1)))
+    built_here = []
+    monkeypatch.setattr(registry_module, "rows_from", lambda cfi: built_here.append(cfi.size) or rows_from(cfi))
+    source = RowSource("", structlog.get_logger())
+    try:
+        for path in (small, large):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if path == large:  # the small files' worker does not wait for the helper: it leaves the file to the other
+                    with pytest.raises(NeedsHelper):
+                        source(fd, str(path), may_wait=False)
+                assert unpack(source(fd, str(path)))[0][:2] == (0x1000, CFA_RSP)
+            finally:
+                os.close(fd)
+    finally:
+        source.close()
+    assert len(built_here) == 1 and built_here[0] <= SMALL_CFI_BYTES, "the large one is the helper's"
+    libllvm = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libLLVM-*.so.1"))
+    if not libllvm:
+        return
+    source = RowSource("", structlog.get_logger(), build_timeout_s=0.5)
+    fd = os.open(libllvm[0], os.O_RDONLY)
+    try:
+        with pytest.raises(BuildTimeout):
+            source(fd, libllvm[0])
+    finally:
+        os.close(fd)
+        source.close()
+    assert len(built_here) == 1
 
 
 def test_a_row_builder_that_dies_fails_its_file_and_the_next_file_gets_a_new_one(tmp_path):

@@ -39,6 +39,10 @@ RBP_SAME, RBP_AT_CFA, RBP_UNSUPPORTED = range(3)
 
 # DWARF register numbers on x86-64.
 RBP, RSP, RETURN_ADDRESS = 6, 7, 16
+_KEPT = frozenset((RBP, RETURN_ADDRESS))  # the registers whose rules a row holds (with the CFA)
+# Compilers nest DW_CFA_remember_state a level or two (a function's epilogues); deeper is a
+# crafted FDE's, whose states would take memory a byte at a time. Its rows are unsupported.
+_MAX_REMEMBERED = 64
 
 # A rule for a register: ("same",), ("undefined",), ("offset", n) (saved at CFA + n), or
 # ("other",) for what the kernel cannot follow (another register, an expression).
@@ -308,7 +312,7 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
                 row_start = location
         elif high == 0x80:  # DW_CFA_offset
             offset, position = uleb128(code, position)
-            state[low] = ("offset", offset * data_factor)
+            _set(state, low, ("offset", offset * data_factor))
         elif high == 0xC0:  # DW_CFA_restore
             _restore(state, initial, low)
         elif low == 0x00:  # DW_CFA_nop
@@ -328,21 +332,23 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
                 offset, position = uleb128(code, position)
                 if low == 0x2F:
                     offset = -offset
-            state[register] = ("offset", offset * data_factor)
+            _set(state, register, ("offset", offset * data_factor))
         elif low == 0x06:  # DW_CFA_restore_extended
             register, position = uleb128(code, position)
             _restore(state, initial, register)
         elif low == 0x07:  # DW_CFA_undefined
             register, position = uleb128(code, position)
-            state[register] = _UNDEFINED
+            _set(state, register, _UNDEFINED)
         elif low == 0x08:  # DW_CFA_same_value
             register, position = uleb128(code, position)
-            state[register] = _SAME
+            _set(state, register, _SAME)
         elif low in (0x09, 0x14, 0x15):  # DW_CFA_register, val_offset, val_offset_sf
             register, position = uleb128(code, position)
             _, position = (sleb128 if low == 0x15 else uleb128)(code, position)
-            state[register] = _OTHER
+            _set(state, register, _OTHER)
         elif low == 0x0A:  # DW_CFA_remember_state
+            if len(remembered) >= _MAX_REMEMBERED:  # (a byte each: millions of saved states)
+                raise CfiError("DW_CFA_remember_state nested too deep")
             remembered.append(dict(state))
         elif low == 0x0B:  # DW_CFA_restore_state
             if remembered:
@@ -365,7 +371,7 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
             register, position = uleb128(code, position)
             length, position = uleb128(code, position)
             # (a register saved at an address an expression gives: a signal frame's, see _signal_frame)
-            state[register] = ("expression", code[position:position + length]) if low == 0x10 else _OTHER
+            _set(state, register, ("expression", code[position:position + length]) if low == 0x10 else _OTHER)
             position += length
         elif low == 0x12:  # DW_CFA_def_cfa_sf
             register, position = uleb128(code, position)
@@ -380,6 +386,14 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
             raise CfiError(f"unknown CFI instruction {opcode:#x}")
     rows.append((row_start, _encode(state)))
     return state, rows
+
+
+def _set(state: dict, register: int, rule: tuple) -> None:
+    """A register's rule, kept only for the registers a row holds: any other is never read, and
+    a CIE naming thousands of them would make each FDE's copy of its state, and each
+    DW_CFA_remember_state, cost that many (work, and memory, quadratic in the section's size)."""
+    if register in _KEPT:
+        state[register] = rule
 
 
 def _restore(state: dict, initial: dict | None, register: int) -> None:
