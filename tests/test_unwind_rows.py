@@ -6,25 +6,33 @@ from __future__ import annotations
 
 import bisect
 import glob
+import hashlib
+import io
 import multiprocessing
 import os
 import re
 import shutil
 import subprocess
+import struct
 import threading
 import time
+import tracemalloc
 
 import pytest
 import structlog
+from elftools.elf.elffile import ELFFile
 
 from receivers.profiling.unwind import cache as cache_module
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.builder_process import BuilderProcess, BuildTimeout, HelperDied
-from receivers.profiling.unwind.registry import RowSource
+from receivers.profiling.unwind import registry as registry_module
+from receivers.profiling.unwind.registry import SMALL_CFI_BYTES, NeedsHelper, RowSource
 from receivers.profiling.unwind.rows import (
     CFA_END, CFA_PLT, CFA_RBP, CFA_RBP_DEREF, CFA_RSP, CFA_RSP_DEREF, CFA_SIGNAL, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME,
-    RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows, build_rows,
+    RBP_UNSUPPORTED, ROW, ROW_SIZE, NoRows, build_rows, read_cfi, rows_from,
 )
+
+from tests.elf_writer import SHT_PROGBITS, Section, body_offset, elf_file
 
 pytestmark = pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf (binutils) is not installed")
 
@@ -97,6 +105,11 @@ def expected(cfa: str, rbp: str, ra: str):
 def row_at(rows: list[tuple], starts: list[int], pc: int):
     index = bisect.bisect_right(starts, pc) - 1
     return rows[index] if index >= 0 else None
+
+
+def cfi_at(path: str):
+    with open(path, "rb") as stream:
+        return read_cfi(stream)
 
 
 def unpack(data: bytes) -> list[tuple]:
@@ -275,6 +288,190 @@ def test_code_without_unwind_tables_takes_its_rows_from_the_separate_debug_file(
     assert len(unpack(alone)) < len(unpack(found)), "the stripped file alone has only its crt code's rows"
 
 
+def test_a_file_rewritten_after_it_was_hashed_never_gives_its_rows_under_that_key(tmp_path, monkeypatch):
+    """Rows are shared by the hash of what they are built from (SECURITY.md, promise 1). A
+    process rewrites its own file (same size, same inode) right after the agent took the hash:
+    it held libc's bytes then, and now holds libc with its .eh_frame's address moved, whose rows
+    are shifted (wrong for every pc). Its rows must be libc's, the bytes that were hashed: before,
+    they were built by reading the file again, so the crafted rows went into the cache under
+    libc's key and the next process to map the real libc was given them."""
+    libc = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+    real = open(libc, "rb").read()
+    with open(libc, "rb") as stream:
+        want = build_rows(stream)
+    elf_header = ELFFile(io.BytesIO(real))
+    index = next(number for number, section in enumerate(elf_header.iter_sections()) if section.name == ".eh_frame")
+    address_at = elf_header["e_shoff"] + index * elf_header["e_shentsize"] + 16  # Elf64_Shdr.sh_addr
+    crafted = bytearray(real)
+    crafted[address_at:address_at + 8] = (int.from_bytes(real[address_at:address_at + 8], "little") + 0x40).to_bytes(8, "little")
+    crafted_rows = build_rows(io.BytesIO(bytes(crafted)))
+    assert crafted_rows != want
+    mine = tmp_path / "libmine.so"
+    mine.write_bytes(real)
+
+    sha256 = hashlib.sha256
+    rewrites = []
+
+    class RewrittenOnceHashed:  # the process's write lands just after the agent's hash
+        def __init__(self, *args):
+            self._hash = sha256(*args)
+
+        def update(self, data):
+            self._hash.update(data)
+
+        def hexdigest(self):
+            digest = self._hash.hexdigest()
+            if not rewrites:
+                with open(mine, "r+b") as stream:
+                    stream.write(crafted)
+                rewrites.append(digest)
+            return digest
+
+    source = RowSource(str(tmp_path / "cache"), structlog.get_logger())
+    try:
+        monkeypatch.setattr(hashlib, "sha256", RewrittenOnceHashed)
+        fd = os.open(mine, os.O_RDONLY)
+        try:
+            first = source(fd, str(mine))
+        finally:
+            os.close(fd)
+        monkeypatch.setattr(hashlib, "sha256", sha256)
+        assert rewrites and os.stat(mine).st_size == len(real)
+        assert first == want, "the rows of the bytes that were hashed"
+        fd = os.open(libc, os.O_RDONLY)  # another process, mapping the real libc
+        try:
+            assert source(fd, libc) == want
+        finally:
+            os.close(fd)
+        for name in os.listdir(tmp_path / "cache"):
+            assert cache_module.decode((tmp_path / "cache" / name).read_bytes()) != crafted_rows
+    finally:
+        source.close()
+
+
+def test_rows_through_a_debug_file_are_keyed_by_that_debug_file_too(tmp_path):
+    """A stripped program's rows come from the debug file beside it. Two processes map the same
+    program, each with its own file of that name: the one a hostile process put beside its copy
+    (another build's, its build id removed, so it is taken). Before, the rows were keyed by the
+    program's hash alone: whoever came first gave its debug file's rows to the other."""
+    if shutil.which("gcc") is None or shutil.which("objcopy") is None:
+        pytest.skip("needs gcc and objcopy")
+    source_c = tmp_path / "p.c"
+    source_c.write_text("int f(int x) { volatile int a[8]; a[x & 7] = x; return a[0]; }\n"
+                        "int main(int argc, char **argv) { (void)argv; return f(argc); }\n")
+    flags = ["-g", "-fomit-frame-pointer", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
+    for name, level in (("p", "-O2"), ("other", "-O0")):
+        subprocess.run(["gcc", level, *flags, "-o", str(tmp_path / name), str(source_c)], check=True)
+    files = {}
+    for who, debug_of in (("victim", "p"), ("attacker", "other")):
+        folder = tmp_path / who
+        folder.mkdir()
+        subprocess.run(["objcopy", "--only-keep-debug", "--remove-section=.note.gnu.build-id", str(tmp_path / debug_of),
+                        str(folder / "p.debug")], check=True)
+        files[who] = folder / "p"
+    subprocess.run(["objcopy", "--strip-debug", f"--add-gnu-debuglink={tmp_path / 'victim' / 'p.debug'}", str(tmp_path / "p"),
+                    str(files["victim"])], check=True)
+    shutil.copyfile(files["victim"], files["attacker"])
+    with open(files["victim"], "rb") as stream:
+        want = build_rows(stream, [str(tmp_path / "victim" / "p.debug")])
+    with open(files["attacker"], "rb") as stream:
+        theirs = build_rows(stream, [str(tmp_path / "attacker" / "p.debug")])
+    assert want != theirs
+    source = RowSource(str(tmp_path / "cache"), structlog.get_logger())
+    try:
+        for who in ("attacker", "victim"):
+            fd = os.open(files[who], os.O_RDONLY)
+            try:
+                files[who] = source(fd, str(files[who]))
+            finally:
+                os.close(fd)
+    finally:
+        source.close()
+    assert files == {"attacker": theirs, "victim": want}
+
+
+def uleb128(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def eh_frame_file(cie_instructions: bytes, fde_instructions: bytes) -> bytes:
+    """An ELF file whose .eh_frame is one CIE (no augmentation: absolute 8-byte addresses) and
+    one FDE, with these instructions."""
+    cie_body = struct.pack("<IB", 0, 1) + b"\0" + uleb128(1) + b"\x78\x10" + cie_instructions  # code 1, data -8, ra 16
+    cie = struct.pack("<I", len(cie_body)) + cie_body
+    fde_body = struct.pack("<IQQ", len(cie) + 4, 0x1000, 0x100) + fde_instructions  # (its CIE, that many bytes back)
+    section = cie + struct.pack("<I", len(fde_body)) + fde_body + bytes(4)
+    return elf_file([Section(".eh_frame", SHT_PROGBITS, offset=body_offset(0), size=len(section), addr=0x2000, flags=2)], [], section)
+
+
+def rule_bomb(registers: int, fde_instructions: bytes) -> bytes:
+    """A CIE giving a rule to ``registers`` registers no row holds (DW_CFA_offset_extended of
+    r128 up), and an FDE of these instructions."""
+    return eh_frame_file(b"".join(b"\x05" + uleb128(128 + n) + b"\x01" for n in range(registers)), fde_instructions)
+
+
+def test_rules_for_registers_no_row_holds_cost_nothing():
+    """The interpreter kept a rule for every register a CIE named and copied them all for each
+    FDE and each DW_CFA_remember_state: work and memory quadratic in the section's size (48 KB
+    took 0.5 s, 1 MB minutes; remembered states without end, gigabytes), in the collector's own
+    process for a file counted as small (64 KB: 31 s and 9.6 GB). Only rbp's and the return
+    address's are kept now, and 64 nested states: an FDE that nests deeper has an unsupported row."""
+    peaks = []
+    for instructions in (b"\x0a\x0b" * 1000, b"\x0a" * 1000):  # remembered and restored; remembered
+        tracemalloc.start()
+        try:
+            rows = unpack(build_rows(io.BytesIO(rule_bomb(1000, instructions))))  # 5 KB
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert rows[0][:2] == (0x1000, CFA_RSP if instructions[1:2] == b"\x0b" else CFA_UNSUPPORTED)
+    assert max(peaks) < 4 << 20, f"{peaks} bytes at the peak (a million rules copied: 40 MB)"
+
+
+def test_where_rows_are_built_goes_by_the_bytes_parsed(tmp_path, monkeypatch):
+    """A file's rows are built in this process only when its CFI is small, whatever the size of
+    the code it maps (a small program may carry a large .eh_frame, or name a large debug file);
+    anything larger goes to the helper, whose build is killed past its time (counted by the
+    registry as files_over_time)."""
+    small = tmp_path / "small"
+    small.write_bytes(eh_frame_file(b"", b"\x41\x0e\x10"))  # advance 1, CFA = rsp + 16
+    large = tmp_path / "large"
+    large.write_bytes(rule_bomb(0, b"\x0a\x0b" * (SMALL_CFI_BYTES // 2 + 1)))
+    built_here = []
+    monkeypatch.setattr(registry_module, "rows_from", lambda cfi: built_here.append(cfi.size) or rows_from(cfi))
+    source = RowSource("", structlog.get_logger())
+    try:
+        for path in (small, large):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if path == large:  # the small files' worker does not wait for the helper: it leaves the file to the other
+                    with pytest.raises(NeedsHelper):
+                        source(fd, str(path), may_wait=False)
+                assert unpack(source(fd, str(path)))[0][:2] == (0x1000, CFA_RSP)
+            finally:
+                os.close(fd)
+    finally:
+        source.close()
+    assert len(built_here) == 1 and built_here[0] <= SMALL_CFI_BYTES, "the large one is the helper's"
+    libllvm = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libLLVM-*.so.1"))
+    if not libllvm:
+        return
+    source = RowSource("", structlog.get_logger(), build_timeout_s=0.5)
+    fd = os.open(libllvm[0], os.O_RDONLY)
+    try:
+        with pytest.raises(BuildTimeout):
+            source(fd, libllvm[0])
+    finally:
+        os.close(fd)
+        source.close()
+    assert len(built_here) == 1
+
+
 def test_a_row_builder_that_dies_fails_its_file_and_the_next_file_gets_a_new_one(tmp_path):
     """The helper process that builds a large file's rows is killed mid-build (the OOM killer
     would): the build waiting on it fails at once, rather than waiting forever and leaving every
@@ -330,10 +527,10 @@ def test_a_file_past_its_time_budget_is_given_up_and_the_next_file_is_built():
     helper = BuilderProcess()
     started = time.monotonic()
     with pytest.raises(BuildTimeout):
-        helper.build(large[0], [], stopping=lambda: False, timeout_s=0.3)
+        helper.build(cfi_at(large[0]), stopping=lambda: False, timeout_s=0.3)
     assert time.monotonic() - started < 5 and not helper.alive()
     again = BuilderProcess()
     try:
-        assert again.build("/usr/lib/x86_64-linux-gnu/libc.so.6", [], stopping=lambda: False)
+        assert again.build(cfi_at("/usr/lib/x86_64-linux-gnu/libc.so.6"), stopping=lambda: False)
     finally:
         again.stop()

@@ -1,7 +1,10 @@
 """The process that builds unwind rows for large files (RowSource's helper).
 
 Building is pure Python and takes seconds for a large library; in a process of its own it runs on
-another core and leaves the collector's GIL to the threads that read the perf buffers.
+another core and leaves the collector's GIL to the threads that read the perf buffers, and a
+build past its time is ended by killing it. The helper opens no file: it is sent the bytes the
+collector read and hashed (rows.CfiInput), so the rows it returns are those of the bytes that
+key them.
 
 Neither multiprocessing.Pool nor concurrent.futures fits: a Pool's task waits forever when its
 process is killed (the OOM killer), and a ProcessPoolExecutor whose process was killed while
@@ -19,7 +22,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from receivers.profiling.unwind.rows import NoRows, build_rows_at
+from receivers.profiling.unwind.rows import CfiInput, NoRows, rows_from
 
 POLL_S = 0.2  # how often a waiting build checks whether the collector is stopping
 # The longest one file's rows may take: libLLVM's (120 MB) take about 8 s. A file the sampled
@@ -48,13 +51,13 @@ class BuilderProcess:
     def alive(self) -> bool:
         return self.process.is_alive()
 
-    def build(self, path: str, debug_files: list[str], stopping: Callable[[], bool], timeout_s: float = MAX_BUILD_S) -> bytes:
-        """The rows of the file at ``path`` (ValueError when it has none); HelperDied if the
-        helper ends first; NoRows("stopping") when ``stopping()`` turns true meanwhile;
-        BuildTimeout past ``timeout_s``, the helper ended (the next build starts another)."""
+    def build(self, cfi: CfiInput, stopping: Callable[[], bool], timeout_s: float = MAX_BUILD_S) -> bytes:
+        """The rows of ``cfi`` (ValueError when it has none); HelperDied if the helper ends first;
+        NoRows("stopping") when ``stopping()`` turns true meanwhile; BuildTimeout past
+        ``timeout_s``, the helper ended (the next build starts another). One build at a time."""
         deadline = time.monotonic() + timeout_s
         try:
-            self._requests.send((path, debug_files))
+            self._requests.send(cfi)
         except OSError:
             raise HelperDied("the helper process building unwind rows is gone") from None
         while True:
@@ -92,11 +95,11 @@ def _serve(requests, answers) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
-            path, debug_files = requests.recv()
+            cfi = requests.recv()
         except EOFError:  # the collector closed its end: stop
             return
         try:
-            answer = (True, build_rows_at(path, debug_files))
+            answer = (True, rows_from(cfi))
         except Exception as error:  # the collector raises it (NoRows, ValueError...)
             answer = (False, error)
         answers.send(answer)

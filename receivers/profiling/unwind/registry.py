@@ -11,7 +11,8 @@ rows back.
 Threading: ``register`` and ``forget`` are called from the sampler's and the report's threads and
 return at once. Two workers build: one takes any file, the most wanted first; the other only small
 ones, so a library dlopen()ed while libpython's rows are being built waits milliseconds, not the
-half second that takes. One lock guards the bookkeeping.
+half second that takes (unless its CFI is large: then it waits for the helper too). One lock
+guards the bookkeeping.
 
 The row budget is shared (a process maps what it likes, hundreds of MB of libraries if it wants):
 - while a quarter of the budget is free, every mapped file is loaded, the most wanted first; below
@@ -35,13 +36,14 @@ files_evicted_over_share), row_budget_free.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO
 
 from pycollector.periodic import Periodic
 
@@ -49,14 +51,20 @@ from receivers.profiling.elf.bounded import BoundedElf
 from receivers.profiling.elf.headers import ElfHeaders, debug_file_candidates
 from receivers.profiling.processes.files import open_debug_file, open_host_file, open_mapped_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
-from receivers.profiling.unwind.builder_process import BuilderProcess, BuildTimeout
+from receivers.profiling.unwind.builder_process import MAX_BUILD_S, BuilderProcess, BuildTimeout
 from receivers.profiling.unwind.cache import RowCache
-from receivers.profiling.unwind.rows import ROW_SIZE, NoRows, build_rows_at
+from receivers.profiling.unwind.rows import ROW_SIZE, CfiInput, NoRows, cfi_of, rows_from
 from receivers.profiling.unwind.space import RowSpace
 
-# Files whose code mapping is at most this large are small: their rows take milliseconds, built in
-# this process (RowSource), and the small files' worker takes nothing else.
+# Files whose code mapping is at most this large are small: the small files' worker takes nothing
+# else. (Where rows are built goes by what is parsed, not by the mapping: SMALL_CFI_BYTES.)
 SMALL_FILE_CODE = 512 * 1024
+# CFI of at most this many bytes is built in this process: its rows take milliseconds (the
+# interpreter's work is linear in the bytes, about 1 us a byte: libc's 150 KB take 0.15 s), which
+# would otherwise wait behind the helper's build of a large file. Anything larger is built in the
+# helper, under its time limit: a small mapping may carry a large .eh_frame, or name a large
+# debug file, and what runs here cannot be killed.
+SMALL_CFI_BYTES = 64 * 1024
 
 # Below this share of the budget free, only files whose code was sampled are loaded.
 LAZY_BELOW = 0.25
@@ -93,13 +101,15 @@ class _File:
     last_used: float = 0.0  # when a walk last used its rows (as the sweeps saw), or it was loaded
     needed: int = 0  # rows it needs, once known (no_room, evicted)
     demand_seen: int = 0  # its unwind_demand at the last look (going without rows, a sweep): more means sampled since
+    large_cfi: bool = False  # its mapping is small but its CFI is not: for the worker that may wait for the helper
 
 
 class UnwindRegistry:
     def __init__(self, maps: Any, build: Callable[..., bytes], logger: Any, *, max_files: int, row_budget: int,
                  idle_s: float = DEFAULT_IDLE_S, clock: Callable[[], float] = time.monotonic):
-        """``maps``: the sampler's UnwindMaps. ``build(fd, path, open_debug, small=...)``: the
-        packed rows of the file open on ``fd`` (ValueError when it has none to give)."""
+        """``maps``: the sampler's UnwindMaps. ``build(fd, path, open_debug, may_wait=...)``: the
+        packed rows of the file open on ``fd`` (ValueError when it has none to give; NeedsHelper
+        when they would wait for the helper and ``may_wait`` is false)."""
         self._maps = maps
         self.idle_s = idle_s
         self._clock = clock
@@ -123,7 +133,7 @@ class UnwindRegistry:
             ("files_loaded", "files_without_rows", "files_failed", "rows_loaded", "rows_freed",
              "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes", "files_waiting",
              "files_waiting_for_room", "files_evicted", "files_evicted_over_share", "rows_evicted", "row_budget_free",
-             "files_over_time", "files_refused_to_a_process", "files_unopened"), 0)
+             "files_over_time", "files_left_to_helper", "files_refused_to_a_process", "files_unopened"), 0)
         self.stats["row_budget_free"] = row_budget
         self._sweeper = Periodic("unwind-usage", SWEEP_INTERVAL_S, self.sweep, logger)
 
@@ -245,7 +255,8 @@ class UnwindRegistry:
             while True:
                 if self._closing.is_set():
                     return None
-                candidates = self._eligible([key for key, (_, mapping) in self._pending.items() if _is_small(mapping)]
+                candidates = self._eligible([key for key, (_, mapping) in self._pending.items()
+                                             if _is_small(mapping) and not self._files[key].large_cfi]
                                             if small_only else list(self._pending))
                 if candidates:
                     break
@@ -305,10 +316,20 @@ class UnwindRegistry:
                 return
             key, file, info, mapping = item
             try:
-                self._load(key, file, info, mapping)
+                self._load(key, file, info, mapping, small_only)
             except Exception:  # one bad file must not stop the others
                 self._failed(key, file)
                 self.log.exception("could not load unwind rows", path=mapping.path)
+
+    def _leave_to_helper(self, key: FileKey, taken: _File, info: ProcessInfo, mapping: Mapping) -> None:
+        with self._lock:
+            if self._closing.is_set() or self._files.get(key) is not taken:
+                return
+            taken.large_cfi = True
+            self._pending[key] = (info, mapping)
+            self.stats["files_left_to_helper"] += 1
+            self.stats["files_waiting"] = len(self._pending)
+            self._wake.notify_all()
 
     def _failed(self, key: FileKey, taken: _File) -> None:
         with self._lock:
@@ -341,8 +362,10 @@ class UnwindRegistry:
             file.file_id = 0
             self._write_users(file)
 
-    def _load(self, key: FileKey, taken: _File, info: ProcessInfo, mapping: Mapping) -> None:
-        """Build and write the rows of the file ``taken`` from the queue (by ``info``'s mapping)."""
+    def _load(self, key: FileKey, taken: _File, info: ProcessInfo, mapping: Mapping, small_only: bool = False) -> None:
+        """Build and write the rows of the file ``taken`` from the queue (by ``info``'s mapping).
+        The small files' worker does not wait for the helper: a file whose CFI is large goes
+        back to the queue for the other (counted as files_left_to_helper)."""
         fd = _vdso_file() if key == _VDSO_KEY else open_mapped_file(info, mapping)
         if fd is None:
             self._refused(key, taken, info)
@@ -351,7 +374,10 @@ class UnwindRegistry:
             segments = _load_segments(fd)
             started = time.monotonic()
             try:
-                rows, reason = self._build(fd, mapping.path, lambda path: open_debug_file(info, path), small=_is_small(mapping)), None
+                rows, reason = self._build(fd, mapping.path, lambda path: open_debug_file(info, path), may_wait=not small_only), None
+            except NeedsHelper:
+                self._leave_to_helper(key, taken, info, mapping)
+                return
             except ValueError as error:
                 rows, reason = b"", str(error)
                 if isinstance(error, BuildTimeout):
@@ -647,17 +673,24 @@ def _bias(segments: list[tuple[int, int, int]], mapping: Mapping) -> int | None:
     return None
 
 
+class NeedsHelper(Exception):  # noqa: N818 - not an error: a request to ask again, willing to wait
+    """The file's rows are not in the cache and must be built by the helper, which the caller
+    would not wait for."""
+
+
 class RowSource:
     """A file's rows for the registry: from the disk cache, else built in a helper process
-    (builder_process.py). The helper opens the file through /proc/<this pid>/fd/<fd>, so it sees
-    exactly the file the registry opened (deleted, or in another mount namespace)."""
+    (builder_process.py) from the bytes read here, from exactly the file the registry opened
+    (deleted, or in another mount namespace)."""
 
-    def __init__(self, cache_dir: str, logger: Any):
+    def __init__(self, cache_dir: str, logger: Any, build_timeout_s: float = MAX_BUILD_S):
         self.cache = RowCache(cache_dir, logger)
         self.log = logger
+        self.build_timeout_s = build_timeout_s
         self._helper: BuilderProcess | None = None
         self._closed = False
         self._lock = threading.Lock()
+        self._building = threading.Lock()  # the helper builds one file at a time; both workers may ask
 
     def start(self) -> None:
         """Start the helper process now (it takes a few tenths of a second), not at the first
@@ -676,47 +709,48 @@ class RowSource:
             self._helper = BuilderProcess()
         return self._helper
 
-    def __call__(self, fd: int, path: str, open_debug: Callable[[str], int | None] = open_host_file, *, small: bool = False) -> bytes:
+    def __call__(self, fd: int, path: str, open_debug: Callable[[str], int | None] = open_host_file, *, may_wait: bool = True) -> bytes:
         """The rows of the file open as ``fd``, mapped as ``path``; ``open_debug(candidate)``
-        opens a separate debug file as the process that maps it would (None: not there). A
-        ``small`` one is built here: its milliseconds would otherwise wait behind the helper's
-        build of a large one.
+        opens a separate debug file as the process that maps it would (None: not there). CFI of
+        at most SMALL_CFI_BYTES is built here, anything larger in the helper, within its time
+        (one file at a time: NeedsHelper rather than a wait for it, unless ``may_wait``).
 
-        Rows are cached by a hash of the file's content, what it is, never by the build id it
-        declares: a program carrying another's build id would otherwise hand that one's
-        processes its rows, here and in the cache on disk across restarts. The hash reads the
-        file to the size it had when it was opened here: one that grew meanwhile (a sparse
-        ftruncate to terabytes) is not hashed to its new end, and has no rows (counted)."""
+        Rows are cached by a hash of what they are built from (rows.CfiInput: the file's
+        .eh_frame, its .debug_frame or its debug file's), never by the build id it declares: a
+        program carrying another's build id would otherwise hand that one's processes its rows,
+        here and in the cache on disk across restarts. Those bytes are read once, hashed, and the
+        rows built from that copy: a file rewritten between a hash and a second read would have
+        had its rows stored under the key of what it held before (another file's, libc's, for
+        every process that maps libc). They are read no further than the size the file had when
+        it was opened here; one whose size changed meanwhile has no rows (counted)."""
         with os.fdopen(os.dup(fd), "rb") as stream:
             try:
                 elf = BoundedElf(stream)
                 headers = ElfHeaders.read_headers(elf, path)
             except Exception as error:
                 raise NoRows(f"not an ELF file: {error}") from None
-            key = elf.digest()
+            candidates = debug_file_candidates(headers.build_id, headers.debuglink, path)
+            with contextlib.closing(_debug_files(candidates, open_debug)) as debug_files:
+                cfi = cfi_of(elf, debug_files)
             if elf.grew():
                 raise NoRows("the file's size changed while it was read")
-        candidates = debug_file_candidates(headers.build_id, headers.debuglink, path)
 
         def build() -> bytes:
-            debug_fds = [found for found in map(open_debug, candidates) if found is not None]
-            try:
-                if small:
-                    return build_rows_at(f"/proc/self/fd/{fd}", [f"/proc/self/fd/{n}" for n in debug_fds])
-                return self._build_elsewhere(fd, debug_fds)
-            finally:
-                for debug_fd in debug_fds:
-                    os.close(debug_fd)
+            if cfi.size <= SMALL_CFI_BYTES:
+                return rows_from(cfi)
+            if not may_wait:
+                raise NeedsHelper(f"{cfi.size} bytes of CFI")
+            return self._build_elsewhere(cfi)
 
-        return self.cache.get_or_build(key, build)
+        return self.cache.get_or_build(cfi.digest(), build)
 
-    def _build_elsewhere(self, fd: int, debug_fds: list[int]) -> bytes:
-        with self._lock:
-            helper = self._running_helper()
-        # Not tried again when the helper dies: the file may be what killed it (memory). The
-        # next file gets a new helper.
-        own = f"/proc/{os.getpid()}/fd"
-        return helper.build(f"{own}/{fd}", [f"{own}/{n}" for n in debug_fds], stopping=lambda: self._closed)
+    def _build_elsewhere(self, cfi: CfiInput) -> bytes:
+        with self._building:
+            with self._lock:
+                helper = self._running_helper()
+            # Not tried again when the helper dies: the file may be what killed it (memory). The
+            # next file gets a new helper.
+            return helper.build(cfi, stopping=lambda: self._closed, timeout_s=self.build_timeout_s)
 
     def close(self) -> None:
         """Stop the helper, abandoning a build under way."""
@@ -725,3 +759,13 @@ class RowSource:
             self._closed = True
         if helper is not None:
             helper.stop()
+
+
+def _debug_files(candidates: Sequence[str], open_debug: Callable[[str], int | None]) -> Iterator[BinaryIO]:
+    """The candidates that open (as the process would open them), each open until the next is
+    asked for: a debug file is read only when the file has no .debug_frame of its own."""
+    for candidate in candidates:
+        fd = open_debug(candidate)
+        if fd is not None:
+            with os.fdopen(fd, "rb") as stream:
+                yield stream

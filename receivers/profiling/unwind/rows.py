@@ -16,8 +16,11 @@ next. Where a function's FDE ends and no other starts, an UNDEFINED row says "no
 from __future__ import annotations
 
 import bisect
+import contextlib
+import dataclasses
+import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO
 
 from pycollector.varint import VarintError
@@ -36,6 +39,10 @@ RBP_SAME, RBP_AT_CFA, RBP_UNSUPPORTED = range(3)
 
 # DWARF register numbers on x86-64.
 RBP, RSP, RETURN_ADDRESS = 6, 7, 16
+_KEPT = frozenset((RBP, RETURN_ADDRESS))  # the registers whose rules a row holds (with the CFA)
+# Compilers nest DW_CFA_remember_state a level or two (a function's epilogues); deeper is a
+# crafted FDE's, whose states would take memory a byte at a time. Its rows are unsupported.
+_MAX_REMEMBERED = 64
 
 # A rule for a register: ("same",), ("undefined",), ("offset", n) (saved at CFA + n), or
 # ("other",) for what the kernel cannot follow (another register, an expression).
@@ -63,25 +70,50 @@ class NoRows(ValueError):
     """The file has no call-frame information to give."""
 
 
+# The most bytes of one CFI section read into memory: libLLVM's .eh_frame, the largest here, is
+# 5 MB. A section claiming more is the file's only when it is crafted: no rows (counted as the
+# ELF readers' sections_too_large), rather than gigabytes in the collector.
+MAX_CFI_SECTION_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class CfiInput:
+    """Everything a file's rows are made from, read once: its .eh_frame, and its .debug_frame or
+    its debug file's, with the address each was linked at. The rows are a function of these
+    alone (`rows_from`), so `digest` names them: it is the key of the rows in memory and on disk.
+    A file rewritten while it is read (same size, same inode) gives rows that match the bytes
+    hashed, whichever they were, never one file's key over another's rows."""
+
+    eh_frame: bytes = b""
+    eh_frame_address: int = 0
+    debug_frame: bytes = b""
+    debug_frame_address: int = 0
+
+    @property
+    def size(self) -> int:
+        """The bytes a build parses: what its time goes by."""
+        return len(self.eh_frame) + len(self.debug_frame)
+
+    def digest(self) -> str:
+        """SHA-256 of the bytes and addresses the rows are built from, in hex."""
+        digest = hashlib.sha256(_DIGEST_TAG)
+        digest.update(_DIGEST_HEADER.pack(self.eh_frame_address, len(self.eh_frame), self.debug_frame_address,
+                                          len(self.debug_frame)))
+        digest.update(self.eh_frame)
+        digest.update(self.debug_frame)
+        return digest.hexdigest()
+
+
+# (A name for what is hashed: no key of these collides with one of a whole file's hash, the key
+# of earlier versions' cache files.)
+_DIGEST_TAG = b"pycollector unwind rows input 1\0"
+_DIGEST_HEADER = struct.Struct("<QQQQ")
+
+
 def build_rows(stream: BinaryIO, debug_files: Sequence[str] = ()) -> bytes:
-    """The packed, sorted rows of the ELF file on ``stream``, from its .eh_frame and, for code
-    that has none there (a build without unwind tables), its .debug_frame, or the .debug_frame of
-    the first of ``debug_files`` (its separate debug file's candidate paths) that exists and has
-    the same build id. Raises NoRows when there is no CFI (or it is not an x86-64 ELF file, or
-    one pyelftools cannot read: the file is the sampled process's to write, and pyelftools raises
-    several kinds of errors for a damaged one)."""
-    elf = _elf(stream)
-    try:
-        fdes = _fdes(elf, ".eh_frame")
-        extra = _fdes(elf, ".debug_frame") or _debug_file_fdes(elf_build_id(elf), debug_files)
-    except NoRows:
-        raise
-    except Exception as error:  # noqa: BLE001 - see above
-        raise NoRows(f"unreadable ELF file: {error!r}") from None
-    fdes += _not_overlapping(extra, fdes)
-    if not fdes:
-        raise NoRows("no .eh_frame or .debug_frame")
-    return pack(rows_of(fdes))
+    """The packed, sorted rows of the ELF file on ``stream``: `rows_from` its `read_cfi`."""
+    with contextlib.closing(_opened(debug_files)) as opened:
+        return rows_from(read_cfi(stream, opened))
 
 
 def build_rows_at(path: str, debug_files: Sequence[str] = ()) -> bytes:
@@ -93,42 +125,94 @@ def build_rows_at(path: str, debug_files: Sequence[str] = ()) -> bytes:
         raise NoRows(f"cannot read {path}: {error}") from None
 
 
+def read_cfi(stream: BinaryIO, debug_files: Iterable[BinaryIO] = ()) -> CfiInput:
+    """`cfi_of` the ELF file on ``stream``."""
+    return cfi_of(_elf(stream), debug_files)
+
+
+def cfi_of(elf: BoundedElf, debug_files: Iterable[BinaryIO] = ()) -> CfiInput:
+    """The CFI of ``elf``: its .eh_frame and, for code that has none there (a build without
+    unwind tables), its .debug_frame, or when it has no .debug_frame, that of the first of
+    ``debug_files`` (its separate debug file's candidates, opened as they are iterated) that is
+    ELF and does not carry another build id. Raises NoRows when it is not x86-64, or one
+    pyelftools cannot read (the file is the sampled process's to write, and pyelftools raises
+    several kinds of errors for a damaged one), or a section is past MAX_CFI_SECTION_BYTES."""
+    _check_machine(elf)
+    try:
+        eh_frame, eh_frame_address = _section(elf, ".eh_frame")
+        debug_frame, debug_frame_address = _section(elf, ".debug_frame")
+        if not debug_frame:
+            debug_frame, debug_frame_address = _debug_file_section(elf_build_id(elf), debug_files)
+    except NoRows:
+        raise
+    except Exception as error:  # noqa: BLE001 - see above
+        raise NoRows(f"unreadable ELF file: {error!r}") from None
+    return CfiInput(eh_frame, eh_frame_address, debug_frame, debug_frame_address)
+
+
+def rows_from(cfi: CfiInput) -> bytes:
+    """The packed, sorted rows of ``cfi``: .eh_frame's, and .debug_frame's for code .eh_frame
+    does not cover. Raises NoRows when there are none, or a section cannot be read."""
+    fdes = _fdes(cfi.eh_frame, cfi.eh_frame_address, ".eh_frame")
+    fdes += _not_overlapping(_fdes(cfi.debug_frame, cfi.debug_frame_address, ".debug_frame"), fdes)
+    if not fdes:
+        raise NoRows("no .eh_frame or .debug_frame")
+    return pack(rows_of(fdes))
+
+
 def _elf(stream: BinaryIO) -> BoundedElf:
     try:
         elf = BoundedElf(stream)
     except Exception as error:  # pyelftools raises several kinds for a file that is not ELF
         raise NoRows(f"not an ELF file: {error}") from None
-    if elf["e_machine"] != "EM_X86_64":
-        raise NoRows(f"not x86-64 ({elf['e_machine']})")
+    _check_machine(elf)
     return elf
 
 
-def _fdes(elf: BoundedElf, name: str) -> list[Fde]:
+def _check_machine(elf: BoundedElf) -> None:
+    if elf["e_machine"] != "EM_X86_64":
+        raise NoRows(f"not x86-64 ({elf['e_machine']})")
+
+
+def _section(elf: BoundedElf, name: str) -> tuple[bytes, int]:
+    """(bytes, address) of section ``name``; no bytes when there is none."""
     section = elf.get_section_by_name(name)
     if section is None or section["sh_type"] == "SHT_NOBITS" or not section["sh_size"]:
+        return b"", 0
+    return section_data(elf, section, MAX_CFI_SECTION_BYTES), section["sh_addr"]
+
+
+def _fdes(data: bytes, address: int, name: str) -> list[Fde]:
+    if not data:
         return []
     try:
-        return list(records(section_data(elf, section), section["sh_addr"], name == ".eh_frame"))
+        return list(records(data, address, name == ".eh_frame"))
     except (CfiError, IndexError, struct.error, ValueError) as error:
         raise NoRows(f"unreadable {name}: {error}") from None
 
 
-def _debug_file_fdes(build_id: str | None, candidates: Sequence[str]) -> list[Fde]:
-    for candidate in candidates:
+def _debug_file_section(build_id: str | None, candidates: Iterable[BinaryIO]) -> tuple[bytes, int]:
+    for stream in candidates:
         try:
-            stream = open(candidate, "rb")  # noqa: SIM115 (closed below)
+            elf = _elf(stream)
+        except NoRows:
+            continue
+        found = elf_build_id(elf)
+        if build_id and found and found != build_id:
+            continue  # the debug file of another build
+        return _section(elf, ".debug_frame")
+    return b"", 0
+
+
+def _opened(paths: Sequence[str]) -> Iterator[BinaryIO]:
+    """The files at ``paths`` that open, each open until the next is asked for."""
+    for path in paths:
+        try:
+            stream = open(path, "rb")  # noqa: SIM115 (closed below)
         except OSError:
             continue
         with stream:
-            try:
-                elf = _elf(stream)
-            except NoRows:
-                continue
-            found = elf_build_id(elf)
-            if build_id and found and found != build_id:
-                continue  # the debug file of another build
-            return _fdes(elf, ".debug_frame")
-    return []
+            yield stream
 
 
 def _not_overlapping(extra: list[Fde], fdes: list[Fde]) -> list[Fde]:
@@ -228,7 +312,7 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
                 row_start = location
         elif high == 0x80:  # DW_CFA_offset
             offset, position = uleb128(code, position)
-            state[low] = ("offset", offset * data_factor)
+            _set(state, low, ("offset", offset * data_factor))
         elif high == 0xC0:  # DW_CFA_restore
             _restore(state, initial, low)
         elif low == 0x00:  # DW_CFA_nop
@@ -248,21 +332,23 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
                 offset, position = uleb128(code, position)
                 if low == 0x2F:
                     offset = -offset
-            state[register] = ("offset", offset * data_factor)
+            _set(state, register, ("offset", offset * data_factor))
         elif low == 0x06:  # DW_CFA_restore_extended
             register, position = uleb128(code, position)
             _restore(state, initial, register)
         elif low == 0x07:  # DW_CFA_undefined
             register, position = uleb128(code, position)
-            state[register] = _UNDEFINED
+            _set(state, register, _UNDEFINED)
         elif low == 0x08:  # DW_CFA_same_value
             register, position = uleb128(code, position)
-            state[register] = _SAME
+            _set(state, register, _SAME)
         elif low in (0x09, 0x14, 0x15):  # DW_CFA_register, val_offset, val_offset_sf
             register, position = uleb128(code, position)
             _, position = (sleb128 if low == 0x15 else uleb128)(code, position)
-            state[register] = _OTHER
+            _set(state, register, _OTHER)
         elif low == 0x0A:  # DW_CFA_remember_state
+            if len(remembered) >= _MAX_REMEMBERED:  # (a byte each: millions of saved states)
+                raise CfiError("DW_CFA_remember_state nested too deep")
             remembered.append(dict(state))
         elif low == 0x0B:  # DW_CFA_restore_state
             if remembered:
@@ -285,7 +371,7 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
             register, position = uleb128(code, position)
             length, position = uleb128(code, position)
             # (a register saved at an address an expression gives: a signal frame's, see _signal_frame)
-            state[register] = ("expression", code[position:position + length]) if low == 0x10 else _OTHER
+            _set(state, register, ("expression", code[position:position + length]) if low == 0x10 else _OTHER)
             position += length
         elif low == 0x12:  # DW_CFA_def_cfa_sf
             register, position = uleb128(code, position)
@@ -300,6 +386,14 @@ def _run(cie: Cie, code: bytes, state: dict, initial: dict | None, location: int
             raise CfiError(f"unknown CFI instruction {opcode:#x}")
     rows.append((row_start, _encode(state)))
     return state, rows
+
+
+def _set(state: dict, register: int, rule: tuple) -> None:
+    """A register's rule, kept only for the registers a row holds: any other is never read, and
+    a CIE naming thousands of them would make each FDE's copy of its state, and each
+    DW_CFA_remember_state, cost that many (work, and memory, quadratic in the section's size)."""
+    if register in _KEPT:
+        state[register] = rule
 
 
 def _restore(state: dict, initial: dict | None, register: int) -> None:
