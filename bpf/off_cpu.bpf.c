@@ -101,6 +101,7 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
     __builtin_memset(&wait->key, 0, sizeof(wait->key));
     wait->key.tgid = tgid;
     wait->key.pid = pid;
+    wait->key.process_start = process_start();
     wait->key.origin = ORIGIN_OFF_CPU;
     bpf_get_current_comm(&wait->key.comm, sizeof(wait->key.comm));
     announce(ctx, &wait->key);

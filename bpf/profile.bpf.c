@@ -8,6 +8,9 @@
  *   -DOFF_CPU=1 ...            off-CPU profiling (off_cpu.bpf.c)
  *   -DPROBABILISTIC=1          samples are taken only while profiling_on[0] is 1 (user space
  *                              draws it every probabilistic_interval: probabilistic.py)
+ *   -DTASK_GROUP_LEADER_OFFSET=n, -DTASK_START_BOOTTIME_OFFSET=n
+ *                              where task_struct keeps these (from the kernel's BTF), which
+ *                              date a sample's process (sample_key.process_start)
  *   -I<this directory>         for profile.h
  *
  * Double buffering: samples are counted in counts_0 or counts_1, chosen by active_slot[0], and
@@ -55,7 +58,7 @@ BPF_ARRAY(active_slot, u32, 1);
 BPF_STACK_TRACE(stack_traces_0, STACK_STORAGE_SIZE);
 BPF_STACK_TRACE(stack_traces_1, STACK_STORAGE_SIZE);
 BPF_PERCPU_ARRAY(counters, u64, PROFILE_NR_COUNTERS);
-BPF_TABLE("lru_hash", u32, u8, known_tgids, KNOWN_PROCESSES_SIZE);
+BPF_TABLE("lru_hash", u32, u64, known_tgids, KNOWN_PROCESSES_SIZE);  /* tgid -> its process_start */
 BPF_PERF_OUTPUT(new_processes);
 /* Samples whose stack collided in the stack map, with both stacks by value (see on_cpu_sample).
  * The event is too big for the 512-byte BPF stack: it is built in a per-CPU scratch slot (the
@@ -93,6 +96,22 @@ static __always_inline void count(u32 index)
     u64 *value = counters.lookup(&index);
     if (value)
         *value += 1;  /* per-CPU slot; a raw tracepoint interrupted by the cpu-clock program may lose one */
+}
+
+/* Which process the running thread belongs to, as sample_key.process_start: its thread group
+ * leader's start_boottime, the time /proc/PID/stat's starttime shows in clock ticks (exec keeps
+ * it, de_thread() too).  A pid names a process only while it lives: the next process to take it
+ * starts later.  Two loads through the BTF pointer bpf_get_current_task_btf() gives (the verifier
+ * checks the offsets against the running kernel's BTF, which they come from), no helper call. */
+static __always_inline u64 process_start(void)
+{
+#if defined(TASK_GROUP_LEADER_OFFSET) && defined(TASK_START_BOOTTIME_OFFSET)
+    struct task_struct *task = bpf_get_current_task_btf();
+    u64 leader = *(u64 *)((char *)task + TASK_GROUP_LEADER_OFFSET);
+    return *(u64 *)((char *)leader + TASK_START_BOOTTIME_OFFSET);
+#else
+    return 0;  /* unknown: user space attributes the sample by its pid alone */
+#endif
 }
 
 static __always_inline void count_stack_error(s32 stack_id, u32 efault, u32 collision, u32 other)
@@ -224,6 +243,7 @@ static __always_inline struct stack_overflow_event *overflow_event(struct sample
         return NULL;
     event->tgid = key->tgid;
     event->pid = key->pid;
+    event->process_start = key->process_start;
     event->value = value;
     event->origin = key->origin;
     __builtin_memcpy(event->comm, key->comm, sizeof(event->comm));
@@ -261,15 +281,30 @@ static __always_inline int send_overflow(struct bpf_perf_event_data *ctx, struct
                                       __builtin_offsetof(struct stack_overflow_event, kernel_ips) + klen);
 }
 
+#include "v8.bpf.c"
+#include "unwind.bpf.c"
+#include "python.bpf.c"
+#include "otel_context.bpf.c"
+
 /* Announce a process the first time it is sampled, so user space can read /proc/<tgid> while it
- * still exists.  insert() is BPF_NOEXIST: of two CPUs racing, one announces. */
+ * still exists.  insert() is BPF_NOEXIST: of two CPUs racing, one announces.  A tgid known as
+ * another process (its pid was reused: a fork took it, and no exec cleared the entry) is announced
+ * again, and the unwinder lets go of its predecessor's mappings (as at an exec) until user space
+ * registers the new process: its stacks are not walked with another program's rows.  Two CPUs
+ * sampling its first instants may both announce it; user space takes the second as a snapshot
+ * again. */
 static __always_inline void announce(void *ctx, struct sample_key *key)
 {
-    if (known_tgids.lookup(&key->tgid))
+    u64 *known = known_tgids.lookup(&key->tgid);
+    if (known) {
+        if (*known == key->process_start)
+            return;
+        *known = key->process_start;
+        unwind_processes.delete(&key->tgid);
+        count(COUNTER_NEW_INCARNATIONS);
+    } else if (known_tgids.insert(&key->tgid, &key->process_start) != 0) {
         return;
-    u8 seen = 1;
-    if (known_tgids.insert(&key->tgid, &seen) != 0)
-        return;
+    }
     struct new_process_event event = {};
     event.tgid = key->tgid;
     event.pid = key->pid;
@@ -281,10 +316,6 @@ static __always_inline void announce(void *ctx, struct sample_key *key)
         count(COUNTER_PERF_OUTPUT_ERRORS);
 }
 
-#include "v8.bpf.c"
-#include "unwind.bpf.c"
-#include "python.bpf.c"
-#include "otel_context.bpf.c"
 
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
@@ -305,6 +336,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     struct sample_key key = {};
     key.tgid = tgid;
     key.pid = pid;
+    key.process_start = process_start();
     key.origin = ORIGIN_CPU;
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
     announce(ctx, &key);

@@ -33,6 +33,11 @@ enum sample_origin {
 struct sample_key {
     u32 tgid;              /* process id (user-space "pid") */
     u32 pid;               /* thread id (user-space "tid") */
+    /* Which process had that id: its thread group leader's start_boottime (ns since boot, what
+     * /proc/PID/stat's starttime counts in clock ticks), or 0 when the kernel's BTF did not say
+     * where to read it.  A pid reused while its predecessor's samples are still counted is
+     * another row, attributed by user space to the snapshot of its own incarnation. */
+    u64 process_start;
     s32 kernel_stack_id;   /* id in stack_traces_N (N: this count map's slot), or -errno */
     s32 user_stack_id;     /* id in stack_traces_N, or -errno from bpf_get_stackid(), or
                             * STACK_HASHED */
@@ -83,7 +88,8 @@ struct thread_ctx_location {
 };
 
 /* Sent through the new_processes perf buffer on the first sample of a tgid that is not in
- * known_tgids (and again after that process calls execve()). */
+ * known_tgids, or that known_tgids holds as another incarnation (process_start: a fork took a pid
+ * whose last process exited), and again after that process calls execve(). */
 struct new_process_event {
     u32 tgid;
     u32 pid;
@@ -107,6 +113,7 @@ struct new_process_event {
 struct stack_overflow_event {
     u32 tgid;
     u32 pid;
+    u64 process_start;     /* as in sample_key */
     u64 value;             /* what the sample adds to its count: 1, or off-CPU nanoseconds */
     u32 origin;            /* enum sample_origin */
     u32 reserved;
@@ -382,7 +389,8 @@ enum profile_counter {
     COUNTER_HOTSPOT_LEAF_EDGES = 48,     /* Java leaves stepped in their prologue or epilogue */
     COUNTER_UNWIND_SIGNAL_FRAMES = 49,   /* signal handlers stepped to the code they interrupted */
     COUNTER_V8_BUILTIN_RETURNS = 50,     /* leaves in a builtin whose return address lay below the stack's top */
-    PROFILE_NR_COUNTERS = 51,
+    COUNTER_NEW_INCARNATIONS = 51,       /* announcements of a known pid taken by another process */
+    PROFILE_NR_COUNTERS = 52,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

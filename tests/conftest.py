@@ -171,6 +171,38 @@ def profiles_codec(request, monkeypatch):
     return request.param
 
 
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def spawn_with_pid(pid: int, argv: list[str]) -> subprocess.Popen:
+    """A process that has ``pid``: the next fork after ns_last_pid = pid - 1 takes it, unless
+    another process of the host forked in between; then try again."""
+    if os.geteuid() != 0:
+        pytest.skip("choosing a pid (ns_last_pid) needs root")
+    # Start times count clock ticks (10 ms): a successor started in the same tick would look like
+    # the same incarnation. On a real host the pid space wraps far slower than that.
+    time.sleep(0.05)
+    for _ in range(20):
+        with open(NS_LAST_PID, "w") as last:
+            last.write(str(pid - 1))
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        if child.pid == pid:
+            loaded(child.pid)
+            return child
+        child.kill()
+        child.wait()
+    pytest.skip(f"could not get pid {pid} again: the host forks too often")
+
+
+def loaded(pid: int) -> None:
+    """Wait until the program has its libraries mapped: Popen returns once exec began, before the
+    kernel and ld.so have mapped everything."""
+    deadline = time.monotonic() + 10
+    while "libc.so" not in open(f"/proc/{pid}/maps").read():
+        assert time.monotonic() < deadline, f"pid {pid} never mapped libc"
+        time.sleep(0.01)
+
+
 def capturing_service(tmp_path: Path, hz: int, reporter_interval: str = "1s"):
     """(a Service, not started, whose profiling receiver samples at ``hz`` and exports to a
     capturing exporter; that exporter's factory, whose consumer holds what it exported)."""

@@ -33,7 +33,7 @@ from pycollector.pdata import iter_samples
 from pycollector.service import Service
 from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
 
-from tests.conftest import WORKLOADS, bpf_unavailable_reason, capturing_service
+from tests.conftest import WORKLOADS, bpf_unavailable_reason, capturing_service, spawn_with_pid
 
 pytestmark = pytest.mark.bpf
 
@@ -323,6 +323,53 @@ int main(void) {
     return 0;
 }
 """
+
+
+def test_a_pid_the_attacker_leaves_to_a_root_program_names_neither_by_the_other(arena):
+    """Issue 42, finding 6: the attacker's program spins and exits, and root's next program takes
+    its pid (ns_last_pid) within the same report or the next. Each sample is named by its own
+    process: linked at addresses the other's program does not map, neither's code may appear
+    under the other's name or files (236 of 237 of root's samples were the attacker's program's)."""
+    attacker_program = arena.attacker_dir / "pidreuse"
+    shutil.copy(compile_c(SPIN_C.replace("NAME", "attacker_spin"), arena.root / "attacker-spin", "-fno-omit-frame-pointer", "-no-pie"),
+                attacker_program)
+    os.chown(attacker_program, NOBODY, NOBODY)
+    root_program = compile_c(SPIN_C.replace("NAME", "rootside_spin"), arena.root / "rootreuse", "-fno-omit-frame-pointer", "-no-pie",
+                             "-Wl,-Ttext-segment=0x20000000")
+    attacker_text, root_text = range(0x400000, 0x800000), range(0x20000000, 0x20400000)
+
+    def attacker_then_root() -> subprocess.Popen:
+        attacker = arena.as_nobody([str(attacker_program), "1.5"])
+        attacker.wait()
+        # (Two seconds of it: the agent, on a host this busy, then catches up on its reports.)
+        return spawn_with_pid(attacker.pid, [str(root_program), "2"])
+
+    # Both programs run once first, so the attack's reports find their files read (a first report
+    # that reads them takes seconds on a busy 2-core host, and the reports are checked to be on time).
+    warm = [arena.as_nobody([str(attacker_program), "1"]), subprocess.Popen([str(root_program), "1"], stdout=subprocess.DEVNULL)]
+    for process in warm:
+        process.wait()
+    time.sleep(2 * INTERVAL_S)
+    exported, root = arena.attack(attacker_then_root)
+    samples = collections.Counter()
+    for message in exported:
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") != root.pid:
+                continue
+            name = view.resource.get("process.executable.name")
+            files = {os.path.basename(frame.mapping_filename) for frame in view.frames if frame.mapping_filename}
+            functions = {frame.function for frame in view.frames}
+            addresses = {frame.address for frame in view.frames if frame.frame_type == "native"}
+            # Whose code it ran, by the addresses the kernel recorded; whose it was named, by the rest.
+            ran = "root" if any(a in root_text for a in addresses) else "attacker" if any(a in attacker_text for a in addresses) else None
+            named = "root" if name == "rootreuse" or "rootreuse" in files or "rootside_spin" in functions else None
+            named_attacker = name == "pidreuse" or "pidreuse" in files or "attacker_spin" in functions
+            assert not (named and named_attacker), (name, files, functions)
+            samples[(ran, named or ("attacker" if named_attacker else None))] += sum(view.values)
+    misnamed = {key: count for key, count in samples.items() if key[0] and key[1] and key[0] != key[1]}
+    assert not misnamed, samples
+    assert samples[("root", None)] == 0, samples  # root's code under another name (setpriv's, say)
+    assert samples[("root", "root")] >= 20, samples
 
 
 def test_a_forged_return_address_beyond_user_space_passes_for_no_python_frame(arena):

@@ -18,46 +18,16 @@ import pytest
 from pycollector.testing import receiver_of
 
 from receivers.profiling.processes.proc import parse_stat
-from receivers.profiling.processes.table import ProcessTable
+from receivers.profiling.processes.table import IncarnationGone, ProcessTable
 
-from tests.conftest import bpf_unavailable_reason, capturing_service
+from tests.conftest import bpf_unavailable_reason, capturing_service, loaded, spawn_with_pid
 
-NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 SPIN = "while True: pass"
 
 
 def start_time(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as stat:
         return parse_stat(stat.read())["starttime"]
-
-
-def spawn_with_pid(pid: int, argv: list[str]) -> subprocess.Popen:
-    """A process that has ``pid``: the next fork after ns_last_pid = pid - 1 takes it, unless
-    another process of the host forked in between; then try again."""
-    if os.geteuid() != 0:
-        pytest.skip("choosing a pid (ns_last_pid) needs root")
-    # Start times count clock ticks (10 ms): a successor started in the same tick would look like
-    # the same incarnation. On a real host the pid space wraps far slower than that.
-    time.sleep(0.05)
-    for _ in range(20):
-        with open(NS_LAST_PID, "w") as last:
-            last.write(str(pid - 1))
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-        if child.pid == pid:
-            loaded(child.pid)
-            return child
-        child.kill()
-        child.wait()
-    pytest.skip(f"could not get pid {pid} again: the host forks too often")
-
-
-def loaded(pid: int) -> None:
-    """Wait until the program has its libraries mapped: Popen returns once exec began, before the
-    kernel and ld.so have mapped everything."""
-    deadline = time.monotonic() + 10
-    while "libc.so" not in open(f"/proc/{pid}/maps").read():
-        assert time.monotonic() < deadline, f"pid {pid} never mapped libc"
-        time.sleep(0.01)
 
 
 def exited_process() -> tuple[int, int]:
@@ -220,3 +190,97 @@ def test_the_kernel_keeps_the_entries_of_a_pid_reused_between_two_scans(tmp_path
             successor.wait()
     finally:
         service.shutdown()
+
+
+# A busy program whose hot function is NAME; non-PIE, so it runs where it was linked (flags may
+# move it: two programs that share no address cannot be named by each other's files).
+SPIN_C = r"""
+volatile unsigned long sink;
+__attribute__((noinline)) void NAME(void) { for (;;) sink++; }
+int main(void) { NAME(); return 0; }
+"""
+
+
+def spin_program(directory, name: str, *flags: str) -> tuple[str, int]:
+    """(path, address of its function ``name``) of a spinning program built in ``directory``."""
+    source = directory / f"{name}.c"
+    source.write_text(SPIN_C.replace("NAME", name))
+    program = directory / name
+    subprocess.run(["gcc", "-O2", "-no-pie", "-fno-omit-frame-pointer", *flags, "-o", str(program), str(source)], check=True, capture_output=True)
+    symbols = subprocess.run(["nm", str(program)], capture_output=True, text=True, check=True).stdout
+    return str(program), next(int(line.split()[0], 16) for line in symbols.splitlines() if line.endswith(f" {name}"))
+
+
+def test_each_incarnation_of_a_pid_has_its_own_snapshot():
+    """A sample is its process's by its pid and its start time (the kernel dates it): the
+    predecessor's snapshot stays for its last samples after its successor is registered; a
+    successor not announced yet is read from /proc; a process gone unknown under a pid another
+    holds is refused, not named as that other."""
+    table = ProcessTable()
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        before = table.on_new_process(first.pid, first.pid, "python3")
+        assert table.incarnation(first.pid, before.start_time_ticks) is before
+    finally:
+        first.kill()
+        first.wait()
+    pid = first.pid
+    successor = spawn_with_pid(pid, ["sleep", "60"])
+    try:
+        info = table.incarnation(pid, start_time(pid))  # (its announcement not handled yet)
+        assert info is table.current(pid) and info.exe_path == os.path.realpath("/usr/bin/sleep")
+        assert table.incarnation(pid, before.start_time_ticks) is before and before.exited
+        assert (table.stats["incarnations_read"], table.stats["predecessors"]) == (1, 1)
+        with pytest.raises(IncarnationGone):  # one never known, gone, its pid another's now
+            table.incarnation(pid, before.start_time_ticks - 1)
+        assert table.incarnation(pid, None) is info  # (undated: by pid, as before)
+        table.forget_exited()
+        assert table.incarnation(pid, before.start_time_ticks) is before  # its samples may still come
+        table.forget_exited()
+        with pytest.raises(IncarnationGone):
+            table.incarnation(pid, before.start_time_ticks)
+        assert table.incarnation(pid, info.start_time_ticks) is info
+    finally:
+        successor.kill()
+        successor.wait()
+    gone, started = exited_process()
+    if not os.path.exists(f"/proc/{gone}"):  # (unless the host took its pid meanwhile)
+        assert ProcessTable().incarnation(gone, started) is None  # reported by its threads' names, as before
+
+
+def test_a_report_names_each_incarnation_of_a_pid_by_its_own_program(tmp_path):
+    """Samples of two processes that had one pid, in one interval: each is named by its own
+    program's file, and a third's (gone unknown, its pid another's) is dropped and counted."""
+    from pycollector.pdata import iter_samples
+    from receivers.profiling.kernel.samples import Interval, StackCount
+    from receivers.profiling.report import ReportBuilder
+    from receivers.profiling.symbols.symbolizer import Symbolizer
+
+    first_program, first_function = spin_program(tmp_path, "first_spin")
+    second_program, second_function = spin_program(tmp_path, "second_spin", "-Wl,-Ttext-segment=0x20000000")
+    table = ProcessTable()
+    symbolizer = Symbolizer(table)  # (before the snapshots: it keeps their files open)
+    first = subprocess.Popen([first_program])
+    try:
+        loaded(first.pid)
+        before = table.on_new_process(first.pid, first.pid, "first_spin")
+    finally:
+        first.kill()
+        first.wait()
+    pid = first.pid
+    successor = spawn_with_pid(pid, [second_program])
+    try:
+        after = table.on_new_process(pid, pid, "second_spin")  # its announcement
+        stacks = [StackCount(pid, pid, "first_spin", [], [first_function], 3, start_ticks=before.start_time_ticks),
+                  StackCount(pid, pid, "second_spin", [], [second_function], 4, start_ticks=after.start_time_ticks),
+                  StackCount(pid, pid, "third", [], [second_function], 5, start_ticks=before.start_time_ticks - 1)]
+        dropped = []
+        data = ReportBuilder(table, symbolizer).build(Interval(stacks, 0, 1, 0, 1, frequency_hz=100),
+                                                      on_dropped=lambda *drop: dropped.append(drop))
+        named = {(view.resource["process.executable.name"], view.frames[0].function, os.path.basename(view.frames[0].mapping_filename),
+                  view.values[0]) for view in iter_samples(data)}
+        assert named == {("first_spin", "first_spin", "first_spin", 3), ("second_spin", "second_spin", "second_spin", 4)}
+        assert dropped == [(pid, 5, 0, "pid_reused")]
+    finally:
+        successor.kill()
+        successor.wait()

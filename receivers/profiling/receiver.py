@@ -78,7 +78,7 @@ class ProfilingReceiver(Component):
         self._last_counters: dict[str, int] = {}
         telemetry = settings.telemetry
         self._bpf_counters = telemetry.counter("pycollector_profiling_bpf_events", "Events counted by the profiling receiver's BPF program and its reader.", ("event",))
-        self._dropped = telemetry.counter("pycollector_profiling_dropped_samples", "Samples the profiling receiver dropped after downstream kept refusing them.", ("reason",))
+        self._dropped = telemetry.counter("pycollector_profiling_dropped_samples", "Samples the profiling receiver dropped, by reason: downstream kept refusing them (refused, shutdown), their process could not be built (build_error), or it was gone and its pid another process's (pid_reused).", ("reason",))
         self._dropped_off_cpu = telemetry.counter("pycollector_profiling_dropped_off_cpu_seconds", "Off-CPU time the profiling receiver dropped.", ("reason",))
         self._report_errors = telemetry.counter("pycollector_profiling_report_errors", "Reports of the profiling receiver that failed as a whole (their samples are lost).")
         self._processes_gauge = telemetry.gauge("pycollector_profiling_known_processes", "Processes whose /proc snapshot the receiver holds.")
@@ -213,7 +213,7 @@ class ProfilingReceiver(Component):
         _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large"))
         _publish(self._stats, self.symbolizer.loads, "symbol_", ("loads_deferred", "loads_stuck"))
         _publish(self._stats, self.reports, names=("samples_carried",))
-        _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots"))
+        _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots", "predecessors", "incarnations_read", "incarnations_gone"))
         _publish(self._context_stats, self.contexts)
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",
                                                               "files_over_budget", "long_lines", "names_truncated"))
@@ -352,7 +352,7 @@ class ProfilingReceiver(Component):
         except Exception as error:  # keep profiling; one bad read must not stop the agent
             self.log.exception("could not read this interval's counts from the kernel", error=str(error))
             return
-        data = self.reports.build(interval, on_error=self._process_failed, final=final)
+        data = self.reports.build(interval, on_error=self._process_failed, final=final, on_dropped=self._samples_dropped)
         self._record_counters(interval.counters)
         self._report_progress.stage("forgetting exited processes")
         if self.targeting is not None:
@@ -390,6 +390,14 @@ class ProfilingReceiver(Component):
         self._dropped_off_cpu.labels(reason="build_error").inc(off_cpu_ns / 1e9)
         log_once(self.log, ("build-error", tgid), "error", "could not build this process's profile; its samples are dropped", pid=tgid, samples=samples,
                  off_cpu_seconds=round(off_cpu_ns / 1e9, 3), error=repr(error))
+
+    def _samples_dropped(self, tgid: int, samples: int, off_cpu_ns: int, reason: str) -> None:
+        """A process's stacks that no snapshot of it can name: it exited unknown and its pid is
+        another process's (reason pid_reused), whose program and names are not its."""
+        self._dropped.labels(reason=reason).inc(samples)
+        self._dropped_off_cpu.labels(reason=reason).inc(off_cpu_ns / 1e9)
+        log_once(self.log, ("dropped", reason), "info", "samples of a process gone unknown, whose pid another process holds, are dropped (counted in "
+                 "pycollector_profiling_dropped_samples)", pid=tgid, samples=samples, reason=reason)
 
     def _drop(self, data, reason: str, why: str) -> None:
         dropped = sample_count(data)

@@ -27,7 +27,7 @@ from pycollector.pdata import CPU_SAMPLES, CPU_TIME, OFF_CPU_TIME, ProfilesBuild
 from receivers.profiling.kernel.samples import Interval, StackCount
 from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.processes.proc import ProcessInfo
-from receivers.profiling.processes.table import ProcessTable
+from receivers.profiling.processes.table import IncarnationGone, ProcessTable
 from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND
 from receivers.profiling.stall_watch import Progress
 from receivers.profiling.symbols.frame import Frame
@@ -60,44 +60,55 @@ class ReportBuilder:
         # Stacks of processes held back one report because a file of theirs was still being read
         # (symbols/loads.py): sent with the next report's, named, rather than unnamed now.
         self._carried: list[StackCount] = []
-        self.stats = {"samples_carried": 0}
-        self._native_frames: dict[int, dict] = {}
+        self.stats = {"samples_carried": 0, "samples_of_gone_processes": 0}
+        self._native_frames: dict[tuple[int, int | None], dict] = {}
 
     def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None,
-              *, final: bool = False) -> profiles_pb2.ProfilesData:
+              *, final: bool = False, on_dropped: Callable[[int, int, int, str], None] | None = None) -> profiles_pb2.ProfilesData:
         """One ResourceProfiles per process. A process whose stacks cannot be symbolized is left
         out and reported to ``on_error(tgid, samples, off_cpu_ns, error)`` (its CPU samples and its
         off-CPU nanoseconds); the others are still built. A process with frames in a file still
-        being read is held back to the next report, once (never in the ``final`` one)."""
+        being read is held back to the next report, once (never in the ``final`` one). A process
+        is its pid and its start (a pid reused within the interval is two processes): one gone
+        whose pid another process holds, or held when last seen, is left out and reported to
+        ``on_dropped(tgid, samples, off_cpu_ns, "pid_reused")``, never named as that other."""
         builder = ProfilesBuilder()
         self.symbolizer.new_report()
         for runtime in self.runtimes:
             runtime.new_report()
         self._native_frames = collections.defaultdict(dict)  # per process, for this report: see symbolize_user
         locations: dict[Frame, int] = {}  # the same frame recurs across stacks and threads
-        by_process: dict[int, list[StackCount]] = collections.defaultdict(list)
-        carried = {stack.tgid for stack in self._carried}
+        by_process: dict[tuple[int, int | None], list[StackCount]] = collections.defaultdict(list)
+        carried = {(stack.tgid, stack.start_ticks) for stack in self._carried}
         for stack in self._carried + interval.stacks:
-            by_process[stack.tgid].append(stack)
+            by_process[(stack.tgid, stack.start_ticks)].append(stack)
         self._carried = []
         if self.contexts is not None:
             self.progress.stage("reading the processes' OpenTelemetry contexts")
-            self.contexts.refresh(by_process)
+            self.contexts.refresh({tgid for tgid, _ in by_process})
             self._span_attributes = self._name_span_attributes([stack for stacks in by_process.values() for stack in stacks])
         # Newest processes first (the highest pids, but for a wrap): the likeliest to exit before
         # the report reaches them, when what is read from a process's memory (the names of its
         # JIT code, its interpreters' frames) can no longer be read.
-        for tgid, stacks in sorted(by_process.items(), reverse=True):
+        for (tgid, started), stacks in sorted(by_process.items(), key=lambda item: (item[0][0], item[0][1] or 0), reverse=True):
             built = len(builder.data.resource_profiles)
             self.progress.stage(f"building the profile of pid {tgid}")
             try:
+                try:
+                    info = self.processes.incarnation(tgid, started)
+                except IncarnationGone:
+                    samples = sum(stack.count for stack in stacks if not stack.off_cpu)
+                    self.stats["samples_of_gone_processes"] += samples
+                    if on_dropped is not None:
+                        on_dropped(tgid, samples, sum(stack.count for stack in stacks if stack.off_cpu), "pid_reused")
+                    continue
                 deferred = self.symbolizer.deferred
-                symbolized = [(stack, self._frames(tgid, stack)) for stack in stacks]
-                if self.symbolizer.deferred > deferred and not final and tgid not in carried:
+                symbolized = [(stack, self._frames(tgid, stack, info)) for stack in stacks]
+                if self.symbolizer.deferred > deferred and not final and (tgid, started) not in carried:
                     self._carried.extend(stacks)
                     self.stats["samples_carried"] += sum(stack.count for stack in stacks if not stack.off_cpu)
                     continue
-                self._add_process(builder, interval, tgid, symbolized, locations)
+                self._add_process(builder, interval, tgid, info, symbolized, locations)
             except Exception as error:  # one bad file or process must not cost the whole interval
                 if on_error is None:
                     raise
@@ -120,23 +131,32 @@ class ReportBuilder:
                 named[(tgid, span)] = attributes
         return named
 
-    def _frames(self, tgid: int, stack: StackCount) -> list[Frame]:
+    def _frames(self, tgid: int, stack: StackCount, info: ProcessInfo | None) -> list[Frame]:
+        """The stack's frames; its native ones named from ``info``, the snapshot of the process
+        that took it (None: gone unknown, left unnamed)."""
         frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
         if stack.off_cpu:
             frames = _from_scheduler(frames)
         if stack.user_addrs:
-            memo = self._native_frames[tgid]
+            memo = self._native_frames[(tgid, stack.start_ticks)]
+
+            def native(addresses: list[int]) -> list[Frame]:
+                if info is None:
+                    return [Frame(address, "native") for address in addresses]
+                return self.symbolizer.symbolize_user(tgid, addresses, memo, info=info)
+
             user = None
             for runtime in self.runtimes:
-                user = runtime.user_frames(tgid, stack.user_addrs, lambda native: self.symbolizer.symbolize_user(tgid, native, memo))
+                user = runtime.user_frames(tgid, stack.user_addrs, native)
                 if user is not None:
                     break
-            frames += user if user is not None else self.symbolizer.symbolize_user(tgid, stack.user_addrs, memo)
+            frames += user if user is not None else native(stack.user_addrs)
         return frames
 
-    def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, symbolized: list, locations: dict) -> None:
+    def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, info: ProcessInfo | None, symbolized: list,
+                     locations: dict) -> None:
         stacks = [stack for stack, _ in symbolized]
-        resource = builder.resource_profiles(self._resource_attributes(tgid, self.processes.lookup(tgid), stacks), schema_url=SCHEMA_URL)
+        resource = builder.resource_profiles(self._resource_attributes(tgid, info, stacks), schema_url=SCHEMA_URL)
         scope = builder.scope_profiles(resource, name=SCOPE_NAME, version=SCOPE_VERSION, schema_url=SCHEMA_URL)
         # (sample type, period type) of each kind: CPU samples at the sampling period, off-CPU time without one.
         for off_cpu, (sample_type, period_type) in ((False, (CPU_SAMPLES, CPU_TIME)), (True, (OFF_CPU_TIME, ("", "")))):
@@ -175,7 +195,9 @@ class ReportBuilder:
             attributes["container.id"] = info.container_id
         for name, value in sorted(info.env.items()):
             attributes[f"process.environment_variable.{name}"] = value
-        context = self.contexts.context(tgid) if self.contexts is not None else None
+        # (The contexts are the pid's process's now: none for one whose pid was reused since.)
+        current = self.processes.current(tgid) is info
+        context = self.contexts.context(tgid) if self.contexts is not None and current else None
         if context is not None:
             # The SDK's resource (service.name above all), except what the kernel told the agent:
             # a process may name its service as it likes, not pass for another process or container.

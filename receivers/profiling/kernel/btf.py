@@ -117,3 +117,10 @@ def task_tgid_offset(path: str = VMLINUX_BTF) -> int:
 def task_pid_offset(path: str = VMLINUX_BTF) -> int:
     """Where task_struct keeps the thread's id (off-CPU profiling reads the next thread's)."""
     return Btf.of_running_kernel(path).member_offset("task_struct", "pid")
+
+
+def task_start_offsets(path: str = VMLINUX_BTF) -> tuple[int, int]:
+    """Where task_struct keeps its thread group leader and its start_boottime: the BPF program
+    dates each sample's process by its leader's (what /proc/PID/stat's starttime shows)."""
+    btf = Btf.of_running_kernel(path)
+    return btf.member_offset("task_struct", "group_leader"), btf.member_offset("task_struct", "start_boottime")

@@ -36,12 +36,14 @@ class CountRow(NamedTuple):
     origin: int
     kernel_stack_hash: int
     span: bytes  # trace id and span id (24 bytes), or b"" outside any span
+    process_start: int  # the process's start_boottime (ns), or 0 unknown
 
     @classmethod
     def of(cls, key, value) -> CountRow:
         span = bytes(key.trace_id) + bytes(key.span_id)
         return cls(key.tgid, key.pid, key.comm, key.kernel_stack_id, key.user_stack_id, key.user_leaf_return,
-                   map_int(value), key.user_stack_hash, key.origin, key.kernel_stack_hash, span if any(span) else b"")
+                   map_int(value), key.user_stack_hash, key.origin, key.kernel_stack_hash, span if any(span) else b"",
+                   key.process_start)
 
 
 @dataclass
@@ -106,7 +108,7 @@ class SlotReader:
                 else:
                     uaddrs = _within_user_space(uaddrs)
             out.append(stack_count(row.tgid, row.pid, row.comm, kaddrs, uaddrs, row.user_leaf_return, row.count,
-                                   kerr, uerr, row.origin, row.span))
+                                   kerr, uerr, row.origin, row.span, row.process_start))
         return SlotContents(out, missing, freed, raced)
 
     def _drain_counts(self, table) -> list[CountRow]:

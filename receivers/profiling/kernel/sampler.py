@@ -145,6 +145,15 @@ class Sampler:
             self.task_fsbase_offset = kernel_btf.task_fsbase_offset()
         except kernel_btf.BtfError as error:
             self.python_frames_error = str(error)
+        # Where task_struct keeps its leader and start time, which date each sample's process (its
+        # pid may be another process's by the time user space reads it); None: samples are
+        # attributed by pid alone.
+        self.task_start_offsets: tuple[int, int] | None = None
+        try:
+            self.task_start_offsets = kernel_btf.task_start_offsets()
+        except kernel_btf.BtfError as error:
+            self.log.warning("samples are attributed to processes by pid alone: the kernel's BTF does not say where a process's start time is kept",
+                             reason=str(error))
 
         self.program_cache = ProgramCache(settings.program_cache_dir, self.log)
         self._bpf = None
@@ -162,7 +171,8 @@ class Sampler:
         self._interval_start = (0, 0)
         self._final_counters: dict[str, int] = {}  # BPF counters as of close()
         # Samples whose stack collided in the stack map, sent by value: {(tgid, tid, comm,
-        # kernel addrs, user addrs, user_leaf_return, kernel error, user error, origin): count}
+        # kernel addrs, user addrs, user_leaf_return, kernel error, user error, origin, span,
+        # process start): count}
         self._overflow: dict[tuple, int] = {}
         self._overflow_lock = threading.Lock()
         # Who is reading the perf buffers, and how many reads started / ended (see collect()).
@@ -200,6 +210,8 @@ class Sampler:
             f"-I{self.source.parent}",
             *settings.cflags(),
             *([f"-DTASK_FSBASE_OFFSET={self.task_fsbase_offset}"] if self.task_fsbase_offset is not None else []),
+            *([f"-DTASK_GROUP_LEADER_OFFSET={self.task_start_offsets[0]}", f"-DTASK_START_BOOTTIME_OFFSET={self.task_start_offsets[1]}"]
+              if self.task_start_offsets is not None else []),
             *([f"-DTASK_TGID_OFFSET={kernel_btf.task_tgid_offset()}"] if settings.target_tgids_size else []),
             *([f"-DTASK_PID_OFFSET={kernel_btf.task_pid_offset()}"] if settings.off_cpu_threshold else []),
         ]
@@ -346,7 +358,7 @@ class Sampler:
         uaddrs = tuple((ct.c_uint64 * ulen).from_address(data + self._overflow_header))
         span = bytes(event.trace_id) + bytes(event.span_id)
         key = (event.tgid, event.pid, event.comm, kaddrs, uaddrs, event.user_leaf_return,
-               event.kernel_error, event.user_error, event.origin, span if any(span) else b"")
+               event.kernel_error, event.user_error, event.origin, span if any(span) else b"", event.process_start)
         with self._overflow_lock:
             self._overflow[key] = self._overflow.get(key, 0) + event.value
         with self._user_lock:
@@ -473,8 +485,8 @@ class Sampler:
         slot = self._slots.read(self._count_maps[drained_slot], self._stack_maps[drained_slot],
                                 self._user_stack_maps[drained_slot])
         out = slot.stacks
-        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr, origin, span), count in overflow.items():
-            out.append(stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count, kerr, uerr, origin, span))
+        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr, origin, span, started), count in overflow.items():
+            out.append(stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count, kerr, uerr, origin, span, started))
 
         with self._user_lock:
             self._user["missing_stacks"] += slot.missing

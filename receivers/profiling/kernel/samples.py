@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+# /proc/PID/stat counts a process's start in these (USER_HZ); the kernel's nsec_to_clock_t()
+# divides its start_boottime by the nanoseconds of one.
+NS_PER_CLOCK_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 # bpf/profile.h, enum sample_origin: what a count map entry counts.
 ORIGIN_CPU = 0  # cpu-clock samples
@@ -27,6 +32,9 @@ class StackCount:
     user_stack_error: int = 0
     off_cpu: bool = False  # where the thread waited (its stacks when it left the CPU)
     span: bytes = b""  # the trace id and span id it ran in (OpenTelemetry thread context), or b""
+    # Which process had the pid: its start as /proc/PID/stat's starttime shows it (clock ticks
+    # since boot), or None when the kernel could not say (see sample_key.process_start).
+    start_ticks: int | None = None
 
 
 @dataclass(slots=True)
@@ -52,9 +60,9 @@ class Interval:
 
 
 def stack_count(tgid: int, pid: int, comm: bytes, kaddrs, uaddrs, leaf_return: int, count: int,
-                kerr: int, uerr: int, origin: int = ORIGIN_CPU, span: bytes = b"") -> StackCount:
+                kerr: int, uerr: int, origin: int = ORIGIN_CPU, span: bytes = b"", process_start_ns: int = 0) -> StackCount:
     """A StackCount from what the kernel sent, with the caller frame-pointer unwinding skips (see
-    sample_key.user_leaf_return in profile.h) put back."""
+    sample_key.user_leaf_return in profile.h) put back, and its process's start in /proc's unit."""
     uaddrs = list(uaddrs or ())
     if leaf_return and uaddrs and (len(uaddrs) < 2 or uaddrs[1] != leaf_return):
         uaddrs.insert(1, leaf_return)
@@ -62,4 +70,5 @@ def stack_count(tgid: int, pid: int, comm: bytes, kaddrs, uaddrs, leaf_return: i
         tgid=tgid, tid=pid, comm=comm.decode("utf-8", "replace"),
         kernel_addrs=list(kaddrs or ()), user_addrs=uaddrs, count=count,
         kernel_stack_error=kerr, user_stack_error=uerr, off_cpu=origin == ORIGIN_OFF_CPU, span=span,
+        start_ticks=process_start_ns // NS_PER_CLOCK_TICK if process_start_ns else None,
     )

@@ -20,6 +20,13 @@ still holds samples of a process that just exited can be reported with its metad
 already replaced by its successor is not forgotten; a successor found alive when its
 predecessor is removed is snapshotted and registered at once (if ``admits`` it), as its
 announcement would: the kernel, which knew the pid, did not announce it.
+
+Incarnations: a pid names a process only while it lives, and the kernel dates each sample's
+process (its start time, StackCount.start_ticks).  `incarnation()` gives a sample the snapshot of
+its own process, never its pid's predecessor's or successor's: a snapshot replaced by the pid's
+next process is kept (as a predecessor) for the reports that may still hold its samples, and a
+process the table does not hold is read from /proc if /proc still shows it; a sample of a process
+that is neither is refused (`IncarnationGone`) rather than named with another program.
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Registrations of one announcement: a process that execs while registered is registered again,
 # and one that keeps exec'ing (a chain of wrappers) is left to its next sample.
 MAX_REGISTRATIONS = 3
+
+
+class IncarnationGone(LookupError):
+    """A sample's process exited unknown to the table, and its pid belongs to, or was last known
+    as, another process: nothing of that process may name the sample."""
 
 
 def _same_image(before: tuple[str, int] | None, after: tuple[str, int] | None) -> bool:
@@ -71,6 +83,10 @@ class ProcessTable:
         self._clock = clock
         self._lock = threading.RLock()
         self._procs: dict[int, ProcessInfo] = {}
+        # Snapshots replaced by their pid's next process, by (tgid, start time): their last samples
+        # may come in the next reports. Each forget_exited() ages them; the second removes them.
+        self._predecessors: dict[tuple[int, int], ProcessInfo] = {}
+        self._aged_predecessors: set[tuple[int, int]] = set()
         self._programs = itertools.count(1)
         # Held while a process's life changes and its watchers are told (see the module's doc).
         self._life = threading.RLock()
@@ -81,7 +97,7 @@ class ProcessTable:
         self.admits: Callable[[int], bool] = lambda _tgid: True
         self._boot_time_s = _boot_time_s(proc_root)
         self.stats = {"snapshots": 0, "partial_snapshots": 0, "maps_refreshes": 0, "expired": 0, "successors": 0, "watcher_errors": 0,
-                      "execs_while_registering": 0}
+                      "execs_while_registering": 0, "predecessors": 0, "incarnations_read": 0, "incarnations_gone": 0}
 
     # ----------------------------------------------------------------------- snapshots
 
@@ -147,13 +163,23 @@ class ProcessTable:
             info.threads[pid] = comm
             if not info.comm and pid == tgid:
                 info.comm = comm  # gone before we could read it: the sample's name is all we have
+        return self._install(tgid, info)
+
+    def _install(self, tgid: int, info: ProcessInfo) -> ProcessInfo:
+        """Make ``info`` tgid's snapshot and tell the watchers."""
         with self._life:
             with self._lock:
                 before = self._procs.get(tgid)
                 self._procs[tgid] = info
-            # Another process under this pid (an exec re-announces it before a scan saw its
-            # predecessor gone): the predecessor's exit first, as a scan would have told it.
-            if before is not None and info.start_time_ticks is not None and before.start_time_ticks != info.start_time_ticks:
+                # Another process under this pid (announced before a scan saw its predecessor
+                # gone): the predecessor is kept for its samples still to be reported.
+                replaced = before is not None and info.start_time_ticks is not None and before.start_time_ticks != info.start_time_ticks
+                if replaced and before.start_time_ticks is not None:
+                    before.exited = True
+                    self._predecessors[(tgid, before.start_time_ticks)] = before
+                    self.stats["predecessors"] += 1
+            # The predecessor's exit first, as a scan would have told it.
+            if replaced:
                 self._exited(tgid)
             self._changed(info)
         return info
@@ -263,6 +289,37 @@ class ProcessTable:
                 self._changed(info)
         return info
 
+    def current(self, tgid: int) -> ProcessInfo | None:
+        """The snapshot the table holds for tgid now, without reading /proc."""
+        with self._lock:
+            return self._procs.get(tgid)
+
+    def incarnation(self, tgid: int, start_ticks: int | None) -> ProcessInfo | None:
+        """The snapshot of the process that took a sample: tgid's, started at ``start_ticks``
+        (StackCount.start_ticks; None, the kernel could not say: tgid's, as `lookup`). One the
+        table does not hold (its announcement lost or not yet handled, or replaced by this one's
+        predecessor's) is read from /proc when /proc still shows it, and registered. None: it is
+        gone and was never known (its samples keep their threads' names). Raises
+        IncarnationGone when it is gone and its pid belongs to another process, or was last known
+        as one: that process's program and names are not this one's."""
+        if start_ticks is None:
+            return self.lookup(tgid)
+        with self._lock:
+            info = self._procs.get(tgid)
+            predecessor = self._predecessors.get((tgid, start_ticks))
+        if info is not None and info.start_time_ticks == start_ticks:
+            return info
+        if predecessor is not None:
+            return predecessor
+        fresh = self.snapshot(tgid)
+        if fresh.start_time_ticks == start_ticks:
+            self.stats["incarnations_read"] += 1
+            return self._install(tgid, fresh)
+        if fresh.start_time_ticks is None and (info is None or info.start_time_ticks is None):
+            return None  # (a snapshot without a start time has only a sample's name: nobody's program)
+        self.stats["incarnations_gone"] += 1
+        raise IncarnationGone(f"pid {tgid}'s process that started at tick {start_ticks} is gone")
+
     def observe_thread(self, tgid: int, tid: int, comm: str) -> None:
         """Record a thread name seen in a sample key (threads rename themselves)."""
         with self._lock:
@@ -275,20 +332,23 @@ class ProcessTable:
             info = self._procs.get(tgid)
             return info.threads.get(tid) if info else None
 
-    def find_mapping(self, tgid: int, addr: int, *, rate_limited: bool = True) -> Mapping | None:
-        """The executable mapping of tgid that holds addr.  On a miss (a library dlopen()ed
-        after the snapshot, or mapped by ld.so after a snapshot taken at exec), re-read
-        /proc/PID/maps, at most once per maps_refresh_interval_s unless ``rate_limited`` is
-        False (the kernel's unwinder asks at most every 100 ms per process already, and a
-        100 ms process cannot wait a second)."""
-        info = self.lookup(tgid)
+    def find_mapping(self, tgid: int, addr: int, *, rate_limited: bool = True, info: ProcessInfo | None = None) -> Mapping | None:
+        """The executable mapping of tgid (of its snapshot ``info``, by default the table's) that
+        holds addr.  On a miss (a library dlopen()ed after the snapshot, or mapped by ld.so after
+        a snapshot taken at exec), re-read /proc/PID/maps, at most once per
+        maps_refresh_interval_s unless ``rate_limited`` is False (the kernel's unwinder asks at
+        most every 100 ms per process already, and a 100 ms process cannot wait a second); what
+        is read is another incarnation's when it started at another time, and not looked in."""
+        info = info or self.lookup(tgid)
         if info is None:
             return None
         m = info.find_mapping(addr)
         if m is not None or info.exited or info.kernel_thread:
             return m
-        info = self.refresh_maps(tgid, rate_limited=rate_limited)
-        return info.find_mapping(addr) if info is not None else None
+        refreshed = self.refresh_maps(tgid, rate_limited=rate_limited)
+        if refreshed is None or refreshed.start_time_ticks != info.start_time_ticks:
+            return None
+        return refreshed.find_mapping(addr)
 
     def refresh_maps(self, tgid: int, *, rate_limited: bool = True) -> ProcessInfo | None:
         """Read /proc/PID/maps again (a library dlopen()ed, a region mapped since the snapshot);
@@ -364,6 +424,10 @@ class ProcessTable:
                 removed.append(info.pid)
                 self._register_successor(info)
         self.stats["expired"] += len(removed)
+        with self._lock:  # (their watchers were told when they were replaced)
+            for key in self._aged_predecessors:
+                self._predecessors.pop(key, None)
+            self._aged_predecessors = set(self._predecessors)
         return removed
 
     def _remove(self, info: ProcessInfo) -> bool:

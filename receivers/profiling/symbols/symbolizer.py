@@ -157,20 +157,24 @@ class Symbolizer:
 
     # ----------------------------------------------------------------------- user
 
-    def symbolize_user(self, tgid: int, addrs: Sequence[int], memo: dict | None = None) -> list[Frame]:
+    def symbolize_user(self, tgid: int, addrs: Sequence[int], memo: dict | None = None, info: ProcessInfo | None = None) -> list[Frame]:
         """Native user stack of process tgid, leaf first (needs a ProcessTable). ``memo``: the
-        frames already made for this process (a report's stacks share most of their frames)."""
+        frames already made for this process (a report's stacks share most of their frames).
+        ``info``: the snapshot of the process that took the stack (ProcessTable.incarnation), by
+        default the table's; one the table no longer holds (its pid was reused) has no JIT code
+        named: its perf map's place is its successor's now."""
         if self.processes is None:
             raise ValueError("Symbolizer was created without a ProcessTable; "
                              "use symbolize_process(info, addrs)")
-        info = self.processes.lookup(tgid)
+        info = info or self.processes.lookup(tgid)
         if info is None:
             return [Frame(a, "native") for a in addrs]
         return self.symbolize_process(
-            info, addrs, find_mapping=lambda a: self.processes.find_mapping(tgid, a), memo=memo)
+            info, addrs, find_mapping=lambda a: self.processes.find_mapping(tgid, a, info=info), memo=memo,
+            jit_names=self.processes.current(tgid) is info)
 
     def symbolize_process(self, info: ProcessInfo, addrs: Sequence[int],
-                          find_mapping=None, memo: dict | None = None) -> list[Frame]:
+                          find_mapping=None, memo: dict | None = None, jit_names: bool = True) -> list[Frame]:
         find = find_mapping or info.find_mapping
         memo = {} if memo is None else memo
         out = []
@@ -179,22 +183,23 @@ class Symbolizer:
                 key = (addr, i > 0)  # a return address is looked up one byte back
                 frame = memo.get(key)
                 if frame is None:
-                    frame = memo[key] = self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr))
+                    frame = memo[key] = self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr), jit_names)
                 out.append(frame)
                 if frame.name in GO_STACK_TOPS:
                     break
         return out
 
     def _symbolize_one(self, info: ProcessInfo, addr: int, lookup_addr: int,
-                       m: Mapping | None) -> Frame:
+                       m: Mapping | None, jit_names: bool = True) -> Frame:
+        jit = self.jit if jit_names else None
         if m is None:
             return Frame(addr, "native")
         base = dict(file=m.path or None, mapping_start=m.start, mapping_limit=m.end,
                     mapping_offset=m.offset)
         if not m.file_backed:
-            if self.jit is None:
+            if jit is None:
                 return Frame(addr, "native", **base)
-            name, start, kind = self.jit.frame(info, addr)
+            name, start, kind = jit.frame(info, addr)
             return Frame(addr, kind, name=name, offset=addr - start if name else 0, **base)
         elf = self._elf_for(info, m)
         if elf is None:
@@ -216,8 +221,8 @@ class Symbolizer:
         if go is not None:  # (a Go program's C code, cgo's, is not in Go's table: native below)
             return Frame(addr, "go", name=go.name, offset=file_address - go.entry, file_address=file_address,
                          source_file=go.file, line=go.line, **elf.ids, **base)
-        if sym is None and self.jit is not None:
-            sym = self.jit.name(info, addr)
+        if sym is None and jit is not None:
+            sym = jit.name(info, addr)
             if sym is not None:  # a perf map's names are of addresses, not of file offsets
                 return Frame(addr, "native", name=sym[0], offset=addr - sym[1], file_address=file_address, **elf.ids, **base)
         if sym is None:
