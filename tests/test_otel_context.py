@@ -320,6 +320,33 @@ def _routes_by_leaf(messages, pid: int) -> dict:
     return out
 
 
+def test_a_span_naming_keys_its_process_never_publishes_costs_one_context_read_a_report():
+    """A record whose attributes use key indices the key map lacks has the context read again
+    (the OTEP: its map may have grown), but once a report, not once per span or sample."""
+    import structlog
+
+    from receivers.profiling.otel_context.contexts import ProcessContexts
+    from receivers.profiling.processes.table import ProcessTable
+
+    publisher = Publisher(resource(service__name="keys", threadlocal__schema_version="tlsdesc_v1_dev",
+                                   threadlocal__attribute_key_map=["http.route"]))
+    table = ProcessTable()
+    contexts = ProcessContexts(table, structlog.get_logger())
+    try:
+        contexts._changed(table.snapshot(publisher.pid))
+        assert contexts.context(publisher.pid).key_map == ("http.route",)
+        unknown = bytes([0, 2]) + b"/a" + bytes([7, 1]) + b"x"  # index 7: not in its map
+        for report in range(3):
+            contexts.refresh([publisher.pid])
+            reads = contexts.stats["reads"]
+            for _ in range(50):
+                assert contexts.span_attributes(publisher.pid, unknown) == {"http.route": "/a"}
+            assert contexts.stats["reads"] == reads + 1, report
+    finally:
+        contexts.close()
+        publisher.close()
+
+
 def test_a_records_attributes_are_named_by_the_key_map_and_a_bad_entry_stops_the_reading():
     from receivers.profiling.otel_context.thread_context import parse_attributes
 

@@ -39,7 +39,7 @@ MAX_FILES_KNOWN = 4096  # files whose thread context variable (or its absence) i
 
 
 class _Known:
-    __slots__ = ("program", "address", "context", "memory", "tls", "look_at", "look_delay")
+    __slots__ = ("program", "address", "context", "memory", "tls", "look_at", "look_delay", "reread_for_keys")
 
     def __init__(self, program: int, now: float) -> None:
         self.program = program
@@ -51,6 +51,9 @@ class _Known:
         # soon after it was first seen (an SDK starts after the process), then less and less often.
         self.look_at = now + FIRST_LOOK_S
         self.look_delay = FIRST_LOOK_S
+        # Whether its context was read again this report for a key index its map lacked: once a
+        # report at most, however many of its spans name keys it never publishes.
+        self.reread_for_keys = False
 
     def missing(self) -> bool:
         """A context not read yet, or a thread context variable not found yet."""
@@ -101,7 +104,7 @@ class ProcessContexts:
 
     def span_attributes(self, tgid: int, data: bytes) -> dict[str, str]:
         """A thread context record's attributes (attrs-data) named by process tgid's key map; an
-        index the map does not have yet has the context read again at the next refresh."""
+        index the map does not have yet has the context read again, once a report (refresh())."""
         with self._lock:
             known = self._known.get(tgid)
         if known is None or known.context is None:
@@ -109,7 +112,8 @@ class ProcessContexts:
         attributes, unknown = parse_attributes(data, known.context.key_map)
         if unknown:
             self.stats["unknown_attribute_keys"] += 1
-            if known.address is not None:
+            if known.address is not None and not known.reread_for_keys:
+                known.reread_for_keys = True
                 self._read(tgid, known, known.address)  # (the OTEP: refresh the map before going on)
                 attributes, _ = parse_attributes(data, known.context.key_map)
         return attributes
@@ -132,6 +136,7 @@ class ProcessContexts:
                 known = self._known.get(tgid)
             if known is None:
                 continue
+            known.reread_for_keys = False
             if known.context is not None:
                 self._follow(tgid, known)
             if known.missing() and now >= known.look_at:
