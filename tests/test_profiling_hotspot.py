@@ -286,3 +286,45 @@ def test_line_number_tables_decode_as_the_jvm_writes_them():
     assert [line_at(lines, bci) for bci in (0, 3, 4, 43, 44, 100)] == [5, 5, 6, 6, 3, 3]
     assert decode_line_table(bytes([0xFF, 2 * 40 + 1, 2 * 3 - 1 + 1]), excludes_zero=True) == ((40, -3),)  # (each byte plus one)
     assert decode_line_table(bytes([0xFF, 250, 250]), excludes_zero=False) == ()  # cut in a number: what was whole stays
+
+
+def test_the_methods_jvms_show_are_kept_within_bytes_however_many_they_show():
+    """A forged JVM can show a new Method with the largest line table every millisecond: what
+    the names cache holds is bounded in bytes, per JVM and for all JVMs together, measured in
+    what was allocated (kept by count, 65,536 of them took the agent past 2.5 GB)."""
+    import array
+    import tracemalloc
+
+    import os
+
+    import structlog
+
+    from receivers.profiling.hotspot import runtimes as hotspot
+    from receivers.profiling.processes.memory import ProcessMemory
+
+    jvms = hotspot.HotSpotRuntimes({}, structlog.get_logger())
+    processes = [hotspot.JvmProcess(info=None, code=None, methods=None, memory=ProcessMemory(os.getpid()), scopes=None) for _ in range(6)]
+    for pid, process in enumerate(processes):
+        jvms._processes._processes[pid] = process  # (registered: real ones need a JVM's memory)
+
+    def largest_table() -> hotspot.LineTable:
+        table = hotspot.LineTable()
+        table.bcis, table.lines = array.array("q", range(hotspot.MAX_LINE_ENTRIES)), array.array("q", range(hotspot.MAX_LINE_ENTRIES))
+        return table
+
+    tracemalloc.start()
+    try:
+        for method in range(400):  # 100 MiB of line tables from one JVM
+            jvms._keep(processes[0], method, (b"check", "Forged.method", "Forged.java", 0, largest_table()))
+        assert processes[0].names_bytes <= hotspot.MAX_NAMES_BYTES_PER_PROCESS
+        for process in processes[1:]:  # then every JVM
+            for method in range(100):
+                jvms._keep(process, method, (b"check", "Forged.method", "Forged.java", 0, largest_table()))
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert sum(process.names_bytes for process in processes) == jvms.stats["names_bytes"] <= hotspot.MAX_NAMES_BYTES
+    assert held < hotspot.MAX_NAMES_BYTES + (8 << 20), held
+    assert all(process.names for process in processes) and jvms.stats["names_evicted"] > 0
+    jvms._close(processes[0])
+    assert jvms.stats["names_bytes"] == sum(process.names_bytes for process in processes[1:])

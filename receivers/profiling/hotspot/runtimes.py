@@ -13,12 +13,13 @@ Threading: as python/interpreters.py and v8/runtimes.py."""
 
 from __future__ import annotations
 
+import array
 import bisect
 import dataclasses
 import os
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pycollector.logs import log_once
@@ -49,6 +50,12 @@ STARTING_ATTEMPTS = 60  # reports a starting JVM is looked at again
 MAX_BYTECODES = 1 << 16  # a method's bytecodes (the JVM's limit): a bcp beyond is not this method's
 MAX_LINE_TABLE = 16 * 1024  # bytes of a line number table read
 MAX_LINE_ENTRIES = 1 << 14
+# What the Methods' names and line tables read from JVMs may hold, in bytes (estimated): each JVM
+# its own share, and all of them together. A forged JVM can show a new Method with a full line
+# table every millisecond: kept by count, its 65,536 entries took the agent past 2.5 GB.
+MAX_NAMES_BYTES_PER_PROCESS = 8 << 20
+MAX_NAMES_BYTES = 32 << 20
+_NAME_ENTRY_BYTES = 320  # what a cached Method costs besides its strings and line table (dict slot, tuple, arrays)
 
 
 
@@ -63,7 +70,9 @@ class JvmProcess:
     methods: MethodLayout
     memory: ProcessMemory
     scopes: ScopeReader | None  # the methods inlined at a compiled pc (None: not known for this JDK)
-    names: dict[int, tuple[bytes, str, str]] = dataclasses.field(default_factory=dict)  # Method -> (check, name, file)
+    # Method -> (check, name, file, code base, line table, its cost in bytes), oldest first
+    names: dict[int, tuple] = dataclasses.field(default_factory=dict)
+    names_bytes: int = 0  # what names holds (estimated)
     checked: set[int] = dataclasses.field(default_factory=set)
     budget: int = READ_BUDGET_PER_PROCESS
 
@@ -77,7 +86,8 @@ class HotSpotRuntimes:
         self.log = logger
         self._lock = threading.Lock()  # (the stats and the JVMs starting)
         self._libjvm = PerMappedFile(_libjvm_symbols)
-        self._processes = RuntimeProcesses(table, self._find, self._leaf, lambda process: process.memory.close())
+        self._processes = RuntimeProcesses(table, self._find, self._leaf, self._close)
+        self._names_bytes = 0  # what every JVM's names hold together (under _lock)
         # JVMs whose tables were not there yet: looked at again each report, a minute at most
         # (their maps may not change again), with the process table's current snapshot
         # (current(pid)); on_found(info) tells the unwind registry.
@@ -85,7 +95,8 @@ class HotSpotRuntimes:
         self.current: Callable[[int], ProcessInfo | None] = lambda pid: None
         self.on_found: Callable[[ProcessInfo], None] = lambda info: None
         self.stats = dict.fromkeys(("processes", "starting", "unknown_layout", "frames_named", "frames_unnamed",
-                                    "methods_read", "read_budget_spent", "inlining_unknown"), 0)
+                                    "methods_read", "read_budget_spent", "inlining_unknown", "names_evicted",
+                                    "names_bytes"), 0)
 
     # -- processes --------------------------------------------------------------------------------
 
@@ -98,6 +109,14 @@ class HotSpotRuntimes:
             self._starting.pop(tgid, None)
         self._processes.forget(tgid)
         self.stats["processes"] = len(self._processes)
+
+    def _close(self, process: JvmProcess) -> None:
+        process.memory.close()
+        with self._lock:
+            self._names_bytes -= process.names_bytes
+            process.names.clear()
+            process.names_bytes = 0
+            self.stats["names_bytes"] = self._names_bytes
 
     def code_ranges(self, info: ProcessInfo) -> list[tuple[int, int, int]]:
         process = self._processes.get(info.pid)
@@ -246,7 +265,7 @@ class HotSpotRuntimes:
         if bcp and code_base <= bcp < code_base + MAX_BYTECODES:
             bci = bcp - code_base
         return Frame(address=method, kind=FRAME_KIND, name=name, source_file=file or None,
-                     line=line_at(lines, bci) if bci is not None and bci >= 0 else 0)
+                     line=lines.line_at(bci) if bci is not None and bci >= 0 else 0)
 
     def _read(self, process: JvmProcess, address: int, size: int) -> bytes:
         if process.memory.exited:  # (spends nothing: nothing can be read)
@@ -273,7 +292,7 @@ class HotSpotRuntimes:
                     raise
         if known is not None and (check is None or check == known[0]):
             process.checked.add(method)
-            return known[1:]
+            return known[1:5]
         check = check or self._read(process, method + layout.const_method, 8)
         const_method = struct.unpack("<Q", check)[0]
         constants = self._u64(process, const_method + layout.constants)
@@ -289,23 +308,49 @@ class HotSpotRuntimes:
         name = f"{_without_hidden_suffix(class_name)}.{method_name}"
         code_base = const_method + layout.const_method_size
         lines = self._line_table(process, const_method, code_base)
-        with self._lock:
-            self.stats["methods_read"] += 1
-        if len(process.names) >= MAX_METHODS_PER_PROCESS:
-            process.names.pop(next(iter(process.names)))
-        process.names[method] = (check, name, file, code_base, lines)
+        self._keep(process, method, (check, name, file, code_base, lines))
         process.checked.add(method)
         return name, file, code_base, lines
 
-    def _line_table(self, process: JvmProcess, const_method: int, code_base: int) -> tuple[tuple[int, int], ...]:
+    def _keep(self, process: JvmProcess, method: int, entry: tuple) -> None:
+        """Cache a Method's name and lines, within the bytes its JVM and all JVMs may hold: the
+        oldest of this JVM's go first, then, while all of them hold too much, the oldest of the
+        JVM holding most."""
+        cost = _NAME_ENTRY_BYTES + len(entry[1]) + len(entry[2]) + entry[4].nbytes
+        with self._lock:
+            self.stats["methods_read"] += 1
+            if (old := process.names.pop(method, None)) is not None:
+                self._forget_name(process, old)
+            while process.names and (len(process.names) >= MAX_METHODS_PER_PROCESS
+                                     or process.names_bytes + cost > MAX_NAMES_BYTES_PER_PROCESS):
+                self._evict_oldest(process)
+            while self._names_bytes + cost > MAX_NAMES_BYTES:
+                largest = max(self._processes.known(), key=lambda other: other.names_bytes, default=None)
+                if largest is None or not largest.names:
+                    return  # (named now, not kept: read again when it is sampled again)
+                self._evict_oldest(largest)
+            process.names[method] = (*entry, cost)
+            process.names_bytes += cost
+            self._names_bytes += cost
+            self.stats["names_bytes"] = self._names_bytes
+
+    def _evict_oldest(self, process: JvmProcess) -> None:
+        self._forget_name(process, process.names.pop(next(iter(process.names))))
+        self.stats["names_evicted"] += 1
+
+    def _forget_name(self, process: JvmProcess, entry: tuple) -> None:
+        process.names_bytes -= entry[5]
+        self._names_bytes -= entry[5]
+
+    def _line_table(self, process: JvmProcess, const_method: int, code_base: int) -> LineTable:
         """The method's (bci, line) pairs: its compressed line number table, which follows its
         bytecodes where its flags say it has one."""
         layout = process.methods
         if not layout.has_line_table:
-            return ()
+            return LineTable()
         flags = int.from_bytes(self._read(process, const_method + layout.flags, layout.flags_size), "little")
         if not flags & layout.has_line_table:
-            return ()
+            return LineTable()
         code_size = struct.unpack("<H", self._read(process, const_method + layout.code_size, 2))[0]
         start = code_base + code_size
         data = self._read(process, start, min(MAX_LINE_TABLE, 4096 - start % 4096))  # (to its page's end first)
@@ -325,7 +370,32 @@ class HotSpotRuntimes:
         return self._read(process, symbol + layout.symbol_body, min(length, MAX_SYMBOL)).decode("utf-8", "replace")
 
 
-def decode_line_table(data: bytes, excludes_zero: bool) -> tuple[tuple[int, int], ...]:
+class LineTable:
+    """A method's (bci, line) pairs in the table's order, as two arrays: 16 bytes a pair, where a
+    tuple of tuples took about 100."""
+
+    __slots__ = ("bcis", "lines")
+
+    def __init__(self, pairs: Iterable[tuple[int, int]] = ()) -> None:
+        self.bcis, self.lines = array.array("q"), array.array("q")
+        for bci, line in pairs:
+            self.bcis.append(bci)
+            self.lines.append(line)
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * 8 * len(self.bcis)
+
+    def line_at(self, bci: int) -> int:
+        """The line of ``bci``: that of the last entry at or before it (0: none)."""
+        at = bisect.bisect_right(self.bcis, bci) - 1
+        return self.lines[at] if at >= 0 else 0
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return list(zip(self.bcis, self.lines))
+
+
+def decode_line_table(data: bytes, excludes_zero: bool) -> LineTable:
     """The JVM's compressed line number table: a byte (bci delta << 3 | line delta) for small
     steps, 0xFF then two signed UNSIGNED5 numbers (bci delta, line delta) for others, 0 at its
     end. A table without its end (the read cut it) keeps what was decoded."""
@@ -348,13 +418,7 @@ def decode_line_table(data: bytes, excludes_zero: bool) -> tuple[tuple[int, int]
             out.append((bci, line))
     except ScopeReadError:
         pass
-    return tuple(out)
-
-
-def line_at(lines: tuple[tuple[int, int], ...], bci: int) -> int:
-    """The line of ``bci``: that of the last entry at or before it (0: none)."""
-    at = bisect.bisect_right(lines, (bci, 1 << 31)) - 1
-    return lines[at][1] if at >= 0 else 0
+    return LineTable(out)
 
 
 def _without_hidden_suffix(name: str) -> str:

@@ -70,6 +70,11 @@ class RuntimeProcesses(Generic[P]):
         with self._lock:
             return self._processes.get(tgid)
 
+    def known(self) -> list[P]:
+        """The processes registered now."""
+        with self._lock:
+            return list(self._processes.values())
+
     def new_report(self) -> list[P]:
         """Close what the processes dropped since the last report held; the processes known."""
         with self._lock:
