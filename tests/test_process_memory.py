@@ -136,3 +136,35 @@ def test_a_page_a_process_serves_with_userfaultfd_is_an_error_not_a_wait(tmp_pat
     finally:
         process.kill()
         process.wait()
+
+
+UNTOUCHED = """
+import mmap, ctypes, time
+region = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # never touched: no page in memory
+print(ctypes.addressof(ctypes.c_char.from_buffer(region)), flush=True)
+time.sleep(60)
+"""
+
+
+def test_reads_of_pages_not_in_memory_cost_a_bounded_number_of_maps_reads():
+    """A page not in memory is read only after the process's maps (and mount tables) show no FUSE
+    file there: a process can point every frame at such pages, so those checks are held to
+    SLOW_CHECKS_PER_S a second for each process; past that its reads of such pages fail, counted."""
+    from receivers.profiling.processes import memory as memory_module
+
+    process = subprocess.Popen([sys.executable, "-c", UNTOUCHED], stdout=subprocess.PIPE, text=True)
+    try:
+        address = int(process.stdout.readline())
+        with ProcessMemory(process.pid) as memory:
+            started, refused = time.monotonic(), 0
+            for page in range(200):
+                try:
+                    assert memory.read(address + page * 4096 * 16, 8) == bytes(8)  # (untouched: zeroes)
+                except MemoryReadError:
+                    refused += 1
+            seconds = time.monotonic() - started
+        assert memory.stats["slow_checks"] <= memory_module.SLOW_CHECKS_PER_S * (1 + seconds) + 1, (memory.stats, seconds)
+        assert refused == memory.stats["slow_checks_refused"] > 0, memory.stats
+    finally:
+        process.kill()
+        process.wait()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 
 USER_SPACE_END = 1 << 63  # x86-64 user space ends at 2**47 (2**56 with 5-level paging)
 MAX_READ_BYTES = 1 << 20  # the largest structure read: a code object's line table, its name
@@ -30,6 +31,12 @@ MAX_READ_BYTES = 1 << 20  # the largest structure read: a code object's line tab
 _PAGE_SHIFT = os.sysconf("SC_PAGE_SIZE").bit_length() - 1
 _IN_MEMORY_OR_SWAP = 3 << 62  # pagemap: bit 63 present, bit 62 swapped
 _MAX_MOUNTINFO_BYTES = 4 << 20
+# The slow check (the process's maps, then the mount tables) reads what the process controls: its
+# maps at most this much (about 40,000 mappings; a process with more has its pages that are not
+# in memory left unread), and at most SLOW_CHECKS_PER_S times a second per process (a forged
+# object pointing at pages not in memory, asked of every frame, made every read re-read them).
+_MAX_MAPS_BYTES = 4 << 20
+SLOW_CHECKS_PER_S = 8.0
 
 _U64 = struct.Struct("<Q")
 _I32 = struct.Struct("<i")
@@ -65,8 +72,10 @@ class ProcessMemory:
         except OSError as e:
             self.close()
             raise MemoryReadError(pid, 0, 0, f"cannot open its memory: {e.strerror}", e.errno) from e
-        self._file_systems: dict[str, str] = {}  # device ("0:52") -> file system type, from its mount table
         self.exited = False
+        # Slow checks it may still make (a bucket refilled at SLOW_CHECKS_PER_S), and when it was.
+        self._slow_checks, self._slow_checks_at = SLOW_CHECKS_PER_S, time.monotonic()
+        self.stats = {"slow_checks": 0, "slow_checks_refused": 0}
 
     def read(self, address: int, size: int) -> bytes:
         # Addresses and sizes are read from the process itself: garbage in an exiting process,
@@ -102,7 +111,20 @@ class ProcessMemory:
             raise ProcessExited(self.pid, address, size)
         if len(entries) == 8 * (last - first + 1) and all(entry & _IN_MEMORY_OR_SWAP for (entry,) in _U64.iter_unpack(entries)):
             return True  # (the common case: what a process uses is in memory)
+        if not self._take_slow_check():
+            return False
         return not self._maps_fuse_file(address, address + size)
+
+    def _take_slow_check(self) -> bool:
+        now = time.monotonic()
+        self._slow_checks = min(SLOW_CHECKS_PER_S, self._slow_checks + (now - self._slow_checks_at) * SLOW_CHECKS_PER_S)
+        self._slow_checks_at = now
+        if self._slow_checks < 1:
+            self.stats["slow_checks_refused"] += 1
+            return False
+        self._slow_checks -= 1
+        self.stats["slow_checks"] += 1
+        return True
 
     def _gone(self) -> bool:
         """Whether the process's memory is gone: its page map gives nothing even for the first
@@ -117,40 +139,46 @@ class ProcessMemory:
         """Whether a FUSE file (or a mapping that could not be told) is mapped in [start, end)."""
         try:
             with open(f"{self._proc}/{self.pid}/maps", "rb") as maps:
-                lines = maps.read().splitlines()
+                text = maps.read(_MAX_MAPS_BYTES + 1)
         except OSError:
             return True
-        if not lines:
+        if not text or len(text) > _MAX_MAPS_BYTES:
             # A zombie, or a live process whose first thread exited (its threads run on, but
-            # maps shows nothing): not to be told apart here, so nothing is read.
+            # maps shows nothing): not to be told apart here, so nothing is read. Nor past the
+            # bound, where the mapping may be.
             return True
-        for line in lines:
+        devices = set()
+        for line in text.splitlines():
             fields = line.split(None, 5)
             low, _, high = fields[0].partition(b"-")
             if int(high, 16) <= start or int(low, 16) >= end or fields[4] == b"0":
                 continue  # elsewhere, or anonymous (a fault gives it zeroes or takes it from swap)
-            if _is_fuse(self._file_system(fields[3].decode())):
-                return True
-        return False
+            devices.add(fields[3].decode())
+        if not devices:
+            return False
+        file_systems = self._file_systems(devices)
+        return any(_is_fuse(file_systems.get(device, "?")) for device in devices)
 
-    def _file_system(self, device: str) -> str:
-        """The type of the file system on ``device`` ("fd:01", as maps writes it), from the
-        process's mount table, else the agent's (an overlay's lower layer shows its own device);
-        "?" when neither has it."""
-        device = ":".join(str(int(part, 16)) for part in device.split(":"))  # mountinfo writes it in decimal
+    def _file_systems(self, devices: set[str]) -> dict[str, str]:
+        """The type of the file system on each of ``devices`` ("fd:01", as maps writes them),
+        from the process's mount table, else the agent's (an overlay's lower layer shows its own
+        device); a device neither has is left out. Read afresh each time: a device number of an
+        unmounted file system is given to the next one mounted (FUSE's are anonymous: 0:N)."""
+        wanted = {":".join(str(int(part, 16)) for part in device.split(":")): device for device in devices}  # mountinfo: decimal
+        found: dict[str, str] = {}
         for table in (f"{self._proc}/{self.pid}/mountinfo", f"{self._proc}/self/mountinfo"):
-            if device in self._file_systems:
+            if len(found) == len(wanted):
                 break
             try:
                 with open(table, "rb") as mountinfo:
                     for line in mountinfo.read(_MAX_MOUNTINFO_BYTES).splitlines():
                         head, _, tail = line.partition(b" - ")
                         fields = head.split()
-                        if len(fields) > 2 and tail:
-                            self._file_systems.setdefault(fields[2].decode(), tail.split()[0].decode("utf-8", "replace"))
+                        if len(fields) > 2 and tail and (device := wanted.get(fields[2].decode())) is not None:
+                            found.setdefault(device, tail.split()[0].decode("utf-8", "replace"))
             except OSError:
                 continue
-        return self._file_systems.get(device, "?")
+        return found
 
     def u64(self, address: int) -> int:
         return _U64.unpack(self.read(address, 8))[0]
