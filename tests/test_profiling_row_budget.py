@@ -23,6 +23,8 @@ from pycollector.pdata import iter_samples
 from pycollector.service import Service
 from pycollector.testing import CapturingExporterFactory, receiver_of, registry_with
 
+from receivers.profiling.processes.files import device_name
+
 from tests.conftest import bpf_unavailable_reason
 
 pytestmark = pytest.mark.bpf
@@ -90,11 +92,16 @@ def test_idle_files_give_their_rows_to_a_program_that_runs(programs, tmp_path):
         assert unwind.stats["row_budget_exhausted"] > 0, unwind.stats  # the budget is short indeed
         victim = subprocess.Popen([str(programs / "runner"), "30", "0", str(programs / "library-4.so")])
         # Its rows come once an idle file gave its own up (a sweep, then the load): on a busy
-        # host (the suite's other work) that takes longer than alone, so wait for it, then 3 s.
-        deadline = time.monotonic() + 20
-        while unwind.stats["files_evicted"] < 1 and time.monotonic() < deadline:
+        # host (the suite's other work) that takes longer than alone, so wait for them, then 1 s.
+        # (Not for an eviction: the agent profiles the whole host, and another process's files
+        # may take the first room made.)
+        library = programs / "library-4.so"
+        key = (device_name(library.stat().st_dev), library.stat().st_ino)
+        deadline = time.monotonic() + 30
+        while unwind.file_state(key) != "loaded" and time.monotonic() < deadline:
             time.sleep(0.2)
-        time.sleep(3)
+        assert unwind.file_state(key) == "loaded", unwind.stats
+        time.sleep(1)
         first = len(capture.consumer.messages)
         time.sleep(4)
         roots: collections.Counter = collections.Counter()

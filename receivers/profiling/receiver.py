@@ -32,10 +32,11 @@ from receivers.profiling.jit.names import TRACER_OF_RUNTIME, JitNames
 from receivers.profiling.jit.perfmap import PerfMaps
 from receivers.profiling.kernel.counters import counter_warnings, unwind_warnings
 from receivers.profiling.kernel.probabilistic import ALWAYS, ProbabilisticProfiling
-from receivers.profiling.kernel.program import SamplerError
+from receivers.profiling.kernel.program import BPFPermissionError, SamplerError
 from receivers.profiling.kernel.sampler import Sampler
 from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
 from receivers.profiling.processes import files as process_files
+from receivers.profiling.processes.credentials import missing_process_access
 from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.processes.targeting import Targeting
 from receivers.profiling.python.detect import may_be_cpython
@@ -125,6 +126,8 @@ class ProfilingReceiver(Component):
             logger=self.log,
         )
         try:
+            if (missing := missing_process_access()) is not None:
+                raise BPFPermissionError(missing)
             sampler.start()
         except SamplerError as error:
             if self.config.error_mode == "ignore":

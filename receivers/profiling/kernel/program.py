@@ -34,8 +34,7 @@ class SamplerError(RuntimeError):
 
 
 class BPFPermissionError(SamplerError):
-    """Missing a capability the receiver needs: CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN) to load, or
-    one of those it reads processes with (PROCESS_ACCESS)."""
+    """Not root and without CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN)."""
 
 
 class KernelHeadersMissingError(SamplerError):
@@ -64,22 +63,9 @@ def _capabilities() -> int:
 
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 
-# What the receiver needs besides loading BPF, each as the capabilities any one of which will do,
-# and why: it reads every process's memory and files, and opens files only as their process could.
-PROCESS_ACCESS = (
-    (("CAP_SETUID",), "to open each process's files as its user"),
-    (("CAP_SETGID",), "to open each process's files with its groups"),
-    (("CAP_SYS_PTRACE",), "for other users' /proc/PID/mem, exe, root and map_files"),
-    (("CAP_DAC_READ_SEARCH", "CAP_DAC_OVERRIDE"), "to open other users' /proc/PID/mem (mode 0600)"),
-    (("CAP_CHECKPOINT_RESTORE", "CAP_SYS_ADMIN"), "for /proc/PID/map_files (binaries deleted or in other mount namespaces)"),
-)
-
 
 def check_privileges() -> None:
-    """Raise BPFPermissionError unless this process may load and attach the profiler and read
-    what it needs of every process (PROCESS_ACCESS), naming what is missing."""
-    from receivers.profiling.processes.credentials import CAPABILITIES
-
+    """Raise BPFPermissionError unless this process may load and attach the profiler."""
     caps = _capabilities()
     has = lambda cap: bool(caps >> cap & 1)  # noqa: E731
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
@@ -89,15 +75,6 @@ def check_privileges() -> None:
             f"runs as {who} with CapEff={caps:#x}). Run the collector as root, or grant them with the "
             "others it needs (deploy/systemd/pycollector.service and deploy/kubernetes/agent.yaml list "
             "them all), with host PID namespace (`--pid=host`) in a container to see other processes."
-        )
-    missing = [(names, why) for names, why in PROCESS_ACCESS if not any(has(CAPABILITIES[name]) for name in names)]
-    if missing:
-        raise BPFPermissionError(
-            f"the profiling receiver runs as {who} (CapEff={caps:#x}) without "
-            + ", ".join(f"{' or '.join(names)} ({why})" for names, why in missing)
-            + ". Grant them as deploy/systemd/pycollector.service does (CapabilityBoundingSet= and "
-            "AmbientCapabilities=) or deploy/kubernetes/agent.yaml (securityContext.capabilities.add), "
-            "or run the collector as root."
         )
 
 

@@ -46,6 +46,16 @@ FILE_CAPABILITIES = frozenset(CAPABILITIES[name] for name in (
     "CAP_MKNOD", "CAP_MAC_OVERRIDE"))
 _FILE_MASK = sum(1 << cap for cap in FILE_CAPABILITIES)
 
+# What the receiver needs to read processes, each as the capabilities any one of which will do,
+# and why: it reads every process's memory and files, and opens files only as their process could.
+PROCESS_ACCESS = (
+    (("CAP_SETUID",), "to open each process's files as its user"),
+    (("CAP_SETGID",), "to open each process's files with its groups"),
+    (("CAP_SYS_PTRACE",), "for other users' /proc/PID/mem, exe, root and map_files"),
+    (("CAP_DAC_READ_SEARCH", "CAP_DAC_OVERRIDE"), "to open other users' /proc/PID/mem (mode 0600)"),
+    (("CAP_CHECKPOINT_RESTORE", "CAP_SYS_ADMIN"), "for /proc/PID/map_files (binaries deleted or in other mount namespaces)"),
+)
+
 
 class _Header(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -81,6 +91,21 @@ def acting_as(credentials: Credentials) -> Iterator[None]:
         _libc.setfsgid(own_gid)
         _set_capabilities(*own_caps)
         _set_groups(own_groups)
+
+
+def missing_process_access() -> str | None:
+    """What this process lacks of PROCESS_ACCESS, said for the person who deploys it; None when
+    it has all of it."""
+    effective = thread_capabilities()[0]
+    missing = [(names, why) for names, why in PROCESS_ACCESS if not any(effective >> CAPABILITIES[name] & 1 for name in names)]
+    if not missing:
+        return None
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    return (f"the profiling receiver runs as {who} (CapEff={effective:#x}) without "
+            + ", ".join(f"{' or '.join(names)} ({why})" for names, why in missing)
+            + ". Grant them as deploy/systemd/pycollector.service does (CapabilityBoundingSet= and "
+            "AmbientCapabilities=) or deploy/kubernetes/agent.yaml (securityContext.capabilities.add), "
+            "or run the collector as root.")
 
 
 def thread_capabilities() -> tuple[int, int, int]:
