@@ -50,6 +50,9 @@ def test_a_reused_pid_is_told_exited_once_then_its_successor_registered():
     watcher = Watcher(table)
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        # Its exec finished: announced while the kernel still shows the forked copy of this
+        # process, it would rightly be registered twice (an exec while registering).
+        loaded(first.pid)
         before = table.on_new_process(first.pid, first.pid, "python3")
     finally:
         first.kill()
@@ -219,6 +222,9 @@ def test_each_incarnation_of_a_pid_has_its_own_snapshot():
     table = ProcessTable()
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        # Its exec finished: announced while the kernel still shows the forked copy of this
+        # process, it would rightly be registered twice (an exec while registering).
+        loaded(first.pid)
         before = table.on_new_process(first.pid, first.pid, "python3")
         assert table.incarnation(first.pid, before.start_time_ticks) is before
     finally:
