@@ -126,7 +126,7 @@ def test_as_deployed_the_agent_names_an_ordinary_users_processes_and_reads_nothi
         os.chown(work, DYNAMIC_USER, DYNAMIC_USER)
     config = work / "config.yaml"
     config.write_text(yaml.safe_dump({
-        "receivers": {"profiling": {"samples_per_second": 49, "reporter_interval": "1s", "unwind_cache_dir": str(work / "cache")}},
+        "receivers": {"profiling": {"samples_per_second": 99, "reporter_interval": "1s", "unwind_cache_dir": str(work / "cache")}},
         "exporters": {"file": {"path": str(work / "profiles.jsonl"), "flush_interval": "200ms"}},
         "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["file"]}}, "telemetry": {"metrics": {"level": "none"}}},
     }))
@@ -218,13 +218,13 @@ def _wait_for_names(path: Path, pids: list[int], binary: str, token: str, collec
     kernel frames were named; the C program's samples (all, with a named leaf, reaching its entry)
     from the first report that had one reaching its entry (before, its unwind rows were not in the
     kernel yet); the stripped program's samples and whether ``token`` named anything. Waits until
-    all are named and the C program has 150 samples so counted, or the time is up."""
+    all are named and the C program has 100 samples so counted, or the time is up."""
     python_pid, c_pid, spin_pid = pids
     seen = {"named": {"python": False, "native": False, "kernel": False}, "c": [0, 0, 0], "spin_samples": 0, "token": False}
     counting = False
     read = 0
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not (all(seen["named"].values()) and seen["c"][0] >= 150):
+    while time.monotonic() < deadline and not (all(seen["named"].values()) and seen["c"][0] >= 100):
         assert collector.poll() is None, log.read_text()
         time.sleep(0.5)
         if not path.exists():
