@@ -276,16 +276,16 @@ def test_scopes_decode_as_the_jvm_writes_them():
 
 
 def test_line_number_tables_decode_as_the_jvm_writes_them():
-    from receivers.profiling.hotspot.runtimes import decode_line_table, line_at
+    from receivers.profiling.hotspot.runtimes import decode_line_table
 
     # (bci, line) pairs: small steps in one byte (bci delta << 3 | line delta), others after 0xFF
     # as two signed UNSIGNED5 numbers (zigzag), and 0 at the end.
     table = bytes([(0 << 3) | 5, (4 << 3) | 1, 0xFF, 2 * 40, 2 * 3 - 1, (2 << 3) | 0]) + b"\0garbage"  # (-3 zigzags to 5)
     lines = decode_line_table(table, excludes_zero=False)
-    assert lines == ((0, 5), (4, 6), (44, 3), (46, 3))
-    assert [line_at(lines, bci) for bci in (0, 3, 4, 43, 44, 100)] == [5, 5, 6, 6, 3, 3]
-    assert decode_line_table(bytes([0xFF, 2 * 40 + 1, 2 * 3 - 1 + 1]), excludes_zero=True) == ((40, -3),)  # (each byte plus one)
-    assert decode_line_table(bytes([0xFF, 250, 250]), excludes_zero=False) == ()  # cut in a number: what was whole stays
+    assert lines.pairs() == [(0, 5), (4, 6), (44, 3), (46, 3)]
+    assert [lines.line_at(bci) for bci in (0, 3, 4, 43, 44, 100)] == [5, 5, 6, 6, 3, 3]
+    assert decode_line_table(bytes([0xFF, 2 * 40 + 1, 2 * 3 - 1 + 1]), excludes_zero=True).pairs() == [(40, -3)]  # (each byte plus one)
+    assert decode_line_table(bytes([0xFF, 250, 250]), excludes_zero=False).pairs() == []  # cut in a number: what was whole stays
 
 
 def test_the_methods_jvms_show_are_kept_within_bytes_however_many_they_show():
