@@ -115,6 +115,11 @@ class ProfilingReceiver(Component):
         self.symbolizer.loads.report_wait_s = min(3.0, self.config.reporter_interval / 2)
         self.symbolizer.loads.wait_s = min(2.0, self.symbolizer.loads.report_wait_s)
         self.reports = ReportBuilder(self.processes, self.symbolizer, progress=self._report_progress)
+        # The runtimes' reads to name a report's frames take at most its interval, all processes
+        # together (processes/report_budget.py): a backstop for slow reads (the bytes' bound comes
+        # first, at 0.3 s of reads at their usual 8 us; half the interval left a JVM starting in a
+        # test on a loaded machine, its reads at 90 us, with most frames unnamed).
+        self.reports.naming_read_seconds = self.config.reporter_interval
         self.contexts = self.reports.contexts = ProcessContexts(self.processes, self.log)
         sampler = Sampler(
             self._sampler_settings(),
@@ -215,7 +220,7 @@ class ProfilingReceiver(Component):
         """Each component's cumulative counts on its gauge, read at scrape time."""
         _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large"))
         _publish(self._stats, self.symbolizer.loads, "symbol_", ("loads_deferred", "loads_stuck"))
-        _publish(self._stats, self.reports, names=("samples_carried",))
+        _publish(self._stats, self.reports, names=("samples_carried", "samples_carried_for_names"))
         _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots", "predecessors", "incarnations_read", "incarnations_gone"))
         _publish(self._context_stats, self.contexts)
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",

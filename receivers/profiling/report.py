@@ -29,7 +29,9 @@ from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.processes.proc import ProcessInfo
 from receivers.profiling.processes.table import IncarnationGone, ProcessTable
 from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND
+from receivers.profiling.processes.report_budget import DEFAULT_READ_BYTES, DEFAULT_READ_SECONDS, ReportBudget
 from receivers.profiling.stall_watch import Progress
+from receivers.profiling.symbols.runtime_stacks import TAG as RUNTIME_TAG
 from receivers.profiling.symbols.frame import Frame
 from receivers.profiling.symbols.symbolizer import Symbolizer
 
@@ -53,6 +55,11 @@ class ReportBuilder:
         # The runtimes whose frames the kernel records by what they run (PythonInterpreters,
         # V8Runtimes): each names its processes' stacks, and says None of another's.
         self.runtimes: list = []
+        # What they may read of the processes' memory to name one report's frames, all together
+        # (processes/report_budget.py): bytes (READ_COST a read more) and seconds.
+        self.naming_read_bytes, self.naming_read_seconds = DEFAULT_READ_BYTES, DEFAULT_READ_SECONDS
+        self.budget: ReportBudget | None = None  # this report's (the last one's, between reports)
+        self._refused: set[tuple[int, int | None]] = set()  # processes the last report's budget refused a read
         self.contexts: ProcessContexts | None = None  # the resources OpenTelemetry SDKs publish
         # {(tgid, span): attrs-data} for the spans asked (the sampler's thread_ctx_attributes)
         self.span_attributes: Callable[[Iterable[tuple[int, bytes]]], dict[tuple[int, bytes], bytes]] | None = None
@@ -60,7 +67,7 @@ class ReportBuilder:
         # Stacks of processes held back one report because a file of theirs was still being read
         # (symbols/loads.py): sent with the next report's, named, rather than unnamed now.
         self._carried: list[StackCount] = []
-        self.stats = {"samples_carried": 0, "samples_of_gone_processes": 0}
+        self.stats = {"samples_carried": 0, "samples_of_gone_processes": 0, "samples_carried_for_names": 0}
         self._native_frames: dict[tuple[int, int | None], dict] = {}
 
     def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None,
@@ -71,11 +78,15 @@ class ReportBuilder:
         being read is held back to the next report, once (never in the ``final`` one). A process
         is its pid and its start (a pid reused within the interval is two processes): one gone
         whose pid another process holds, or held when last seen, is left out and reported to
-        ``on_dropped(tgid, samples, off_cpu_ns, "pid_reused")``, never named as that other."""
+        ``on_dropped(tgid, samples, off_cpu_ns, "pid_reused")``, never named as that other.
+        The runtimes' reads to name frames are within one budget for the report
+        (processes/report_budget.py): a process a read was refused for is held back to the next
+        report, once, as one waiting for a file is, and named after the others there."""
         builder = ProfilesBuilder()
         self.symbolizer.new_report()
+        budget = self.budget = ReportBudget(self.naming_read_bytes, self.naming_read_seconds)
         for runtime in self.runtimes:
-            runtime.new_report()
+            runtime.new_report(budget)
         self._native_frames = collections.defaultdict(dict)  # per process, for this report: see symbolize_user
         locations: dict[Frame, int] = {}  # the same frame recurs across stacks and threads
         by_process: dict[tuple[int, int | None], list[StackCount]] = collections.defaultdict(list)
@@ -83,16 +94,28 @@ class ReportBuilder:
         for stack in self._carried + interval.stacks:
             by_process[(stack.tgid, stack.start_ticks)].append(stack)
         self._carried = []
+        # (shared among the processes with frames of a runtime that knows them, CPython's, V8's or
+        # HotSpot's, which the kernel tags alike: the others read nothing)
+        budget.share_among([key for key, stacks in by_process.items() if any(address & RUNTIME_TAG for stack in stacks for address in stack.user_addrs)
+                            and any(runtime.knows(key[0]) for runtime in self.runtimes)])
         if self.contexts is not None:
             self.progress.stage("reading the processes' OpenTelemetry contexts")
             self.contexts.refresh({tgid for tgid, _ in by_process})
             self._span_attributes = self._name_span_attributes([stack for stacks in by_process.values() for stack in stacks])
         # Newest processes first (the highest pids, but for a wrap): the likeliest to exit before
         # the report reaches them, when what is read from a process's memory (the names of its
-        # JIT code, its interpreters' frames) can no longer be read.
-        for (tgid, started), stacks in sorted(by_process.items(), key=lambda item: (item[0][0], item[0][1] or 0), reverse=True):
+        # JIT code, its interpreters' frames) can no longer be read. Those the last report's
+        # budget refused go last: a process that overspends does not go before the others twice.
+        order = sorted(by_process.items(), key=lambda item: (item[0][0], item[0][1] or 0), reverse=True)
+        order.sort(key=lambda item: item[0] in self._refused)
+        refused = self._refused = set()
+        # A process the budget refused within its share is named again after all the others, with
+        # what they left (named from what it read: its names cost it only their checks again).
+        work = [(key, stacks, False) for key, stacks in order]
+        for (tgid, started), stacks, again in work:  # (work grows as it is gone through)
             built = len(builder.data.resource_profiles)
             self.progress.stage(f"building the profile of pid {tgid}")
+            budget.begin((tgid, started))
             try:
                 try:
                     info = self.processes.incarnation(tgid, started)
@@ -104,9 +127,17 @@ class ReportBuilder:
                     continue
                 deferred = self.symbolizer.deferred
                 symbolized = [(stack, self._frames(tgid, stack, info)) for stack in stacks]
-                if self.symbolizer.deferred > deferred and not final and (tgid, started) not in carried:
+                if tgid in budget.refused and not again and self.symbolizer.deferred == deferred:
+                    budget.refused.discard(tgid)
+                    work.append(((tgid, started), stacks, True))
+                    continue
+                if tgid in budget.refused:
+                    refused.add((tgid, started))
+                waiting_for = ("samples_carried" if self.symbolizer.deferred > deferred
+                               else "samples_carried_for_names" if tgid in budget.refused else None)
+                if waiting_for is not None and not final and (tgid, started) not in carried:
                     self._carried.extend(stacks)
-                    self.stats["samples_carried"] += sum(stack.count for stack in stacks if not stack.off_cpu)
+                    self.stats[waiting_for] += sum(stack.count for stack in stacks if not stack.off_cpu)
                     continue
                 self._add_process(builder, interval, tgid, info, symbolized, locations)
             except Exception as error:  # one bad file or process must not cost the whole interval

@@ -30,6 +30,7 @@ from ..processes.files import PerMappedFile
 from ..processes.memory import MemoryReadError, ProcessExited, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
 from ..processes.runtime_processes import RuntimeProcesses
+from ..processes.report_budget import REFUSED_STAT, UNBUDGETED, BudgetedMemory, ReportBudget
 from ..symbols import runtime_stacks
 from ..symbols.frame import Frame
 from .jvm import CodeCacheLayout, MethodLayout, code_cache_layout, method_layout
@@ -47,6 +48,9 @@ MAX_SYMBOL = 1024
 READ_BUDGET_PER_PROCESS = 2 * 1024 * 1024
 MAX_METHODS_PER_PROCESS = 65536
 STARTING_ATTEMPTS = 60  # reports a starting JVM is looked at again
+# Starting JVMs looked at again in one report, in turn: each look reads its tables whole (up to
+# vmstructs.MAX_ENTRIES entries: 30 ms), and six forged JVMs kept starting cost 0.3 s each, every report.
+STARTING_RETRIES_PER_REPORT = 2
 MAX_BYTECODES = 1 << 16  # a method's bytecodes (the JVM's limit): a bcp beyond is not this method's
 MAX_LINE_TABLE = 16 * 1024  # bytes of a line number table read
 MAX_LINE_ENTRIES = 1 << 14
@@ -68,7 +72,7 @@ class JvmProcess:
     info: ProcessInfo
     code: CodeCacheLayout
     methods: MethodLayout
-    memory: ProcessMemory
+    memory: BudgetedMemory  # (its reads within the report's budget)
     scopes: ScopeReader | None  # the methods inlined at a compiled pc (None: not known for this JDK)
     # Method -> (check, name, file, code base, line table, its cost in bytes), oldest first
     names: dict[int, tuple] = dataclasses.field(default_factory=dict)
@@ -88,15 +92,16 @@ class HotSpotRuntimes:
         self._libjvm = PerMappedFile(_libjvm_symbols)
         self._processes = RuntimeProcesses(table, self._find, self._leaf, self._close)
         self._names_bytes = 0  # what every JVM's names hold together (under _lock)
-        # JVMs whose tables were not there yet: looked at again each report, a minute at most
-        # (their maps may not change again), with the process table's current snapshot
-        # (current(pid)); on_found(info) tells the unwind registry.
-        self._starting: dict[int, int] = {}  # pid -> attempts
+        self._budget = UNBUDGETED  # the report's (new_report), for the JVMs found meanwhile too
+        # JVMs whose tables were not there yet: looked at again in reports, a few a report in
+        # turn, 60 looks at most (their maps may not change again), with the process table's
+        # current snapshot (current(pid)); on_found(info) tells the unwind registry.
+        self._starting: dict[int, int] = {}  # pid -> attempts, the next to look at first
         self.current: Callable[[int], ProcessInfo | None] = lambda pid: None
         self.on_found: Callable[[ProcessInfo], None] = lambda info: None
         self.stats = dict.fromkeys(("processes", "starting", "unknown_layout", "frames_named", "frames_unnamed",
                                     "methods_read", "read_budget_spent", "inlining_unknown", "names_evicted",
-                                    "names_bytes"), 0)
+                                    "names_bytes", "starting_deferred", REFUSED_STAT), 0)
 
     # -- processes --------------------------------------------------------------------------------
 
@@ -159,7 +164,8 @@ class HotSpotRuntimes:
             with self._lock:
                 self._starting.pop(info.pid, None)
             self.log.info("found a JVM", path=mapping.path, pid=info.pid, code_cache=f"{code.low:#x}-{code.high:#x}", heaps=len(code.heaps))
-            process = JvmProcess(info, code, methods, memory, None)
+            process = JvmProcess(info, code, methods, BudgetedMemory(memory, self.stats), None)
+            process.memory.budget = self._budget
             if scopes is not None:  # (its reads count against the process's budget, as the names')
                 process.scopes = ScopeReader(lambda address, size: self._read(process, address, size), code, scopes)
             return process
@@ -179,24 +185,40 @@ class HotSpotRuntimes:
 
     # -- reports ----------------------------------------------------------------------------------
 
-    def new_report(self) -> None:
+    def knows(self, tgid: int) -> bool:
+        """Whether this runtime names ``tgid``'s frames (reads its memory in reports)."""
+        return self._processes.get(tgid) is not None
+
+    def new_report(self, budget: ReportBudget) -> None:
+        """Called once per report: a few starting JVMs are looked at again, names read before are
+        checked again before they are used, and every read is within the report's ``budget``."""
+        self._budget = budget
         self._retry_starting()
         for process in self._processes.new_report():
+            process.memory.budget = budget
             process.checked.clear()
             process.budget = READ_BUDGET_PER_PROCESS
             if process.scopes is not None:
                 process.scopes.new_report()
 
     def _retry_starting(self) -> None:
+        """Look again at STARTING_RETRIES_PER_REPORT starting JVMs, those looked at longest ago
+        first (each looked at goes last); the others wait (counted in starting_deferred)."""
         with self._lock:
             starting = dict(self._starting)
+        retried = 0
         for pid, attempts in starting.items():
             info = self.current(pid)
             with self._lock:
                 if info is None or attempts >= STARTING_ATTEMPTS or self._processes.get(pid) is not None:
                     self._starting.pop(pid, None)
                     continue
-                self._starting[pid] = attempts + 1
+                if retried >= STARTING_RETRIES_PER_REPORT:
+                    self.stats["starting_deferred"] += 1
+                    continue
+                retried += 1
+                self._starting.pop(pid, None)
+                self._starting[pid] = attempts + 1  # (last in turn)
             try:
                 self.register(info)
                 if self._processes.get(pid) is not None:
@@ -268,6 +290,8 @@ class HotSpotRuntimes:
                      line=lines.line_at(bci) if bci is not None and bci >= 0 else 0)
 
     def _read(self, process: JvmProcess, address: int, size: int) -> bytes:
+        """Within the JVM's budget and, through its memory, the report's (NamingBudgetSpent, a
+        MemoryReadError)."""
         if process.memory.exited:  # (spends nothing: nothing can be read)
             raise ProcessExited(process.info.pid, address, size)
         if size > process.budget:

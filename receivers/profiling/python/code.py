@@ -13,7 +13,9 @@ most MAX_LINE_TABLE bytes, names cut at MAX_NAME_CHARS (with a marker), the cach
 ``max_bytes`` of what its code objects keep, and the bytes read from processes' memory to
 ``max_read_bytes_per_epoch`` a report, ``max_read_bytes_per_process`` of them for one process (so
 that one process cannot spend the others' share); a code object past a budget is not read
-(counted in ``stats``), and its frame stays unnamed this report.
+(counted in ``stats``), and its frame stays unnamed this report. The memory a report gives is
+read within the report's budget too, all runtimes' together (processes/report_budget.py): a
+read it refuses is BudgetSpent, a cached code object's check among them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from .frames import FIRST_LINE_MASK
 from .linetable import LineTable
 from ..processes.memory import MemoryReadError, ProcessMemory
+from ..processes.report_budget import REFUSED_STAT, NamingBudgetSpent
 from .offsets import Offsets, StringKind
 
 # A name's length past this is no name but garbage where a code object was expected. (Only the
@@ -191,6 +194,8 @@ _ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
 def _read(memory: ProcessMemory, address: int, size: int) -> bytes:
     try:
         return memory.read(address, size)
+    except NamingBudgetSpent as e:  # (the report's, all processes'; read in a later report)
+        raise BudgetSpent(str(e)) from e
     except MemoryReadError as e:
         raise CodeReadError(str(e)) from e
 
@@ -221,7 +226,7 @@ class CodeCache:
         self._read_by: dict[int, int] = {}  # pid -> bytes read for it this epoch
         self._epoch = 0
         self._lock = threading.Lock()
-        self.stats = {"hits": 0, "reads": 0, "replaced": 0, "errors": 0, "evicted": 0, "read_budget_spent": 0}
+        self.stats = {"hits": 0, "reads": 0, "replaced": 0, "errors": 0, "evicted": 0, "read_budget_spent": 0, REFUSED_STAT: 0}
 
     def new_epoch(self) -> None:
         """From now on, each cached code object is checked again on its next use; the epoch's
@@ -256,6 +261,8 @@ class CodeCache:
                     return entry[0]
                 try:
                     same = reader.identity(memory, address) == entry[0].identity
+                except BudgetSpent:
+                    raise  # (not checked: not named, rather than named after what may be gone)
                 except CodeReadError:
                     # Nothing is there now (the process exited since the sample, or freed the
                     # object): another code object would be readable, so the one the sample

@@ -25,11 +25,12 @@ from receivers.profiling.processes.files import PerMappedFile, open_debug_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.symbols.frame import Frame
 
-from .code import CodeCache, CodeReadError
+from .code import BudgetSpent, CodeCache, CodeReadError
 from .detect import RUNTIME, CPython, detect_cpython, may_be_cpython
 from .frames import TAG, PythonFrame, calls, eval_loop_test, interleave, split
 from ..processes.memory import MemoryReadError, ProcessMemory
 from .offsets import InstructionKind, EntryKind, Offsets, UnknownLayout
+from ..processes.report_budget import UNBUDGETED, BudgetedMemory, ReportBudget
 
 FRAME_KIND = "cpython"  # profile.frame.type, as the OpenTelemetry eBPF profiler names these frames
 NO_OFFSET = 0xFFFF  # profile.h PYTHON_NO_OFFSET
@@ -45,6 +46,7 @@ class PythonProcess:
     offsets: Offsets
     memory: ProcessMemory
     is_eval_loop: Any  # name -> bool (frames.eval_loop_test)
+    named_from: BudgetedMemory  # its memory as reports read it: within their budget
 
 
 class PythonInterpreters:
@@ -63,6 +65,7 @@ class PythonInterpreters:
         # Frames named in this report, by (tgid, code, instruction): stacks share most of theirs.
         self._named: dict[tuple[int, int, int], Frame] = {}
         self.stats = dict.fromkeys(("processes", "unknown_layout", "unreadable", "frames_named", "frames_unnamed"), 0)
+        self._budget = UNBUDGETED  # the report's (new_report), for the processes found meanwhile too
 
     # -- processes --------------------------------------------------------------------------------
 
@@ -142,7 +145,9 @@ class PythonInterpreters:
                      "this CPython's frame layout is not known; its processes get native stacks only",
                      path=cpython.path, version="%d.%d" % cpython.version, reason=str(error))
             return None
-        return PythonProcess(info, cpython, bias, offsets, memory, eval_loop_test(cpython.version[0]))
+        named_from = BudgetedMemory(memory, self.code.stats)
+        named_from.budget = self._budget
+        return PythonProcess(info, cpython, bias, offsets, memory, eval_loop_test(cpython.version[0]), named_from)
 
     @staticmethod
     def _offsets(cpython: CPython, memory: ProcessMemory, bias: int) -> Offsets:
@@ -179,10 +184,21 @@ class PythonInterpreters:
 
     # -- reports ----------------------------------------------------------------------------------
 
-    def new_report(self) -> None:
-        """Called once per report: cached code objects are checked again before they are used."""
+    def knows(self, tgid: int) -> bool:
+        """Whether this runtime names ``tgid``'s frames (reads its memory in reports)."""
+        with self._lock:
+            return tgid in self._processes
+
+    def new_report(self, budget: ReportBudget) -> None:
+        """Called once per report: cached code objects are checked again before they are used,
+        and every read is within the report's ``budget`` (all processes' and runtimes' together)."""
         self.code.new_epoch()
         self._named = {}
+        with self._lock:
+            self._budget = budget
+            processes = list(self._processes.values())
+        for process in processes:
+            process.named_from.budget = budget
 
     def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
         """The frames of a user stack the kernel walked Python frames in (None if it did not):
@@ -203,27 +219,31 @@ class PythonInterpreters:
         key = (tgid, frame.code, frame.instruction, frame.first_line_bits)
         named = self._named.get(key)
         if named is None:
-            named = self._named[key] = self._name(tgid, frame)
+            named, final = self._name(tgid, frame)
+            if final:  # (a read the report's budget refused may be made later in the report)
+                self._named[key] = named
         return named
 
-    def _name(self, tgid: int, frame: PythonFrame) -> Frame:
+    def _name(self, tgid: int, frame: PythonFrame) -> tuple[Frame, bool]:
+        """The frame, and whether it is all this report can make of it."""
         with self._lock:
             process = self._processes.get(tgid)
-        reason = "the process is no longer known"
+        reason, final = "the process is no longer known", True
         if process is not None:
             try:
-                where = self.code.locate(tgid, process.memory, process.offsets, frame.code, frame.instruction, frame.first_line_bits)
+                where = self.code.locate(tgid, process.named_from, process.offsets, frame.code, frame.instruction,
+                                         frame.first_line_bits)
             except (CodeReadError, MemoryReadError) as error:
-                reason = str(error)
+                reason, final = str(error), not isinstance(error, BudgetSpent)
             else:
                 self.stats["frames_named"] += 1
                 return Frame(address=0, kind=FRAME_KIND, name=where.function, source_file=where.file,
-                             line=where.line or 0, first_line=where.first_line)
+                             line=where.line or 0, first_line=where.first_line), True
         self.stats["frames_unnamed"] += 1
         log_once(self.log, ("python-unnamed", tgid), "debug", "a Python frame could not be named (the process exited, or "
                  "freed the code object, since the sample); counted in pycollector_profiling_python{stat=\"frames_unnamed\"}",
                  pid=tgid, reason=reason)
-        return Frame(address=frame.code, kind=FRAME_KIND)
+        return Frame(address=frame.code, kind=FRAME_KIND), final
 
 
 def _never(_name) -> bool:

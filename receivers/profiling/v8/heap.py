@@ -5,7 +5,8 @@ script offset becomes its line.
 Everything here is the process's to write, and V8's collector moves objects: an address names
 an object only until the next compaction. So every object is checked to be of the type expected
 before it is used (its map's instance type), strings are read to a bound, cons strings to a
-depth, and every read is counted against the caller's budget (``ReadBudget``)."""
+depth, and every read is counted against the caller's budget (``ReadBudget``) and, through its
+memory (processes/report_budget.py BudgetedMemory), the report's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..processes.memory import MemoryReadError, ProcessExited, ProcessMemory
+from ..processes.report_budget import NamingBudgetSpent
 from .layout import V8Layout
 from .positions import MAX_POSITION_TABLE, decode_positions
 
@@ -66,6 +68,8 @@ class V8Heap:
         self.budget.spend(size)
         try:
             return self.memory.read(address, size)
+        except NamingBudgetSpent as error:  # (the report's, all processes'; read in a later report)
+            raise BudgetSpent(str(error)) from error
         except MemoryReadError as error:
             raise HeapReadError(str(error)) from error
 

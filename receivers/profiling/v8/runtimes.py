@@ -32,6 +32,7 @@ from ..processes.files import PerMappedFile
 from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
 from ..processes.runtime_processes import RuntimeProcesses
+from ..processes.report_budget import REFUSED_STAT, UNBUDGETED, BudgetedMemory, ReportBudget
 from ..symbols import runtime_stacks
 from ..symbols.frame import Frame
 from . import positions
@@ -89,8 +90,9 @@ class V8Runtimes:
         self._lock = threading.Lock()  # (the stats)
         self._builds = PerMappedFile(self._detect)
         self._processes = RuntimeProcesses(table, self._find, self._leaf, lambda process: process.heap.memory.close())
+        self._budget = UNBUDGETED  # the report's (new_report), for the processes found meanwhile too
         self.stats = dict.fromkeys(("processes", "unknown_layout", "unreadable", "frames_named", "frames_unnamed",
-                                    "functions_read", "functions_moved", "read_budget_spent", "inlining_unknown"), 0)
+                                    "functions_read", "functions_moved", "read_budget_spent", "inlining_unknown", REFUSED_STAT), 0)
 
     # -- processes --------------------------------------------------------------------------------
 
@@ -138,7 +140,8 @@ class V8Runtimes:
                          path=build.path, reason=build.refusal)
                 return None
             try:
-                memory = ProcessMemory(info.pid)
+                memory = BudgetedMemory(ProcessMemory(info.pid), self.stats)  # (every read within the report's budget)
+                memory.budget = self._budget
             except MemoryReadError as error:
                 with self._lock:
                     self.stats["unreadable"] += 1
@@ -172,10 +175,17 @@ class V8Runtimes:
 
     # -- reports ----------------------------------------------------------------------------------
 
-    def new_report(self) -> None:
-        """Called once per report: names read before are checked again before they are used, and
-        each process's budget of heap reads starts again."""
+    def knows(self, tgid: int) -> bool:
+        """Whether this runtime names ``tgid``'s frames (reads its memory in reports)."""
+        return self._processes.get(tgid) is not None
+
+    def new_report(self, budget: ReportBudget) -> None:
+        """Called once per report: names read before are checked again before they are used,
+        each process's budget of heap reads starts again, and every read is within the report's
+        ``budget`` (all processes' and runtimes' together)."""
+        self._budget = budget
         for process in self._processes.new_report():
+            process.heap.memory.budget = budget  # (the three heaps' memory)
             process.checked.clear()
             process.lines_checked.clear()
             process.missed.clear()
