@@ -156,31 +156,27 @@ class UnwindRegistry:
                 file = self._files.get(key)
                 if file is None:
                     file = self._files[key] = _File()
-                    if self._free_ids:
-                        file.file_id = self._free_ids.pop()
-                        self._maps.demand[self._maps.demand.Key(file.file_id)] = self._maps.demand.Leaf(0)
-                        self._pending[key] = (info, mapping)
-                        self._wake.notify_all()  # the workers wait for different files
-                    else:
+                    if not self._queue(key, file, info, mapping):
                         file.state = "failed"
-                        self.stats["file_ids_exhausted"] += 1
                 elif file.state == "unopened" and info.pid not in file.refused_by and key not in self._pending:
-                    self._queue_again(key, file, info, mapping)
+                    self._queue(key, file, info, mapping)  # (one none of its users could open: this one has not tried)
                 file.users.add(info.pid)
             self.stats["processes"] = len(self._processes)
             self.stats["files_waiting"] = len(self._pending)
             self._write_process(info)
             self._ensure_workers()
 
-    def _queue_again(self, key: FileKey, file: _File, info: ProcessInfo, mapping: Mapping) -> None:
-        """A file none of its users could open, queued with a process that has not tried."""
+    def _queue(self, key: FileKey, file: _File, info: ProcessInfo, mapping: Mapping) -> bool:
+        """Give the file an id and queue it for the workers, to be opened by ``info``'s mapping;
+        False when no id is left (counted)."""
         if not self._free_ids:
             self.stats["file_ids_exhausted"] += 1
-            return
+            return False
         file.file_id, file.state = self._free_ids.pop(), "queued"
         self._maps.demand[self._maps.demand.Key(file.file_id)] = self._maps.demand.Leaf(0)
         self._pending[key] = (info, mapping)
-        self._wake.notify_all()
+        self._wake.notify_all()  # the workers wait for different files
+        return True
 
     def file_state(self, key: FileKey) -> str | None:
         """Where the rows of the file ``key`` (a mapping's identity) stand: queued, loaded,
