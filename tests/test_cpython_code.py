@@ -12,6 +12,7 @@ and each name, file and line compared. A missing interpreter skips its case.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -361,38 +362,45 @@ time.sleep(60)
 '''
 
 
-def test_names_tables_and_the_cache_are_held_to_their_budgets():
-    """A long name is cut with a marker; the cache evicts to stay within max_bytes; an epoch
-    reads no more than max_read_bytes_per_epoch, and the next epoch reads on."""
-    from receivers.profiling.python.code import MAX_NAME_CHARS, TRUNCATED, BudgetSpent
-
+@contextlib.contextmanager
+def hostile_code_process():
+    """Debian's python3.11 running HOSTILE_CODE: (its pid, the long code object's address, the
+    ordinary ones', the interpreter's offsets in it); skipped without that interpreter."""
     cpython = detect_cpython("/usr/bin/python3.11")
     if cpython is None:
         pytest.skip("no Debian python3.11 to read")
     process = subprocess.Popen(["/usr/bin/python3.11", "-c", HOSTILE_CODE], stdout=subprocess.PIPE, text=True)
     try:
         long_one, *ordinary = (int(address) for address in process.stdout.readline().split())
-        offsets = _offsets(cpython, process.pid)
-        with ProcessMemory(process.pid) as memory:
-            cache = CodeCache()
-            code = cache.code(process.pid, memory, offsets, long_one)
-            assert code.name == "n" * MAX_NAME_CHARS + TRUNCATED
-            assert code.lines.line(0) is not None and code.read_bytes < 64 << 10
-            small = CodeCache(max_bytes=code.size + 3000)
-            small.code(process.pid, memory, offsets, long_one)
-            for address in ordinary:
-                small.code(process.pid, memory, offsets, address)
-            assert small.held_bytes <= small.max_bytes and small.stats["evicted"] >= 1
-            budget = CodeCache(max_read_bytes_per_epoch=1)
-            budget.code(process.pid, memory, offsets, ordinary[0])  # the first read may spend it all
-            with pytest.raises(BudgetSpent):
-                budget.code(process.pid, memory, offsets, ordinary[1])
-            assert budget.stats["read_budget_spent"] == 1
-            budget.new_epoch()
-            assert budget.code(process.pid, memory, offsets, ordinary[1]).name == "f1"
+        yield process.pid, long_one, ordinary, _offsets(cpython, process.pid)
     finally:
         process.kill()
         process.wait()
+
+
+def test_names_tables_and_the_cache_are_held_to_their_budgets():
+    """A long name is cut with a marker; the cache evicts to stay within max_bytes; an epoch
+    reads no more than max_read_bytes_per_epoch, and the next epoch reads on."""
+    from receivers.profiling.python.code import MAX_NAME_CHARS, TRUNCATED, BudgetSpent
+
+    with hostile_code_process() as (pid, long_one, ordinary, offsets):
+        with ProcessMemory(pid) as memory:
+            cache = CodeCache()
+            code = cache.code(pid, memory, offsets, long_one)
+            assert code.name == "n" * MAX_NAME_CHARS + TRUNCATED
+            assert code.lines.line(0) is not None and code.read_bytes < 64 << 10
+            small = CodeCache(max_bytes=code.size + 3000)
+            small.code(pid, memory, offsets, long_one)
+            for address in ordinary:
+                small.code(pid, memory, offsets, address)
+            assert small.held_bytes <= small.max_bytes and small.stats["evicted"] >= 1
+            budget = CodeCache(max_read_bytes_per_epoch=1)
+            budget.code(pid, memory, offsets, ordinary[0])  # the first read may spend it all
+            with pytest.raises(BudgetSpent):
+                budget.code(pid, memory, offsets, ordinary[1])
+            assert budget.stats["read_budget_spent"] == 1
+            budget.new_epoch()
+            assert budget.code(pid, memory, offsets, ordinary[1]).name == "f1"
 
 
 def test_an_address_or_size_from_a_hostile_process_is_refused_not_overflowed():

@@ -308,17 +308,10 @@ def test_code_objects_of_many_processes_are_read_within_the_reports_budget():
     refuses is not named unchecked, and the next report reads on."""
     from receivers.profiling.processes.memory import ProcessMemory
     from receivers.profiling.python.code import BudgetSpent, CodeCache
-    from receivers.profiling.python.detect import detect_cpython
-    from tests.test_cpython_code import HOSTILE_CODE, _offsets
+    from tests.test_cpython_code import hostile_code_process
 
-    cpython = detect_cpython("/usr/bin/python3.11")
-    if cpython is None:
-        pytest.skip("no Debian python3.11 to read")
-    process = subprocess.Popen(["/usr/bin/python3.11", "-c", HOSTILE_CODE], stdout=subprocess.PIPE, text=True)
-    try:
-        long_one, *ordinary = (int(address) for address in process.stdout.readline().split())
-        offsets = _offsets(cpython, process.pid)
-        with ProcessMemory(process.pid) as real:
+    with hostile_code_process() as (pid, long_one, ordinary, offsets):
+        with ProcessMemory(pid) as real:
             cache = CodeCache()
 
             class Counted:  # (a pid of its own over the real memory)
@@ -363,6 +356,3 @@ def test_code_objects_of_many_processes_are_read_within_the_reports_budget():
             budget.begin(benign.pid)
             reads = benign.reads
             assert cache.code(benign.pid, memories[benign.pid], offsets, ordinary[0]).name == "f0" and benign.reads == reads + 1
-    finally:
-        process.kill()
-        process.wait()
