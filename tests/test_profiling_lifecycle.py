@@ -290,3 +290,27 @@ def test_a_report_names_each_incarnation_of_a_pid_by_its_own_program(tmp_path):
     finally:
         successor.kill()
         successor.wait()
+
+
+def test_a_snapshot_leads_to_the_newest_of_its_process_and_to_nothing_once_its_pid_is_anothers():
+    """What a report named a process with may be an older object than the table's (its maps read
+    again meanwhile): it still leads to that process's newest snapshot (its mappings, its SDK
+    resource, its JIT names), and to nothing once another process holds the pid."""
+    table = ProcessTable()
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        loaded(first.pid)
+        named = table.on_new_process(first.pid, first.pid, "python3")
+        refreshed = table.refresh_maps(first.pid, rate_limited=False)
+        assert refreshed is not None and refreshed is not named
+        assert table.newest(named) is refreshed and table.newest(refreshed) is refreshed
+    finally:
+        first.kill()
+        first.wait()
+    successor = spawn_with_pid(first.pid, ["sleep", "60"])
+    try:
+        table.on_new_process(successor.pid, successor.pid, "sleep")
+        assert table.newest(named) is None and table.newest(refreshed) is None
+    finally:
+        successor.kill()
+        successor.wait()

@@ -226,10 +226,8 @@ class ReportBuilder:
             attributes["container.id"] = info.container_id
         for name, value in sorted(info.env.items()):
             attributes[f"process.environment_variable.{name}"] = value
-        # (The contexts are the pid's process's now: none for one whose pid was reused since. The
-        # table's snapshot of the same process may be a newer object: its maps read again.)
-        now = self.processes.current(tgid)
-        current = now is info or (now is not None and info.start_time_ticks is not None and now.start_time_ticks == info.start_time_ticks)
+        # (The contexts are the pid's process's now: none for one whose pid was reused since.)
+        current = self.processes.newest(info) is not None
         context = self.contexts.context(tgid) if self.contexts is not None and current else None
         if context is not None:
             # The SDK's resource (service.name above all), except what the kernel told the agent:

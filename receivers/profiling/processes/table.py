@@ -294,6 +294,15 @@ class ProcessTable:
         with self._lock:
             return self._procs.get(tgid)
 
+    def newest(self, info: ProcessInfo) -> ProcessInfo | None:
+        """The table's snapshot of the process ``info`` is of, now: ``info`` itself or a newer
+        one (its maps read again since, an exec: the same start); None when the pid is another
+        process's now, or no one's."""
+        now = self.current(info.pid)
+        if now is info or (now is not None and info.start_time_ticks is not None and now.start_time_ticks == info.start_time_ticks):
+            return now
+        return None
+
     def incarnation(self, tgid: int, start_ticks: int | None) -> ProcessInfo | None:
         """The snapshot of the process that took a sample: tgid's, started at ``start_ticks``
         (StackCount.start_ticks; None, the kernel could not say: tgid's, as `lookup`). One the
@@ -339,7 +348,7 @@ class ProcessTable:
         maps_refresh_interval_s unless ``rate_limited`` is False (the kernel's unwinder asks at
         most every 100 ms per process already, and a 100 ms process cannot wait a second); what
         is read is another incarnation's when it started at another time, and not looked in."""
-        info = info or self.lookup(tgid)
+        info = (self.newest(info) or info) if info is not None else self.lookup(tgid)
         if info is None:
             return None
         m = info.find_mapping(addr)

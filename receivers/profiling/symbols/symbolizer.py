@@ -171,7 +171,7 @@ class Symbolizer:
             return [Frame(a, "native") for a in addrs]
         return self.symbolize_process(
             info, addrs, find_mapping=lambda a: self.processes.find_mapping(tgid, a, info=info), memo=memo,
-            jit_names=self.processes.current(tgid) is info)
+            jit_names=self.processes.newest(info) is not None)
 
     def symbolize_process(self, info: ProcessInfo, addrs: Sequence[int],
                           find_mapping=None, memo: dict | None = None, jit_names: bool = True) -> list[Frame]:
