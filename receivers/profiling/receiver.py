@@ -36,6 +36,7 @@ from receivers.profiling.kernel.program import BPFPermissionError, SamplerError
 from receivers.profiling.kernel.sampler import Sampler
 from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
 from receivers.profiling.processes import files as process_files
+from receivers.profiling.processes import memory as process_memory
 from receivers.profiling.processes.credentials import missing_process_access
 from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.processes.targeting import Targeting
@@ -226,6 +227,7 @@ class ProfilingReceiver(Component):
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",
                                                               "files_over_budget", "long_lines", "names_truncated"))
         _publish(self._stats, process_files, "process_files_")  # the files of sampled processes: opened, refused and why
+        _publish(self._stats, process_memory, "process_memory_")  # reads of pages not in memory: checked, refused
         _publish(self._stats, elf_bounds, "elf_")  # what of their ELF files was past its bounds, and not read
         _publish(self._unwind_stats, self.unwind)
         _publish(self._unwind_stats, self.row_source.cache, "cache_")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 
 USER_SPACE_END = 1 << 63  # x86-64 user space ends at 2**47 (2**56 with 5-level paging)
@@ -37,6 +38,10 @@ _MAX_MOUNTINFO_BYTES = 4 << 20
 # object pointing at pages not in memory, asked of every frame, made every read re-read them).
 _MAX_MAPS_BYTES = 4 << 20
 SLOW_CHECKS_PER_S = 8.0
+
+# The slow checks of all readers, published as the receiver's process_memory_<name>.
+stats = {"slow_checks": 0, "slow_checks_refused": 0}
+_stats_lock = threading.Lock()
 
 _U64 = struct.Struct("<Q")
 _I32 = struct.Struct("<i")
@@ -75,7 +80,6 @@ class ProcessMemory:
         self.exited = False
         # Slow checks it may still make (a bucket refilled at SLOW_CHECKS_PER_S), and when it was.
         self._slow_checks, self._slow_checks_at = SLOW_CHECKS_PER_S, time.monotonic()
-        self.stats = {"slow_checks": 0, "slow_checks_refused": 0}
 
     def read(self, address: int, size: int) -> bytes:
         # Addresses and sizes are read from the process itself: garbage in an exiting process,
@@ -119,12 +123,12 @@ class ProcessMemory:
         now = time.monotonic()
         self._slow_checks = min(SLOW_CHECKS_PER_S, self._slow_checks + (now - self._slow_checks_at) * SLOW_CHECKS_PER_S)
         self._slow_checks_at = now
-        if self._slow_checks < 1:
-            self.stats["slow_checks_refused"] += 1
-            return False
-        self._slow_checks -= 1
-        self.stats["slow_checks"] += 1
-        return True
+        taken = self._slow_checks >= 1
+        if taken:
+            self._slow_checks -= 1
+        with _stats_lock:
+            stats["slow_checks" if taken else "slow_checks_refused"] += 1
+        return taken
 
     def _gone(self) -> bool:
         """Whether the process's memory is gone: its page map gives nothing even for the first
