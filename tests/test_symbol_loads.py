@@ -23,7 +23,7 @@ def test_a_job_that_never_returns_holds_one_thread_not_the_others():
     """A read that never returns (a file system that stops answering): the caller goes on after
     wait_s; once the job is past stuck_s another thread takes the queue, and later jobs are done."""
     hang = threading.Event()
-    loads = BackgroundLoads("t", wait_s=0.05, stuck_s=0.2, max_threads=2)
+    loads = BackgroundLoads("t", wait_s=0.05, stuck_s=0.2, parallel=1, max_threads=2)
     try:
         assert loads.result("hung", hang.wait) == (False, None)
         assert loads.result("next", lambda: "named") == (False, None)  # queued behind the hung one
@@ -36,6 +36,23 @@ def test_a_job_that_never_returns_holds_one_thread_not_the_others():
         assert outcome == (True, "named")
     finally:
         hang.set()
+        loads.close()
+
+
+def test_a_long_read_does_not_hold_a_short_one_queued_behind_it():
+    """One file that takes seconds to read (a runtime's big binary, a loaded host) and a small one
+    asked for after it: the small one is read beside it, not after it."""
+    long_read = threading.Event()
+    loads = BackgroundLoads("t", wait_s=0.01, stuck_s=60)
+    try:
+        assert loads.result("big", long_read.wait) == (False, None)
+        deadline = time.monotonic() + 5
+        while (outcome := loads.result("small", lambda: "named")) != (True, "named") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert outcome == (True, "named") and not long_read.is_set()
+        assert loads.stats["loads_stuck"] == 0
+    finally:
+        long_read.set()
         loads.close()
 
 

@@ -6,9 +6,11 @@ hands that work to these threads and waits for it at most ``wait_s``, and ``repo
 all for one report: what is not done by then is used by a later report (its frames stay unnamed
 in this one, counted), and no report waits for a file past its allowance.
 
-A thread that stays on one job longer than ``stuck_s`` is left to it (it cannot be stopped) and
-another takes the queue, up to ``max_threads`` threads: a file that never answers holds one
-thread, not the symbolization of every file after it.
+``parallel`` threads take the queue, so that one long read (a runtime's 100 MB binary: seconds
+on a loaded host) does not hold every small file queued behind it past its report. A thread
+that stays on one job longer than ``stuck_s`` is left to it (it cannot be stopped) and another
+takes the queue, up to ``max_threads`` threads: a file that never answers holds one thread, not
+the symbolization of every file after it.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ class _Job:
 
 class BackgroundLoads:
     def __init__(self, name: str, *, wait_s: float = 2.0, report_wait_s: float = 3.0, stuck_s: float = 30.0,
-                 max_threads: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
+                 parallel: int = 2, max_threads: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
-        self.wait_s, self.report_wait_s, self.stuck_s, self.max_threads = wait_s, report_wait_s, stuck_s, max_threads
+        self.wait_s, self.report_wait_s, self.stuck_s = wait_s, report_wait_s, stuck_s
+        self.parallel, self.max_threads = parallel, max(max_threads, parallel)
         self._clock = clock
         self._lock = threading.Condition()
         self._jobs: dict[Hashable, _Job] = {}
@@ -92,7 +95,11 @@ class BackgroundLoads:
             self._lock.notify_all()
 
     def _ensure_worker(self) -> None:
-        if self._workers - len(self._stuck) < 1:
+        """A thread for the job just queued: an idle one, or a new one while fewer than
+        ``parallel`` are working (the lock held)."""
+        working = self._workers - len(self._stuck)
+        idle = working - sum(1 for number in self._busy if number not in self._stuck)
+        if len(self._queue) > idle and working < self.parallel and self._workers < self.max_threads:
             self._start_worker()
 
     def _start_worker(self) -> None:
@@ -108,8 +115,7 @@ class BackgroundLoads:
                 if number not in self._stuck and now - since > self.stuck_s:
                     self._stuck.add(number)
                     self.stats["loads_stuck"] += 1
-            if self._workers - len(self._stuck) < 1 and self._workers < self.max_threads:
-                self._start_worker()
+            self._ensure_worker()
 
     def _work(self, number: int) -> None:
         while True:
