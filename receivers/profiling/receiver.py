@@ -45,6 +45,7 @@ from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.report import ReportBuilder
 from receivers.profiling.stall_watch import Progress, StallWatch
+from receivers.profiling.symbols.detection import FileDetector
 from receivers.profiling.symbols.symbolizer import Symbolizer
 from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
 from receivers.profiling.hotspot.runtimes import HotSpotRuntimes
@@ -94,6 +95,7 @@ class ProfilingReceiver(Component):
         self.python: PythonInterpreters | None = None
         self.v8: V8Runtimes | None = None
         self.hotspot: HotSpotRuntimes | None = None
+        self.detector: FileDetector | None = None
         self._hotspot_stats = telemetry.gauge("pycollector_profiling_hotspot", "Java frames of HotSpot JVMs: processes whose JVM the walker knows, frames named and not, methods read, counts since start.", ("stat",))
         self._v8_stats = telemetry.gauge("pycollector_profiling_v8", "JavaScript frames of Node.js processes: processes running a V8 the walker knows, frames named and not, functions read, counts since start.", ("stat",))
         self.jvm_perf_maps: JvmPerfMapRequester | None = None
@@ -149,10 +151,15 @@ class ProfilingReceiver(Component):
         # targeting and, last, the kernel's set of announced tgids, so a reused pid is announced
         # again only once everything of its predecessor is gone.
         self._start_targeting(sampler)
+        # Runtime detection (Python, V8, HotSpot) off the events thread: a process whose file is
+        # not read yet is told to the watchers again once it is.
+        self.detector = FileDetector(self.log)
+        self.detector.retell = self.processes.tell_again
         self._start_v8(sampler)  # before the unwind registry: it asks where a process's V8 code is
         self._start_hotspot(sampler)  # (and a JVM's code cache)
         self._start_unwinding(sampler)
         self._start_python(sampler)
+        self.detector.start()  # (once the runtimes said what they read)
         self._start_jvm_perf_maps()
         self._start_probabilistic(sampler)
         self.processes.watch(exited=self.jit.forget)
@@ -222,7 +229,8 @@ class ProfilingReceiver(Component):
         _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large"))
         _publish(self._stats, self.symbolizer.loads, "symbol_", ("loads_deferred", "loads_stuck"))
         _publish(self._stats, self.reports, names=("samples_carried", "samples_carried_for_names"))
-        _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots", "predecessors", "incarnations_read", "incarnations_gone"))
+        _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots", "predecessors", "incarnations_read", "incarnations_gone",
+                                                     "told_again"))
         _publish(self._context_stats, self.contexts)
         _publish(self._stats, self.jit.perf_maps, "perf_map_", ("files_read", "malformed_lines", "entries_dropped", "files_refused",
                                                               "files_over_budget", "long_lines", "names_truncated"))
@@ -234,19 +242,23 @@ class ProfilingReceiver(Component):
         for component, prefix in ((self.targeting, "targeting_"), (self.jvm_perf_maps, "jvm_perf_map_"), (self.probabilistic, "probabilistic_")):
             if component is not None:
                 _publish(self._stats, component, prefix)
+        # Each runtime's detections (deferred, refused, killed past their deadline and why) on its own gauge.
         if self.python is not None:
             _publish(self._python_stats, self.python)
             _publish(self._python_stats, self.python.code, "code_")
+            _publish(self._python_stats, self.python.files)
         if self.v8 is not None:
             _publish(self._v8_stats, self.v8)
+            _publish(self._v8_stats, self.v8.files)
         if self.hotspot is not None:
             _publish(self._hotspot_stats, self.hotspot)
+            _publish(self._hotspot_stats, self.hotspot.files)
 
     def _start_v8(self, sampler: Sampler) -> None:
         """JavaScript frames of Node.js processes, walked and named without perf maps."""
         if not self.config.tracer_enabled("v8"):
             return
-        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log, other_runtime=self._pythons_process)
+        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log, other_runtime=self._pythons_process, detector=self.detector)
         self.reports.runtimes.insert(0, self.v8)  # (before Python's, which takes any stack ending in a tagged frame)
         self.processes.watch(changed=self.v8.register, exited=self.v8.forget)
 
@@ -254,7 +266,7 @@ class ProfilingReceiver(Component):
         """Java frames of HotSpot JVMs, walked and named without perf maps."""
         if not self.config.tracer_enabled("hotspot"):
             return
-        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log, other_runtime=self._pythons_process)
+        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log, other_runtime=self._pythons_process, detector=self.detector)
         self.hotspot.current = self.processes.lookup
         self.reports.runtimes.insert(0, self.hotspot)
         self.processes.watch(changed=self.hotspot.register, exited=self.hotspot.forget)
@@ -272,7 +284,7 @@ class ProfilingReceiver(Component):
         if sampler.task_fsbase_offset is None:
             self.log.warning("no Python frames: the kernel's BTF does not say where a thread's TLS base is kept", reason=sampler.python_frames_error)
             return
-        self.python = PythonInterpreters(sampler.unwind_maps.python, self.log)
+        self.python = PythonInterpreters(sampler.unwind_maps.python, self.log, detector=self.detector)
         self.reports.runtimes.append(self.python)
         self.processes.watch(changed=self.python.register, exited=self.python.forget)
 
@@ -308,6 +320,7 @@ class ProfilingReceiver(Component):
                 self.jvm_perf_maps.close()
             if self.probabilistic is not None:
                 self.probabilistic.close()
+            self.detector.close()  # (before the process table's watchers go: it tells them again)
             self.row_source.close()  # first: the registry's worker may be waiting on it
             self.unwind.close()
             self._sampler.close()

@@ -19,7 +19,7 @@ unwind/, python/, v8/, hotspot/, otel_context/) opens it as `BoundedElf`:
 Every refusal is counted in ``stats``, published as
 ``pycollector_profiling_symbolization{stat="elf_<reason>"}``; the caller goes on as if the file
 had nothing there. (The unwind rows of large files are built in a helper process, whose counts
-stay there.)
+stay there; runtime detection's helper sends its own back, ``add``.)
 """
 
 from __future__ import annotations
@@ -53,6 +53,14 @@ _stats_lock = threading.Lock()
 def count(reason: str) -> None:
     with _stats_lock:
         stats[reason] += 1
+
+
+def add(counts: dict[str, int]) -> None:
+    """Counts moved by a parse in a helper process (symbols/detection.py), as if made here."""
+    with _stats_lock:
+        for reason, n in counts.items():
+            if reason in stats:
+                stats[reason] += n
 
 
 class FileTooLarge(ValueError):

@@ -1,8 +1,10 @@
 """The sampled processes that run a HotSpot JVM: told to the kernel's walker, and their Java frames
 named in reports.
 
-When a process maps libjvm.so, the JVM's own tables (vmstructs.py) say where its code cache is and
-how its CodeBlobs and Methods are laid out (jvm.py); the kernel gets the code cache
+When a process maps libjvm.so (its symbols read once per file, off this thread, by
+symbols/detection.py: the process is registered once they are), the JVM's own tables
+(vmstructs.py) say where its code cache is and how its CodeBlobs and Methods are laid out
+(jvm.py); the kernel gets the code cache
 (``hotspot_processes``, bpf/profile.h ``struct hotspot_process``) and the unwind registry its range
 (``code_ranges``). A JVM still starting has no tables yet: it is looked at again when its maps
 are read again. The report names each Method the kernel recorded, ``Class.method``, with the
@@ -26,12 +28,12 @@ from pycollector.logs import log_once
 
 from ..elf.bounded import BoundedElf
 from ..elf.symbols import defined_symbols, load_bias, load_segments
-from ..processes.files import PerMappedFile
 from ..processes.memory import MemoryReadError, ProcessExited, ProcessMemory
-from ..processes.proc import Mapping, ProcessInfo
+from ..processes.proc import ProcessInfo
 from ..processes.runtime_processes import RuntimeProcesses
 from ..processes.report_budget import REFUSED_STAT, UNBUDGETED, BudgetedMemory, ReportBudget
 from ..symbols import runtime_stacks
+from ..symbols.detection import PENDING, FileDetector
 from ..symbols.frame import Frame
 from .jvm import CodeCacheLayout, MethodLayout, code_cache_layout, method_layout
 from .scopes import ScopeReader, ScopeReadError, _unsigned5, scope_layout
@@ -82,14 +84,16 @@ class JvmProcess:
 
 
 class HotSpotRuntimes:
-    def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False):
+    def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False,
+                 detector: FileDetector | None = None):
         """``table``: the sampler's hotspot_processes map. ``other_runtime(info)``: whether the
-        process is walked as another runtime's (the kernel's tag is one for all)."""
+        process is walked as another runtime's (the kernel's tag is one for all). ``detector``:
+        where libjvm is read (by default inline, on the registering thread)."""
         self._table = table
         self._other_runtime = other_runtime
         self.log = logger
         self._lock = threading.Lock()  # (the stats and the JVMs starting)
-        self._libjvm = PerMappedFile(_libjvm_symbols)
+        self.files = (detector or FileDetector(in_helper=False)).files("hotspot", f"{__name__}:libjvm_symbols")
         self._processes = RuntimeProcesses(table, self._find, self._leaf, self._close)
         self._names_bytes = 0  # what every JVM's names hold together (under _lock)
         self._budget = UNBUDGETED  # the report's (new_report), for the JVMs found meanwhile too
@@ -133,8 +137,8 @@ class HotSpotRuntimes:
         for mapping in info.mappings:
             if not (mapping.file_backed and os.path.basename(mapping.path) == "libjvm.so"):
                 continue
-            found = self._libjvm.get(info, mapping)
-            if found is None:
+            found = self.files.get(info, mapping)
+            if found is None or found is PENDING:  # (pending: it is registered again when libjvm is read)
                 return None
             symbols, segments = found
             bias = load_bias(segments, mapping.start, mapping.offset)
@@ -452,8 +456,9 @@ def _without_hidden_suffix(name: str) -> str:
     return name[:at] if at >= 0 else name
 
 
-def _libjvm_symbols(info: ProcessInfo, mapping: Mapping, fd: int) -> tuple[dict[str, int], tuple] | None:
-    """libjvm's VMStructs symbols and its PT_LOAD segments (once per file: PerMappedFile)."""
+def libjvm_symbols(_path: str, fd: int, _open_debug) -> tuple[dict[str, int], tuple] | None:
+    """libjvm's VMStructs symbols and its PT_LOAD segments (once per file, in
+    symbols/detection.py's helper process)."""
     try:
         with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as stream:
             elf = BoundedElf(stream)

@@ -28,8 +28,6 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Callable
-from typing import Generic, TypeVar
 
 from .credentials import acting_as
 from .proc import Credentials, Mapping, ProcessInfo
@@ -50,7 +48,6 @@ class _OpenHow(ctypes.Structure):
 
 stats = dict.fromkeys(("opened", "missing", "not_regular", "too_large", "unreadable_by_process", "other_file", "bad_name"), 0)
 _stats_lock = threading.Lock()
-T = TypeVar("T")
 
 
 def _count(reason: str) -> None:
@@ -195,45 +192,3 @@ def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
             raise OSError(code, "openat2 is not available: files of processes are not read")
         raise OSError(code, os.strerror(code), path)
     return fd
-
-
-class PerMappedFile(Generic[T]):
-    """What ``read(info, mapping, fd)`` makes of a mapped file, read once per file (its device and
-    inode: the same file in every process and container that maps it), the file opened by
-    ``open_mapped_file``. None when it cannot be opened, or ``read`` found nothing there.
-
-    What ``read`` made of the file holds for every process that maps it; a failed open does not:
-    it says what one process could open (its credentials, its mount namespace, its exit), so it
-    is remembered for that process alone, and the next process that maps the file tries again.
-    A short-lived process that maps a shared interpreter and exits costs no one else its frames."""
-
-    MAX_REFUSALS = 4096  # (file, process) pairs remembered as refused; then forgotten, all at once
-
-    def __init__(self, read: Callable[[ProcessInfo, Mapping, int], T | None]) -> None:
-        self._read = read
-        self._lock = threading.Lock()
-        self._found: dict[tuple[str, int], T | None] = {}
-        self._refused: set[tuple[tuple[str, int], int, int | None]] = set()  # (file, pid, start time)
-
-    def get(self, info: ProcessInfo, mapping: Mapping) -> T | None:
-        key = mapping.identity
-        refusal = (key, info.pid, info.start_time_ticks)
-        with self._lock:
-            if key in self._found:
-                return self._found[key]
-            if refusal in self._refused:
-                return None
-        fd = open_mapped_file(info, mapping)
-        if fd is None:
-            with self._lock:
-                if len(self._refused) >= self.MAX_REFUSALS:
-                    self._refused.clear()
-                self._refused.add(refusal)
-            return None
-        try:
-            found = self._read(info, mapping, fd)
-        finally:
-            os.close(fd)
-        with self._lock:
-            self._found[key] = found
-        return found

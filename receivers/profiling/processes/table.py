@@ -9,10 +9,11 @@ got (`ProcessInfo.errors` lists what it missed).
 The table is the one owner of a process's life in the receiver.  Every room that keeps state per
 process (the symbolizer's pinned files, unwind tables, Python interpreters, JIT maps, targeting,
 the kernel's set of announced tgids) registers with `watch()` and is told, in the order it
-registered, of each snapshot (a new process, an exec, mappings read again: ``changed(info)``) and
-of each exit (``exited(tgid)``); nothing outside keeps its own list of what to forget.  One lock
-(``_life``) orders these events, so an exit is never told after the pid's successor was
-registered, nor a registration lost to its predecessor's exit.
+registered, of each snapshot (a new process, an exec, mappings read again, a runtime's file read
+since it was registered: ``changed(info)``) and of each exit (``exited(tgid)``); nothing outside
+keeps its own list of what to forget.  One lock (``_life``) orders these events, so an exit is
+never told after the pid's successor was registered, nor a registration lost to its
+predecessor's exit.
 
 Exit: `forget_exited()` (call it after each report) marks processes whose /proc entry is gone or
 belongs to another incarnation (start time), and removes them one call later, so an interval that
@@ -97,7 +98,8 @@ class ProcessTable:
         self.admits: Callable[[int], bool] = lambda _tgid: True
         self._boot_time_s = _boot_time_s(proc_root)
         self.stats = {"snapshots": 0, "partial_snapshots": 0, "maps_refreshes": 0, "expired": 0, "successors": 0, "watcher_errors": 0,
-                      "execs_while_registering": 0, "predecessors": 0, "incarnations_read": 0, "incarnations_gone": 0}
+                      "execs_while_registering": 0, "predecessors": 0, "incarnations_read": 0, "incarnations_gone": 0,
+                      "told_again": 0}
 
     # ----------------------------------------------------------------------- snapshots
 
@@ -288,6 +290,19 @@ class ProcessTable:
             if info is fresh:  # not announced by another thread meanwhile
                 self._changed(info)
         return info
+
+    def tell_again(self, tgid: int, program: int) -> bool:
+        """Tell the watchers again of tgid's snapshot, if it still shows ``program`` (a file it
+        maps, whose detection was pending when it was registered, has its result now:
+        symbols/detection.py). False, and no one told, when it exited or exec'd since."""
+        with self._life:
+            with self._lock:
+                info = self._procs.get(tgid)
+            if info is None or info.exited or info.program != program:
+                return False
+            self.stats["told_again"] += 1
+            self._changed(info)
+        return True
 
     def current(self, tgid: int) -> ProcessInfo | None:
         """The snapshot the table holds for tgid now, without reading /proc."""

@@ -121,6 +121,11 @@ def detect_cpython(path: str, *, fd: int | None = None, open_debug: Callable[[st
             return None
 
 
+def detect_file(path: str, fd: int, open_debug: Callable[[str], int | None]) -> CPython | None:
+    """detect_cpython as symbols/detection.py's readers are called (in its helper process)."""
+    return detect_cpython(path, fd=fd, open_debug=open_debug)
+
+
 def _read(path, elf, version, open_debug, debug_dirs) -> CPython | None:
     headers = ElfHeaders.read_headers(elf, path)
     segments = load_segments(elf)

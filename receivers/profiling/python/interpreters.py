@@ -1,9 +1,10 @@
 """The sampled processes that run CPython: told to the kernel's walker, and named in reports.
 
 When a process is snapshotted (and again when its maps are read again), its mapped files are
-checked for a CPython (detect.py, once per file). For one found, the kernel gets where to start
-and which offsets to use (``python_processes``, bpf/profile.h ``struct python_process``); the
-report later turns the code objects the kernel recorded into function, file and line, read from
+checked for a CPython (detect.py, once per file, read off this thread by symbols/detection.py:
+a process whose file is not read yet is registered without it, and again once it is read). For
+one found, the kernel gets where to start and which offsets to use (``python_processes``,
+bpf/profile.h ``struct python_process``); the report later turns the code objects the kernel recorded into function, file and line, read from
 the process's memory (code.py). A version whose layout is not known (a CPython newer than the
 table, or 3.14, whose tagged frame pointers the kernel walker does not untag yet) is profiled
 natively, said once per file.
@@ -21,12 +22,12 @@ from typing import Any
 
 from pycollector.logs import log_once
 
-from receivers.profiling.processes.files import PerMappedFile, open_debug_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
+from receivers.profiling.symbols.detection import PENDING, FileDetector
 from receivers.profiling.symbols.frame import Frame
 
 from .code import BudgetSpent, CodeCache, CodeReadError
-from .detect import RUNTIME, CPython, detect_cpython, may_be_cpython
+from .detect import RUNTIME, CPython, may_be_cpython
 from .frames import TAG, PythonFrame, calls, eval_loop_test, interleave, split
 from ..processes.memory import MemoryReadError, ProcessMemory
 from .offsets import InstructionKind, EntryKind, Offsets, UnknownLayout
@@ -50,8 +51,9 @@ class PythonProcess:
 
 
 class PythonInterpreters:
-    def __init__(self, table: Any, logger: Any):
-        """``table``: the sampler's python_processes map."""
+    def __init__(self, table: Any, logger: Any, detector: FileDetector | None = None):
+        """``table``: the sampler's python_processes map. ``detector``: where candidate files are
+        read (by default inline, on the registering thread)."""
         self._table = table
         self.log = logger
         self.code = CodeCache()
@@ -60,7 +62,8 @@ class PythonInterpreters:
         # read again) may register the same process at once, and the kernel's entry must end up
         # as the bookkeeping says.
         self._registering = threading.Lock()
-        self._cpythons = PerMappedFile(self._detect)  # every file looked at, CPython or not
+        # Every file looked at, CPython or not.
+        self.files = (detector or FileDetector(in_helper=False)).files("cpython", "receivers.profiling.python.detect:detect_file", self._found)
         self._processes: dict[int, PythonProcess] = {}
         # Frames named in this report, by (tgid, code, instruction): stacks share most of theirs.
         self._named: dict[tuple[int, int, int], Frame] = {}
@@ -114,8 +117,8 @@ class PythonInterpreters:
         for mapping in info.mappings:
             if not mapping.file_backed or not may_be_cpython(mapping.path):
                 continue
-            cpython = self._cpythons.get(info, mapping)
-            if cpython is None:
+            cpython = self.files.get(info, mapping)
+            if cpython is None or cpython is PENDING:  # (pending: it is registered again when the file is read)
                 continue
             bias = cpython.bias(mapping.start, mapping.offset)
             if bias is None:
@@ -123,12 +126,9 @@ class PythonInterpreters:
             return self._attach(info, cpython, bias)
         return None
 
-    def _detect(self, info: ProcessInfo, mapping: Mapping, fd: int) -> CPython | None:
-        """(Once per file: PerMappedFile.)"""
-        cpython = detect_cpython(mapping.path, fd=fd, open_debug=lambda path: open_debug_file(info, path))
-        if cpython is not None:
-            self.log.info("found CPython", version="%d.%d" % cpython.version, path=mapping.path, pid=info.pid)
-        return cpython
+    def _found(self, info: ProcessInfo, mapping: Mapping, cpython: CPython) -> None:
+        """(Once per file: DetectedFiles.)"""
+        self.log.info("found CPython", version="%d.%d" % cpython.version, path=mapping.path, pid=info.pid)
 
     def _attach(self, info: ProcessInfo, cpython: CPython, bias: int) -> PythonProcess | None:
         try:

@@ -67,6 +67,11 @@ def detect_v8(path: str, fd: int) -> V8Build | None:
             return None
 
 
+def detect_file(path: str, fd: int, _open_debug) -> V8Build | None:
+    """detect_v8 as symbols/detection.py's readers are called (in its helper process)."""
+    return detect_v8(path, fd)
+
+
 def _read(path: str, elf: BoundedElf) -> V8Build | None:
     segments = load_segments(elf)
     sizes: dict[str, int] = {}

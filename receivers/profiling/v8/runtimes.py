@@ -2,8 +2,9 @@
 frames named in reports.
 
 When a process is snapshotted (and again when its maps are read again), a mapped file named like
-a Node.js binary is checked for V8's metadata (detect.py, once per file). For one found, the
-kernel gets where a frame keeps its function (``v8_processes``, bpf/profile.h ``struct
+a Node.js binary is checked for V8's metadata (detect.py, once per file, read off this thread by
+symbols/detection.py: a process whose binary is not read yet is registered once it is). For one
+found, the kernel gets where a frame keeps its function (``v8_processes``, bpf/profile.h ``struct
 v8_process``), and the unwind registry the process's V8 code: every anonymous executable mapping
 (V8's JIT code space) and the builtins inside the binary (``code_ranges``). The report turns the
 SharedFunctionInfos the kernel recorded into ``function`` and script, read from the process's heap
@@ -28,15 +29,15 @@ from typing import Any
 
 from pycollector.logs import log_once
 
-from ..processes.files import PerMappedFile
 from ..processes.memory import MemoryReadError, ProcessMemory
 from ..processes.proc import Mapping, ProcessInfo
 from ..processes.runtime_processes import RuntimeProcesses
 from ..processes.report_budget import REFUSED_STAT, UNBUDGETED, BudgetedMemory, ReportBudget
 from ..symbols import runtime_stacks
+from ..symbols.detection import PENDING, FileDetector
 from ..symbols.frame import Frame
 from . import positions
-from .detect import V8Build, detect_v8, may_be_node
+from .detect import V8Build, may_be_node
 from .code import CodeIndex
 from .heap import BudgetSpent, FunctionInfo, HeapReadError, ReadBudget, V8Heap, still_there
 
@@ -81,14 +82,16 @@ class V8Process:
 
 
 class V8Runtimes:
-    def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False):
+    def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False,
+                 detector: FileDetector | None = None):
         """``table``: the sampler's v8_processes map. ``other_runtime(info)``: whether the process
-        is walked as another runtime's (the kernel's tag is one for all: a process is one's)."""
+        is walked as another runtime's (the kernel's tag is one for all: a process is one's).
+        ``detector``: where binaries are read (by default inline, on the registering thread)."""
         self._table = table
         self._other_runtime = other_runtime
         self.log = logger
         self._lock = threading.Lock()  # (the stats)
-        self._builds = PerMappedFile(self._detect)
+        self.files = (detector or FileDetector(in_helper=False)).files("v8", "receivers.profiling.v8.detect:detect_file", self._found)
         self._processes = RuntimeProcesses(table, self._find, self._leaf, lambda process: process.heap.memory.close())
         self._budget = UNBUDGETED  # the report's (new_report), for the processes found meanwhile too
         self.stats = dict.fromkeys(("processes", "unknown_layout", "unreadable", "frames_named", "frames_unnamed",
@@ -129,8 +132,8 @@ class V8Runtimes:
         for mapping in info.mappings:
             if not mapping.file_backed or not may_be_node(mapping.path):
                 continue
-            build = self._builds.get(info, mapping)
-            if build is None:
+            build = self.files.get(info, mapping)
+            if build is None or build is PENDING:  # (pending: it is registered again when the binary is read)
                 continue
             if build.layout is None:
                 with self._lock:
@@ -156,12 +159,10 @@ class V8Runtimes:
                              lines_heap=V8Heap(memory, build.layout, ReadBudget(LINE_READ_BUDGET_PER_PROCESS)))
         return None
 
-    def _detect(self, info: ProcessInfo, mapping: Mapping, fd: int) -> V8Build | None:
-        """(Once per file: PerMappedFile.)"""
-        build = detect_v8(mapping.path, fd)
-        if build is not None and build.layout is not None:
+    def _found(self, info: ProcessInfo, mapping: Mapping, build: V8Build) -> None:
+        """(Once per file: DetectedFiles.)"""
+        if build.layout is not None:
             self.log.info("found V8", version=".".join(map(str, build.version)), path=mapping.path, pid=info.pid)
-        return build
 
     def _leaf(self, process: V8Process):
         layout = process.build.layout
