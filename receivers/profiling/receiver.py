@@ -133,11 +133,20 @@ class ProfilingReceiver(Component):
             on_exec=self._on_exec,
             logger=self.log,
         )
+        # Runtime detection (Python, V8, HotSpot) off the events thread: a process whose file is
+        # not read yet is told to the watchers again once it is. Its helper starts now, beside the
+        # program's compile, so that it is ready for the first processes (a JVM started with the
+        # collector was otherwise walked unregistered for its first second, as long as the
+        # helper took to start).
+        self.detector = FileDetector(self.log)
+        self.detector.retell = self.processes.tell_again
+        self.detector.start(runtime.DETECTION_READER for runtime in (PythonInterpreters, V8Runtimes, HotSpotRuntimes))
         try:
             if (missing := missing_process_access()) is not None:
                 raise BPFPermissionError(missing)
             sampler.start()
         except SamplerError as error:
+            self.detector.close()
             if self.config.error_mode == "ignore":
                 self.log.error("profiler could not start; running without it (error_mode: ignore)", reason=str(error))
                 return
@@ -151,15 +160,10 @@ class ProfilingReceiver(Component):
         # targeting and, last, the kernel's set of announced tgids, so a reused pid is announced
         # again only once everything of its predecessor is gone.
         self._start_targeting(sampler)
-        # Runtime detection (Python, V8, HotSpot) off the events thread: a process whose file is
-        # not read yet is told to the watchers again once it is.
-        self.detector = FileDetector(self.log)
-        self.detector.retell = self.processes.tell_again
         self._start_v8(sampler)  # before the unwind registry: it asks where a process's V8 code is
         self._start_hotspot(sampler)  # (and a JVM's code cache)
         self._start_unwinding(sampler)
         self._start_python(sampler)
-        self.detector.start()  # (once the runtimes said what they read)
         self._start_jvm_perf_maps()
         self._start_probabilistic(sampler)
         self.processes.watch(exited=self.jit.forget)

@@ -84,6 +84,8 @@ class JvmProcess:
 
 
 class HotSpotRuntimes:
+    DETECTION_READER = f"{__name__}:libjvm_symbols"  # (what symbols/detection.py's helper runs)
+
     def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False,
                  detector: FileDetector | None = None):
         """``table``: the sampler's hotspot_processes map. ``other_runtime(info)``: whether the
@@ -93,7 +95,7 @@ class HotSpotRuntimes:
         self._other_runtime = other_runtime
         self.log = logger
         self._lock = threading.Lock()  # (the stats and the JVMs starting)
-        self.files = (detector or FileDetector(in_helper=False)).files("hotspot", f"{__name__}:libjvm_symbols")
+        self.files = (detector or FileDetector(in_helper=False)).files("hotspot", self.DETECTION_READER)
         self._processes = RuntimeProcesses(table, self._find, self._leaf, self._close)
         self._names_bytes = 0  # what every JVM's names hold together (under _lock)
         self._budget = UNBUDGETED  # the report's (new_report), for the JVMs found meanwhile too

@@ -51,6 +51,8 @@ class PythonProcess:
 
 
 class PythonInterpreters:
+    DETECTION_READER = "receivers.profiling.python.detect:detect_file"  # (what symbols/detection.py's helper runs)
+
     def __init__(self, table: Any, logger: Any, detector: FileDetector | None = None):
         """``table``: the sampler's python_processes map. ``detector``: where candidate files are
         read (by default inline, on the registering thread)."""
@@ -63,7 +65,7 @@ class PythonInterpreters:
         # as the bookkeeping says.
         self._registering = threading.Lock()
         # Every file looked at, CPython or not.
-        self.files = (detector or FileDetector(in_helper=False)).files("cpython", "receivers.profiling.python.detect:detect_file", self._found)
+        self.files = (detector or FileDetector(in_helper=False)).files("cpython", self.DETECTION_READER, self._found)
         self._processes: dict[int, PythonProcess] = {}
         # Frames named in this report, by (tgid, code, instruction): stacks share most of theirs.
         self._named: dict[tuple[int, int, int], Frame] = {}

@@ -82,6 +82,8 @@ class V8Process:
 
 
 class V8Runtimes:
+    DETECTION_READER = "receivers.profiling.v8.detect:detect_file"  # (what symbols/detection.py's helper runs)
+
     def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False,
                  detector: FileDetector | None = None):
         """``table``: the sampler's v8_processes map. ``other_runtime(info)``: whether the process
@@ -91,7 +93,7 @@ class V8Runtimes:
         self._other_runtime = other_runtime
         self.log = logger
         self._lock = threading.Lock()  # (the stats)
-        self.files = (detector or FileDetector(in_helper=False)).files("v8", "receivers.profiling.v8.detect:detect_file", self._found)
+        self.files = (detector or FileDetector(in_helper=False)).files("v8", self.DETECTION_READER, self._found)
         self._processes = RuntimeProcesses(table, self._find, self._leaf, lambda process: process.heap.memory.close())
         self._budget = UNBUDGETED  # the report's (new_report), for the processes found meanwhile too
         self.stats = dict.fromkeys(("processes", "unknown_layout", "unreadable", "frames_named", "frames_unnamed",
