@@ -248,7 +248,7 @@ static __always_inline enum step_result hotspot_frame(struct unwind_state *state
         }
         u64 method = slots[(HOTSPOT_INTERPRETER_METHOD - HOTSPOT_INTERPRETER_BCP) / 8];
         if (method && method < (1ULL << 47)) {
-            *value = V8_FRAME_TAG | HOTSPOT_FRAME_INTERPRETED << V8_FRAME_KIND_SHIFT | method;
+            *value = RUNTIME_FRAME_TAG | HOTSPOT_FRAME_INTERPRETED << RUNTIME_FRAME_KIND_SHIFT | method;
             *next = slots[0];  /* the bcp: user space finds the bytecode index from it */
             count(COUNTER_HOTSPOT_FRAMES);
         }
@@ -274,7 +274,7 @@ static __always_inline enum step_result hotspot_frame(struct unwind_state *state
     if (kind == HOTSPOT_NMETHOD || kind == HOTSPOT_NATIVE_NMETHOD) {
         u64 method = 0;
         if (!read_user(&method, sizeof(method), (void *)(blob + jvm->nmethod_method)) && method && method < (1ULL << 47)) {
-            *value = V8_FRAME_TAG | HOTSPOT_FRAME_COMPILED << V8_FRAME_KIND_SHIFT | method;
+            *value = RUNTIME_FRAME_TAG | HOTSPOT_FRAME_COMPILED << RUNTIME_FRAME_KIND_SHIFT | method;
             *next = state->pc;
             count(COUNTER_HOTSPOT_FRAMES);
         }

@@ -215,22 +215,28 @@ struct unwind_event {
 #endif
 #define PYTHON_NO_OFFSET 0xffff
 
-/* A Python frame among a user stack's frames: bit 63 set, which no user address has (the unwinder
- * stops at a "return address" read from the stack that is not one, see USER_ADDRESS_END). Bit 62 marks
- * the outermost frame one call of the eval loop runs (before 3.11, every frame): user space puts
- * the frames up to such a mark where that call's native frame was. Bits 47-61: the instruction
- * (raw f_lasti before 3.11, else the index of the code unit), saturating; bits 3-46: the code
- * object's address, which is 8-byte aligned; bits 0-2: the low bits of its co_firstlineno.
- * User space reads the code object later, when the address may hold another one (code objects
- * of a module's import are freed, and the next allocated there): it names a frame only from a
- * code object whose first line agrees. */
-#define PYTHON_FRAME_TAG (1ULL << 63)
+/* A language runtime's frame among a user stack's frames, in place of a pc: bit 63 set, which no
+ * user address has (the unwinder stops at a "return address" read from the stack that is not one,
+ * see USER_ADDRESS_END), and bits 60-62 its kind, which says whose frame it is: CPython's 0 and 7
+ * (PYTHON_FRAME_*), V8's 1-3 (V8_FRAME_*), HotSpot's 4-6 (HOTSPOT_FRAME_*). So the runtimes of one
+ * process (a JVM that loads libpython, as Jep does) each name their own frames; the kind, not the
+ * process, decides (receivers/profiling/symbols/runtime_stacks.py). */
+#define RUNTIME_FRAME_TAG (1ULL << 63)
+#define RUNTIME_FRAME_KIND_SHIFT 60
 /* No user address is at or above it: x86-64's user space ends below 2^47, or 2^56 with 5-level
  * paging (arm64's below 2^52). */
 #define USER_ADDRESS_END (1ULL << 56)
-#define PYTHON_FRAME_LAST_OF_CALL (1ULL << 62)
+
+/* A Python frame: kind 0, or kind 7 for the outermost frame one call of the eval loop runs
+ * (before 3.11, every frame): user space puts the frames up to such a mark where that call's
+ * native frame was. Bits 47-59: the instruction (raw f_lasti before 3.11, else the index of the
+ * code unit), saturating; bits 3-46: the code object's address, which is 8-byte aligned; bits
+ * 0-2: the low bits of its co_firstlineno. User space reads the code object later, when the
+ * address may hold another one (code objects of a module's import are freed, and the next
+ * allocated there): it names a frame only from a code object whose first line agrees. */
+#define PYTHON_FRAME_LAST_OF_CALL (7ULL << RUNTIME_FRAME_KIND_SHIFT)
 #define PYTHON_INSTRUCTION_SHIFT 47
-#define PYTHON_INSTRUCTION_MAX 0x7fffULL
+#define PYTHON_INSTRUCTION_MAX 0x1fffULL
 #define PYTHON_ADDRESS_MASK (((1ULL << 47) - 1) & ~7ULL)
 #define PYTHON_FIRST_LINE_MASK 7ULL
 
@@ -288,10 +294,7 @@ struct v8_process {
  * bits 60-62 its kind, bits 47-59 an interpreted frame's bytecode offset as the frame holds it
  * (saturating at 0x1fff), bits 0-46 the SharedFunctionInfo (a tagged pointer), which user space
  * names. A compiled frame's pc follows it (V8_FRAME_COMPILED), as user space needs it to find
- * the functions inlined there; where there was no room for it, the kind says so. A process is
- * V8's or CPython's, never both: user space reads the tag by the process. */
-#define V8_FRAME_TAG (1ULL << 63)
-#define V8_FRAME_KIND_SHIFT 60
+ * the functions inlined there; where there was no room for it, the kind says so. */
 #define V8_FRAME_INTERPRETED 1ULL
 #define V8_FRAME_COMPILED 2ULL          /* the next slot holds the frame's pc */
 #define V8_FRAME_COMPILED_NO_PC 3ULL

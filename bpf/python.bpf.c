@@ -1,6 +1,6 @@
 /* Python frames: for a process user space found CPython in (python_processes), the sampled
  * thread's own PyThreadState is found and its frame chain recorded, innermost first, as tagged
- * values (profile.h, PYTHON_FRAME_TAG) in unwind_state.python.  Pasted into profile.bpf.c after
+ * values (profile.h, RUNTIME_FRAME_TAG) in unwind_state.python.  Pasted into profile.bpf.c after
  * unwind.bpf.c (see there): start_walk tail-calls python_walk first, python_walk then the native
  * unwinder, and finish_walk appends these frames after the native ones.  User space puts each
  * eval loop call's Python frames in place of that call's native frame.
@@ -118,7 +118,7 @@ static __always_inline u64 record_python_frame(struct unwind_state *state, struc
     u32 index = state->python_len;
     if (index >= PYTHON_MAX_FRAMES)  /* the caller checks: this is for the verifier */
         return 0;
-    state->python[index] = PYTHON_FRAME_TAG | last_of_call | instruction << PYTHON_INSTRUCTION_SHIFT |
+    state->python[index] = RUNTIME_FRAME_TAG | last_of_call | instruction << PYTHON_INSTRUCTION_SHIFT |
                            (code & PYTHON_ADDRESS_MASK) | ((u64)first_line & PYTHON_FIRST_LINE_MASK);
     state->python_len = index + 1;
     count(COUNTER_PYTHON_FRAMES);

@@ -254,7 +254,7 @@ static __always_inline enum step_result hotspot_step(struct unwind_state *state,
     enum step_result result = hotspot_frame(state, depth, &value, &next);
     if (value)
         record_runtime_frame(state, depth, value, 1, next,
-                             (value & ~(7ULL << V8_FRAME_KIND_SHIFT)) | HOTSPOT_FRAME_NO_NEXT << V8_FRAME_KIND_SHIFT);
+                             (value & ~(7ULL << RUNTIME_FRAME_KIND_SHIFT)) | HOTSPOT_FRAME_NO_NEXT << RUNTIME_FRAME_KIND_SHIFT);
     return result;
 }
 
@@ -262,7 +262,7 @@ static __always_inline enum step_result hotspot_step(struct unwind_state *state,
  * needs for its line and the functions inlined there), or the value that says no pc follows. */
 static __always_inline int v8_compiled(u64 value)
 {
-    return value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT;
+    return value >> RUNTIME_FRAME_KIND_SHIFT == (RUNTIME_FRAME_TAG | V8_FRAME_COMPILED << RUNTIME_FRAME_KIND_SHIFT) >> RUNTIME_FRAME_KIND_SHIFT;
 }
 
 static __always_inline void record_v8_frame(struct unwind_state *state, u32 depth, u64 value, u64 pc)

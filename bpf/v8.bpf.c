@@ -1,6 +1,6 @@
 /* V8's JavaScript frames: for a Node.js process user space found V8 in (v8_processes), a frame
  * whose pc lies in V8's code (a mapping of kind MAPPING_V8_CODE) is recorded as the function it
- * runs (V8_FRAME_TAG in profile.h) rather than as a pc in code a JIT wrote and nothing names.
+ * runs (RUNTIME_FRAME_TAG in profile.h) rather than as a pc in code a JIT wrote and nothing names.
  * Pasted into profile.bpf.c before unwind.bpf.c, which calls v8_frame for such frames and then
  * steps by frame pointer, as V8's code always keeps one. */
 
@@ -16,8 +16,8 @@ static __always_inline u64 v8_slot(u64 *slots, u8 index)
 /* A compiled frame's value for a stack that does not hold its pc after it. */
 static __always_inline u64 v8_without_pc(u64 value)
 {
-    if (value >> V8_FRAME_KIND_SHIFT == (V8_FRAME_TAG | V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT) >> V8_FRAME_KIND_SHIFT)
-        value |= V8_FRAME_COMPILED_NO_PC << V8_FRAME_KIND_SHIFT;
+    if (value >> RUNTIME_FRAME_KIND_SHIFT == (RUNTIME_FRAME_TAG | V8_FRAME_COMPILED << RUNTIME_FRAME_KIND_SHIFT) >> RUNTIME_FRAME_KIND_SHIFT)
+        value |= V8_FRAME_COMPILED_NO_PC << RUNTIME_FRAME_KIND_SHIFT;
     return value;
 }
 
@@ -55,7 +55,7 @@ static __always_inline u64 v8_frame(u32 tgid, u64 bp, int in_builtins)
     if (read_user(&shared, sizeof(shared), (void *)(function - 1 + v8->function_shared)) ||
         (shared & 3) != 1 || shared > V8_FRAME_POINTER_MASK)
         return 0;
-    u64 value = V8_FRAME_TAG | shared;
+    u64 value = RUNTIME_FRAME_TAG | shared;
     u64 offset = v8_slot(slots, v8->bytecode_offset_slot);
     /* An interpreted frame runs in the builtins and holds its bytecode offset there, a Smi (the
      * value in the upper half). Code that replaced it on the stack (on-stack replacement) keeps
@@ -64,9 +64,9 @@ static __always_inline u64 v8_frame(u32 tgid, u64 bp, int in_builtins)
         offset >>= 32;
         if (offset > V8_FRAME_OFFSET_MAX)
             offset = V8_FRAME_OFFSET_MAX;
-        value |= V8_FRAME_INTERPRETED << V8_FRAME_KIND_SHIFT | offset << V8_FRAME_OFFSET_SHIFT;
+        value |= V8_FRAME_INTERPRETED << RUNTIME_FRAME_KIND_SHIFT | offset << V8_FRAME_OFFSET_SHIFT;
     } else {
-        value |= V8_FRAME_COMPILED << V8_FRAME_KIND_SHIFT;
+        value |= V8_FRAME_COMPILED << RUNTIME_FRAME_KIND_SHIFT;
     }
     count(COUNTER_V8_FRAMES);
     return value;

@@ -40,7 +40,6 @@ from receivers.profiling.processes import memory as process_memory
 from receivers.profiling.processes.credentials import missing_process_access
 from receivers.profiling.processes.table import ProcessTable
 from receivers.profiling.processes.targeting import Targeting
-from receivers.profiling.python.detect import may_be_cpython
 from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.report import ReportBuilder
@@ -262,23 +261,18 @@ class ProfilingReceiver(Component):
         """JavaScript frames of Node.js processes, walked and named without perf maps."""
         if not self.config.tracer_enabled("v8"):
             return
-        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log, other_runtime=self._pythons_process, detector=self.detector)
-        self.reports.runtimes.insert(0, self.v8)  # (before Python's, which takes any stack ending in a tagged frame)
+        self.v8 = V8Runtimes(sampler.unwind_maps.v8, self.log, detector=self.detector)
+        self.reports.runtimes.append(self.v8)
         self.processes.watch(changed=self.v8.register, exited=self.v8.forget)
 
     def _start_hotspot(self, sampler: Sampler) -> None:
         """Java frames of HotSpot JVMs, walked and named without perf maps."""
         if not self.config.tracer_enabled("hotspot"):
             return
-        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log, other_runtime=self._pythons_process, detector=self.detector)
+        self.hotspot = HotSpotRuntimes(sampler.unwind_maps.hotspot, self.log, detector=self.detector)
         self.hotspot.current = self.processes.lookup
-        self.reports.runtimes.insert(0, self.hotspot)
+        self.reports.runtimes.append(self.hotspot)
         self.processes.watch(changed=self.hotspot.register, exited=self.hotspot.forget)
-
-    def _pythons_process(self, info) -> bool:
-        """Whether Python's frames are walked in this process: Python's frames, V8's and HotSpot's
-        share the kernel's tag, so a process with a CPython is Python's alone."""
-        return self.config.python_frames() and any(mapping.file_backed and may_be_cpython(mapping.path) for mapping in info.mappings)
 
     def _start_python(self, sampler: Sampler) -> None:
         """Python frames, unless the settings leave them out or the kernel cannot say where a

@@ -32,6 +32,7 @@ from receivers.profiling.processes.table import IncarnationGone, ProcessTable
 from receivers.profiling.python.interpreters import FRAME_KIND as PYTHON_FRAME_KIND
 from receivers.profiling.processes.report_budget import DEFAULT_READ_BYTES, DEFAULT_READ_SECONDS, ReportBudget
 from receivers.profiling.stall_watch import Progress
+from receivers.profiling.symbols import runtime_stacks
 from receivers.profiling.symbols.runtime_stacks import TAG as RUNTIME_TAG
 from receivers.profiling.symbols.frame import Frame
 from receivers.profiling.symbols.symbolizer import Symbolizer
@@ -58,9 +59,9 @@ class ReportBuilder:
         self.progress = progress or Progress("report", float("inf"))  # says which process it builds
         self.symbolizer = symbolizer
         self.host_name = host_name or socket.gethostname()
-        # The runtimes whose frames the kernel records by what they run (PythonInterpreters,
-        # V8Runtimes): each names its processes' stacks, and says None of another's.
-        self.runtimes: list = []
+        # The runtimes whose frames the kernel records by what they run (runtime_stacks.Runtime:
+        # PythonInterpreters, V8Runtimes, HotSpotRuntimes): each names the frames of its kinds.
+        self.runtimes: list[runtime_stacks.Runtime] = []
         # What they may read of the processes' memory to name one report's frames, all together
         # (processes/report_budget.py): bytes (READ_COST a read more) and seconds.
         self.naming_read_bytes, self.naming_read_seconds = DEFAULT_READ_BYTES, DEFAULT_READ_SECONDS
@@ -190,12 +191,11 @@ class ReportBuilder:
                     return [Frame(address, "native") for address in addresses]
                 return self.symbolizer.symbolize_user(tgid, addresses, memo, info=info)
 
-            user = None
-            for runtime in self.runtimes:
-                user = runtime.user_frames(tgid, stack.user_addrs, native)
-                if user is not None:
-                    break
-            frames += user if user is not None else native(stack.user_addrs)
+            if any(address & RUNTIME_TAG for address in stack.user_addrs):  # (each runtime names the frames of its kinds)
+                attached = [runtime for runtime in self.runtimes if runtime.knows(tgid)]
+                frames += runtime_stacks.name_stack(tgid, stack.user_addrs, attached, native)
+            else:
+                frames += native(stack.user_addrs)
         return frames
 
     def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, info: ProcessInfo | None, symbolized: list,

@@ -21,7 +21,7 @@ import dataclasses
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pycollector.logs import log_once
@@ -84,15 +84,16 @@ class JvmProcess:
 
 
 class HotSpotRuntimes:
-    DETECTION_READER = f"{__name__}:libjvm_symbols"  # (what symbols/detection.py's helper runs)
+    """HotSpot as a runtime_stacks.Runtime."""
 
-    def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False,
-                 detector: FileDetector | None = None):
-        """``table``: the sampler's hotspot_processes map. ``other_runtime(info)``: whether the
-        process is walked as another runtime's (the kernel's tag is one for all). ``detector``:
-        where libjvm is read (by default inline, on the registering thread)."""
+    DETECTION_READER = f"{__name__}:libjvm_symbols"  # (what symbols/detection.py's helper runs)
+    kinds = frozenset({INTERPRETED, COMPILED, NO_NEXT})
+    appended = False
+
+    def __init__(self, table: Any, logger: Any, detector: FileDetector | None = None):
+        """``table``: the sampler's hotspot_processes map. ``detector``: where libjvm is read (by
+        default inline, on the registering thread)."""
         self._table = table
-        self._other_runtime = other_runtime
         self.log = logger
         self._lock = threading.Lock()  # (the stats and the JVMs starting)
         self.files = (detector or FileDetector(in_helper=False)).files("hotspot", self.DETECTION_READER)
@@ -134,8 +135,6 @@ class HotSpotRuntimes:
         return [(process.code.low, process.code.high, MAPPING_HOTSPOT_CODE)] if process is not None else []
 
     def _find(self, info: ProcessInfo) -> JvmProcess | None:
-        if self._other_runtime(info):
-            return None
         for mapping in info.mappings:
             if not (mapping.file_backed and os.path.basename(mapping.path) == "libjvm.so"):
                 continue
@@ -232,23 +231,28 @@ class HotSpotRuntimes:
             except Exception as error:  # noqa: BLE001 - one JVM's retry must not cost the report
                 log_once(self.log, ("hotspot-retry", pid), "warning", "a JVM could not be registered", pid=pid, error=str(error))
 
-    def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
+    def has_next(self, kind: int) -> bool:
+        return kind in (INTERPRETED, COMPILED)
+
+    def name(self, tgid: int, stack: runtime_stacks.Stack) -> runtime_stacks.Stack:
+        """``stack`` with each Java frame the kernel recorded named, and each unnamed native frame
+        in the code cache named by its CodeBlob (runtime_stacks.Runtime)."""
         process = self._processes.get(tgid)
         if process is None:
-            return None
+            return stack
 
-        def java(index: int, value: int, next_slot: int) -> list[Frame]:
-            method, kind = value & POINTER_MASK, runtime_stacks.kind_of(value)
-            inlined = self._inlined(process, next_slot, method, index > 0) if kind == COMPILED else []
+        def java(recorded: runtime_stacks.Recorded) -> list[Frame]:
+            method, kind, next_slot = recorded.value & POINTER_MASK, recorded.kind, recorded.next_slot
+            inlined = self._inlined(process, next_slot, method, recorded.index > 0) if kind == COMPILED else []
             if inlined:
                 return [self.frame(process, scope_method, bci) for scope_method, bci in inlined]
             return [self.frame(process, method, bcp=next_slot if kind == INTERPRETED else 0)]
 
         def native(frame: Frame) -> Frame:
-            in_code_cache = frame.name is None and process.code.low <= frame.address < process.code.high
+            in_code_cache = frame.name is None and frame.kind == "native" and process.code.low <= frame.address < process.code.high
             return self._stub_frame(process, frame) if in_code_cache else frame
 
-        return runtime_stacks.interleave(addresses, lambda kind: kind in (INTERPRETED, COMPILED), symbolize, java, native)
+        return runtime_stacks.name_recorded(stack, self.kinds, java, native)
 
     def _stub_frame(self, process: JvmProcess, frame: Frame) -> Frame:
         """A pc of the code cache outside Java code (a stub, an adapter, the interpreter where

@@ -1,8 +1,9 @@
 """A walked user stack's Python frames, and where they go among its native frames.
 
 The kernel appends the Python frames it read (innermost first) after the native ones, each a
-tagged value (bpf/profile.h, PYTHON_FRAME_TAG): the code object's address, the instruction, and
-whether it is the outermost frame of one call of the eval loop. Each call of the eval loop is one
+tagged value of CPython's kinds (bpf/profile.h, PYTHON_FRAME_*): the code object's address, the
+instruction, and whether it is the outermost frame of one call of the eval loop. (Other
+runtimes' frames, a JVM's in a process that loaded libpython, carry kinds of their own.) Each call of the eval loop is one
 native frame (``_PyEval_EvalFrameDefault``; 2.7: ``PyEval_EvalFrameEx``) running a run of Python
 frames: before 3.11 exactly one, since 3.11 every Python-to-Python call a run of several. So the
 stack reads true when each eval loop frame, from the leaf, is replaced by the next run:
@@ -15,10 +16,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-TAG = 1 << 63
-LAST_OF_CALL = 1 << 62
+TAG = 1 << 63  # (symbols/runtime_stacks.py: every runtime's frame has it, its kind in bits 60-62)
+KINDS = frozenset({0, 7})  # 7: the outermost frame of one call of the eval loop
+LAST_OF_CALL = 7 << 60
 INSTRUCTION_SHIFT = 47
-INSTRUCTION_MASK = 0x7FFF
+INSTRUCTION_MASK = 0x1FFF
 ADDRESS_MASK = ((1 << 47) - 1) & ~7  # code objects are 8-byte aligned
 FIRST_LINE_MASK = 7  # the low bits of co_firstlineno, as the kernel read it at the sample
 
@@ -37,15 +39,16 @@ class PythonFrame:
 
 
 def is_python(value: int) -> bool:
-    return bool(value & TAG)
+    return bool(value & TAG) and (value >> 60) & 7 in KINDS
 
 
 def split(addresses: Sequence[int]) -> tuple[list[int], list[PythonFrame]]:
-    """(native addresses, Python frames), each innermost first."""
+    """(the other values: native addresses and other runtimes' frames; Python frames), each
+    innermost first."""
     native: list[int] = []
     python: list[PythonFrame] = []
     for value in addresses:
-        if value & TAG:
+        if is_python(value):
             python.append(PythonFrame(value & ADDRESS_MASK, (value >> INSTRUCTION_SHIFT) & INSTRUCTION_MASK, bool(value & LAST_OF_CALL),
                                       value & FIRST_LINE_MASK))
         else:

@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from pycollector.logs import log_once
 
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.symbols.detection import PENDING, FileDetector
+from receivers.profiling.symbols import runtime_stacks
 from receivers.profiling.symbols.frame import Frame
 
 from .code import BudgetSpent, CodeCache, CodeReadError
 from .detect import RUNTIME, CPython, may_be_cpython
-from .frames import TAG, PythonFrame, calls, eval_loop_test, interleave, split
+from .frames import KINDS, PythonFrame, calls, eval_loop_test, interleave, split
 from ..processes.memory import MemoryReadError, ProcessMemory
 from .offsets import InstructionKind, EntryKind, Offsets, UnknownLayout
 from ..processes.report_budget import UNBUDGETED, BudgetedMemory, ReportBudget
@@ -51,7 +51,11 @@ class PythonProcess:
 
 
 class PythonInterpreters:
+    """CPython as a runtime_stacks.Runtime."""
+
     DETECTION_READER = "receivers.profiling.python.detect:detect_file"  # (what symbols/detection.py's helper runs)
+    kinds = KINDS
+    appended = True  # (the kernel appends its frames after the walk)
 
     def __init__(self, table: Any, logger: Any, detector: FileDetector | None = None):
         """``table``: the sampler's python_processes map. ``detector``: where candidate files are
@@ -202,18 +206,22 @@ class PythonInterpreters:
         for process in processes:
             process.named_from.budget = budget
 
-    def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
-        """The frames of a user stack the kernel walked Python frames in (None if it did not):
-        the native addresses named by ``symbolize``, each eval loop frame replaced by the run of
-        Python frames that call of the loop ran."""
-        if not addresses or not addresses[-1] & TAG:  # the kernel appends Python frames last
-            return None
-        native, python = split(addresses)
+    def has_next(self, kind: int) -> bool:
+        return False
+
+    def name(self, tgid: int, stack: runtime_stacks.Stack) -> runtime_stacks.Stack:
+        """``stack`` with each eval loop frame replaced by the run of Python frames that call of
+        the loop ran, from those the kernel appended (runtime_stacks.Runtime)."""
+        recorded = [item.value for item in stack if isinstance(item, runtime_stacks.Recorded) and item.kind in self.kinds]
+        if not recorded:
+            return stack
+        _, python = split(recorded)
+        rest = [item for item in stack if not (isinstance(item, runtime_stacks.Recorded) and item.kind in self.kinds)]
         with self._lock:
             process = self._processes.get(tgid)
         is_eval_loop = process.is_eval_loop if process is not None else _never
         runs = [[self.frame(tgid, frame) for frame in run] for run in calls(python)]
-        return interleave(symbolize(native), runs, lambda frame: frame.kind == "native" and is_eval_loop(frame.name))
+        return interleave(rest, runs, lambda item: isinstance(item, Frame) and item.kind == "native" and is_eval_loop(item.name))
 
     def frame(self, tgid: int, frame: PythonFrame) -> Frame:
         """The frame named from the process's code object, or a nameless one (counted) when it

@@ -14,7 +14,7 @@ build with pointer compression) is profiled natively, with perf maps where the p
 them, said once per file.
 
 Threading: ``register`` and ``forget`` come from the sampler's and the report's threads;
-``user_frames`` from the report's. One lock guards the bookkeeping; reading memory happens
+``name`` from the report's. One lock guards the bookkeeping; reading memory happens
 outside it."""
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import bisect
 import dataclasses
 import struct
 import threading
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from pycollector.logs import log_once
@@ -82,15 +81,16 @@ class V8Process:
 
 
 class V8Runtimes:
-    DETECTION_READER = "receivers.profiling.v8.detect:detect_file"  # (what symbols/detection.py's helper runs)
+    """V8 as a runtime_stacks.Runtime."""
 
-    def __init__(self, table: Any, logger: Any, other_runtime: Callable[[ProcessInfo], bool] = lambda info: False,
-                 detector: FileDetector | None = None):
-        """``table``: the sampler's v8_processes map. ``other_runtime(info)``: whether the process
-        is walked as another runtime's (the kernel's tag is one for all: a process is one's).
-        ``detector``: where binaries are read (by default inline, on the registering thread)."""
+    DETECTION_READER = "receivers.profiling.v8.detect:detect_file"  # (what symbols/detection.py's helper runs)
+    kinds = frozenset({INTERPRETED, COMPILED, COMPILED_NO_PC})
+    appended = False
+
+    def __init__(self, table: Any, logger: Any, detector: FileDetector | None = None):
+        """``table``: the sampler's v8_processes map. ``detector``: where binaries are read (by
+        default inline, on the registering thread)."""
         self._table = table
-        self._other_runtime = other_runtime
         self.log = logger
         self._lock = threading.Lock()  # (the stats)
         self.files = (detector or FileDetector(in_helper=False)).files("v8", self.DETECTION_READER, self._found)
@@ -129,8 +129,6 @@ class V8Runtimes:
         return ranges
 
     def _find(self, info: ProcessInfo) -> V8Process | None:
-        if self._other_runtime(info):
-            return None
         for mapping in info.mappings:
             if not mapping.file_backed or not may_be_node(mapping.path):
                 continue
@@ -197,23 +195,26 @@ class V8Runtimes:
             if process.code is not None:
                 process.code.new_report()
 
-    def user_frames(self, tgid: int, addresses: Sequence[int], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame] | None:
-        """The frames of a V8 process's user stack (None for another process's): the native
-        addresses named by ``symbolize``, each JavaScript frame the kernel recorded named here."""
+    def has_next(self, kind: int) -> bool:
+        return kind == COMPILED
+
+    def name(self, tgid: int, stack: runtime_stacks.Stack) -> runtime_stacks.Stack:
+        """``stack`` with each JavaScript frame the kernel recorded named (runtime_stacks.Runtime)."""
         process = self._processes.get(tgid)
         if process is None:
-            return None
+            return stack
 
-        def javascript(index: int, value: int, pc: int) -> list[Frame]:
-            shared = value & POINTER_MASK
-            if runtime_stacks.kind_of(value) == INTERPRETED:
-                offset = (value >> BYTECODE_OFFSET_SHIFT) & BYTECODE_OFFSET_MAX
+        def javascript(recorded: runtime_stacks.Recorded) -> list[Frame]:
+            shared, pc = recorded.value & POINTER_MASK, recorded.next_slot
+            if recorded.kind == INTERPRETED:
+                offset = (recorded.value >> BYTECODE_OFFSET_SHIFT) & BYTECODE_OFFSET_MAX
                 return [self.frame(process, shared, bytecode_offset=offset - (process.build.layout.bytecode_array_data - 1)
                                    if offset < BYTECODE_OFFSET_MAX else None)]
-            inlined, own = self._scopes(process, pc, return_address=index > 0) if pc and not self._in_builtins(process, pc) else ([], -1)
+            inlined, own = (self._scopes(process, pc, return_address=recorded.index > 0) if pc and not self._in_builtins(process, pc)
+                            else ([], -1))
             return [*(self.frame(process, function, at) for function, at in inlined), self.frame(process, shared, own)]
 
-        return runtime_stacks.interleave(addresses, lambda kind: kind == COMPILED, symbolize, javascript)
+        return runtime_stacks.name_recorded(stack, self.kinds, javascript)
 
     def _in_builtins(self, process: V8Process, pc: int) -> bool:
         """Whether ``pc`` is in V8's builtins (a JavaScript frame's, as a builtin sets it up or
