@@ -386,11 +386,10 @@ def test_a_symbol_table_past_its_caps_or_its_time_is_not_read(tmp_path, table, m
 
 
 def test_a_process_whose_file_is_still_being_read_is_reported_once_it_is_named(tmp_path, table):
-    """The report does not wait for a file past its allowance: the process's samples wait for a
-    later report instead, while the file is read (up to HOLD_FOR_FILES_S), and arrive there
-    named (never past the final report)."""
+    """The report does not wait for a file past its allowance: the process's samples wait for the
+    next report instead, and arrive there named (once: never past the final report)."""
     from receivers.profiling.kernel.samples import Interval, StackCount
-    from receivers.profiling.report import HOLD_FOR_FILES_S, ReportBuilder
+    from receivers.profiling.report import ReportBuilder
     from pycollector.pdata import iter_samples
 
     exe = compile_c(tmp_path, "prog", PROGRAM_C)
@@ -399,10 +398,8 @@ def test_a_process_whose_file_is_still_being_read_is_reported_once_it_is_named(t
         table.on_new_process(run.pid, run.pid, "prog")
 
         class SlowSymbolizer(Symbolizer):  # a file that takes a while to read
-            read_s = 0.3
-
             def _open_and_load(self, info, m):
-                time.sleep(self.read_s)
+                time.sleep(0.3)
                 return super()._open_and_load(info, m)
 
         symbolizer = SlowSymbolizer(table)
@@ -415,21 +412,9 @@ def test_a_process_whose_file_is_still_being_read_is_reported_once_it_is_named(t
         sample = StackCount(run.pid, run.pid, "prog", [], [run.addrs[0]], 5)
         first = reports.build(interval(sample))
         assert not first.resource_profiles and reports.stats["samples_carried"] == 5
-        # Still being read at the next report (queued behind another file, say): held again.
-        second = reports.build(interval(StackCount(run.pid, run.pid, "prog", [], [run.addrs[0]], 2)))
-        assert not second.resource_profiles and reports.stats["samples_carried"] == 5 + 7
         time.sleep(1.0)  # the file is read meanwhile
-        third = reports.build(interval())
-        assert sorted((view.frames[0].function, view.values) for view in iter_samples(third)) == [("target_function", [2]), ("target_function", [5])]
-        # Not past HOLD_FOR_FILES_S: then sent as they are.
-        later = SlowSymbolizer(table)
-        later.read_s = 5.0
-        later.loads.wait_s = later.loads.report_wait_s = 0.05
-        patient = ReportBuilder(table, later)
-        clock = iter([0.0, HOLD_FOR_FILES_S + 1])
-        patient.clock = lambda: next(clock)
-        assert not patient.build(interval(sample)).resource_profiles
-        assert [view.frames[0].function for view in iter_samples(patient.build(interval()))] == [""]
+        second = reports.build(interval())
+        assert [(view.frames[0].function, view.values) for view in iter_samples(second)] == [("target_function", [5])]
         # The final report holds nothing back, named or not.
         cold = SlowSymbolizer(table)
         cold.loads.wait_s = cold.loads.report_wait_s = 0.05

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import socket
-import time
 from collections.abc import Callable, Iterable
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
@@ -47,11 +46,6 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.34.0"
 # here; the frames above it are the tracepoint's and the BPF program's own.
 SCHEDULER_ENTRY = "__schedule"
 
-# How long a process's samples may be held back while a file of theirs is read: its read can
-# queue behind others' on a loaded host (a runtime's binary takes seconds), and samples sent
-# before it is done stay unnamed for good. Past this they go as they are.
-HOLD_FOR_FILES_S = 10.0
-
 
 class ReportBuilder:
     def __init__(self, processes: ProcessTable, symbolizer: Symbolizer, host_name: str | None = None, progress: Progress | None = None):
@@ -71,12 +65,9 @@ class ReportBuilder:
         # {(tgid, span): attrs-data} for the spans asked (the sampler's thread_ctx_attributes)
         self.span_attributes: Callable[[Iterable[tuple[int, bytes]]], dict[tuple[int, bytes], bytes]] | None = None
         self._span_attributes: dict[tuple[int, bytes], dict[str, str]] = {}
-        # Stacks of processes held back because a file of theirs was still being read
-        # (symbols/loads.py), while it is, up to HOLD_FOR_FILES_S, or because the budget refused
-        # their names, one report: sent with a later report's, named, rather than unnamed now.
+        # Stacks of processes held back one report because a file of theirs was still being read
+        # (symbols/loads.py): sent with the next report's, named, rather than unnamed now.
         self._carried: list[StackCount] = []
-        self._held_since: dict[tuple[int, int | None], float] = {}  # (tgid, start) -> first held back
-        self.clock: Callable[[], float] = time.monotonic
         self.stats = {"samples_carried": 0, "samples_of_gone_processes": 0, "samples_carried_for_names": 0}
         self._native_frames: dict[tuple[int, int | None], dict] = {}
 
@@ -85,14 +76,13 @@ class ReportBuilder:
         """One ResourceProfiles per process. A process whose stacks cannot be symbolized is left
         out and reported to ``on_error(tgid, samples, off_cpu_ns, error)`` (its CPU samples and its
         off-CPU nanoseconds); the others are still built. A process with frames in a file still
-        being read is held back to later reports while it is, up to HOLD_FOR_FILES_S (never in
-        the ``final`` one). A process
+        being read is held back to the next report, once (never in the ``final`` one). A process
         is its pid and its start (a pid reused within the interval is two processes): one gone
         whose pid another process holds, or held when last seen, is left out and reported to
         ``on_dropped(tgid, samples, off_cpu_ns, "pid_reused")``, never named as that other.
         The runtimes' reads to name frames are within one budget for the report
         (processes/report_budget.py): a process a read was refused for is held back to the next
-        report, once, and named after the others there."""
+        report, once, as one waiting for a file is, and named after the others there."""
         builder = ProfilesBuilder()
         self.symbolizer.new_report()
         budget = self.budget = ReportBudget(self.naming_read_bytes, self.naming_read_seconds)
@@ -101,10 +91,10 @@ class ReportBuilder:
         self._native_frames = collections.defaultdict(dict)  # per process, for this report: see symbolize_user
         locations: dict[Frame, int] = {}  # the same frame recurs across stacks and threads
         by_process: dict[tuple[int, int | None], list[StackCount]] = collections.defaultdict(list)
+        carried = {(stack.tgid, stack.start_ticks) for stack in self._carried}
         for stack in self._carried + interval.stacks:
             by_process[(stack.tgid, stack.start_ticks)].append(stack)
         self._carried = []
-        held_since, self._held_since, now = self._held_since, {}, self.clock()
         # (shared among the processes with frames of a runtime that knows them, CPython's, V8's or
         # HotSpot's, which the kernel tags alike: the others read nothing)
         budget.share_among([key for key, stacks in by_process.items() if any(address & RUNTIME_TAG for stack in stacks for address in stack.user_addrs)
@@ -146,12 +136,8 @@ class ReportBuilder:
                     refused.add((tgid, started))
                 waiting_for = ("samples_carried" if self.symbolizer.deferred > deferred
                                else "samples_carried_for_names" if tgid in budget.refused else None)
-                first_held = held_since.get((tgid, started), now)
-                may_hold = (now - first_held < HOLD_FOR_FILES_S if waiting_for == "samples_carried"
-                            else (tgid, started) not in held_since)
-                if waiting_for is not None and not final and may_hold:
+                if waiting_for is not None and not final and (tgid, started) not in carried:
                     self._carried.extend(stacks)
-                    self._held_since[(tgid, started)] = first_held
                     self.stats[waiting_for] += sum(stack.count for stack in stacks if not stack.off_cpu)
                     continue
                 self._add_process(builder, interval, tgid, info, symbolized, locations)
