@@ -73,13 +73,15 @@ def find_note(data: bytes, owner: bytes, note_type: int) -> bytes | None:
 
 
 def iter_notes(data: bytes) -> Iterator[tuple[bytes, int, bytes]]:
-    """(owner, type, descriptor) of each note of a raw ELF note blob, up to one cut short."""
+    """(owner, type, descriptor) of each note of a raw ELF note blob, up to one cut short (one
+    that says it holds more than the blob has left: counted, notes_cut_short)."""
     pos = 0
     while pos + 12 <= len(data):
         namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
         name_at = pos + 12
         desc_at = name_at + ((namesz + 3) & ~3)
         if desc_at + descsz > len(data):
+            count("notes_cut_short")
             return
         yield data[name_at:name_at + namesz].rstrip(b"\0"), ntype, data[desc_at:desc_at + descsz]
         pos = desc_at + ((descsz + 3) & ~3)
