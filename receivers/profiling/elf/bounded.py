@@ -4,7 +4,7 @@ pyelftools believes a file: it walks as many section and program headers as the 
 (65,535, or with extended numbering whatever section 0 says), reads the notes of every note
 section however many headers point at the same bytes, and makes a section's bytes whatever size
 its header says. Every such file is the process's to write, so each reader of one (symbols/,
-unwind/, python/, v8/, hotspot/, otel_context/) opens it as `BoundedElf`:
+unwind/, python/, v8/, hotspot/, otel_context/, USDT probes: stapsdt.py) opens it as `BoundedElf`:
 
 - the file as it was when it was opened: nothing past the size fstat gave then is read (a
   sparse ``ftruncate`` to terabytes meanwhile reads as the end of the file), and a file past
@@ -27,9 +27,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import struct
 import threading
-from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from collections.abc import Collection, Iterable, Iterator
+from typing import BinaryIO, NamedTuple
 
 from elftools.elf.elffile import ELFFile
 
@@ -46,7 +47,10 @@ MAX_SECTION_HEADERS = 1024
 MAX_PROGRAM_HEADERS = 256
 
 stats = dict.fromkeys(("files_grown_past_cap", "files_grown_while_read", "too_many_sections", "too_many_segments", "aliased_headers",
-                       "sections_too_large", "too_many_notes", "dynamic_symbols_too_many", "relocations_too_many"), 0)
+                       "sections_too_large", "too_many_notes", "notes_cut_short", "dynamic_symbols_too_many", "relocations_too_many",
+                       # stapsdt.py: USDT probes left out (and why), arguments that do not parse
+                       "stapsdt_files_unreadable", "stapsdt_notes_malformed", "stapsdt_probes_repeated", "stapsdt_probes_outside_text",
+                       "stapsdt_semaphores_outside_data", "stapsdt_args_unparsed"), 0)
 _stats_lock = threading.Lock()
 
 
@@ -180,3 +184,74 @@ def section_data(elf: ELFFile, section, max_bytes: int | None = None) -> bytes:
         count("sections_too_large")
         raise SectionTooLarge(f"{section.name} of {section.data_size} bytes, over {limit}")
     return section.data()
+
+
+_SHDR = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr, little-endian (x86-64)
+_PHDR = struct.Struct("<IIQQQQQQ")  # Elf64_Phdr
+_SHN_XINDEX = 0xFFFF
+
+
+class SectionHeader(NamedTuple):
+    name: str
+    type: int  # sh_type's number (SHT_NOTE is 7)
+    addr: int
+    offset: int
+    size: int
+
+
+class SegmentHeader(NamedTuple):
+    type: int  # p_type's number (PT_LOAD is 1)
+    flags: int
+    offset: int
+    vaddr: int
+    filesz: int
+
+
+def sections_named(elf: BoundedElf, names: Collection[str]) -> tuple[SectionHeader, ...]:
+    """The section headers called one of ``names``, in the table's order, read from the raw table
+    (at most MAX_SECTION_HEADERS; () for a file not 64-bit little-endian), each header's name read
+    no further than the longest of ``names``, no section made. pyelftools' walk (iter_sections,
+    get_section_by_name) makes each section: it reads each name to its NUL however far that is
+    (a string table without one: to the end of the file for every header, 4.8 s for 64 headers
+    over 4 MiB) and parses what the type says the section holds (a GNU hash table's buckets, as
+    many as its header says: 0.3 s for 200,000)."""
+    if elf.elfclass != 64 or not elf.little_endian:
+        return ()
+    entries, entry_size = elf.num_sections(), elf.header["e_shentsize"]
+    if not entries or entry_size < _SHDR.size:
+        return ()
+    table = read_region(elf, elf.header["e_shoff"], entries * entry_size)
+    headers = [_SHDR.unpack_from(table, at) for at in range(0, len(table) - _SHDR.size + 1, entry_size)]
+    strings = elf.header["e_shstrndx"]
+    if strings == _SHN_XINDEX and headers:
+        strings = headers[0][6]  # (extended numbering: section 0's sh_link)
+    if not 0 < strings < len(headers):
+        return ()
+    strings_at, strings_size = headers[strings][4], headers[strings][5]
+    wanted = {name.encode() + b"\0": name for name in names}
+    longest = max(map(len, wanted), default=0)
+    out = []
+    for sh_name, sh_type, _flags, sh_addr, sh_offset, sh_size, *_ in headers:
+        if sh_name >= strings_size:
+            continue
+        spelled = read_region(elf, strings_at + sh_name, min(longest, strings_size - sh_name))
+        name = wanted.get(spelled[: spelled.find(b"\0") + 1]) if b"\0" in spelled else None
+        if name is not None:
+            out.append(SectionHeader(name, sh_type, sh_addr, sh_offset, sh_size))
+    return tuple(out)
+
+
+def segment_headers(elf: BoundedElf) -> tuple[SegmentHeader, ...]:
+    """The program headers, read from the raw table (at most MAX_PROGRAM_HEADERS; () for a file
+    not 64-bit little-endian), no segment made: pyelftools makes a PT_DYNAMIC segment by making
+    every section to find the one at its offset (4.5 s for 200 PT_DYNAMIC headers over a file of
+    1,000 section headers, 75 KB), each as dear as sections_named says."""
+    if elf.elfclass != 64 or not elf.little_endian:
+        return ()
+    entries, entry_size = elf.num_segments(), elf.header["e_phentsize"]
+    if not entries or entry_size < _PHDR.size:
+        return ()
+    table = read_region(elf, elf.header["e_phoff"], entries * entry_size)
+    return tuple(SegmentHeader(p_type, p_flags, p_offset, p_vaddr, p_filesz)
+                 for p_type, p_flags, p_offset, p_vaddr, _paddr, p_filesz, _memsz, _align
+                 in (_PHDR.unpack_from(table, at) for at in range(0, len(table) - _PHDR.size + 1, entry_size)))

@@ -6,7 +6,7 @@ import hashlib
 import itertools
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from .bounded import BoundedElf, SectionTooLarge, count, read_region, regions, section_data
 
@@ -73,13 +73,15 @@ def find_note(data: bytes, owner: bytes, note_type: int) -> bytes | None:
 
 
 def iter_notes(data: bytes) -> Iterator[tuple[bytes, int, bytes]]:
-    """(owner, type, descriptor) of each note of a raw ELF note blob, up to one cut short."""
+    """(owner, type, descriptor) of each note of a raw ELF note blob, up to one cut short (one
+    that says it holds more than the blob has left: counted, notes_cut_short)."""
     pos = 0
     while pos + 12 <= len(data):
         namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
         name_at = pos + 12
         desc_at = name_at + ((namesz + 3) & ~3)
         if desc_at + descsz > len(data):
+            count("notes_cut_short")
             return
         yield data[name_at:name_at + namesz].rstrip(b"\0"), ntype, data[desc_at:desc_at + descsz]
         pos = desc_at + ((descsz + 3) & ~3)
@@ -115,27 +117,35 @@ def debug_file_candidates(build_id: str | None, debuglink: str | None, path: str
 
 def elf_build_id(elf: BoundedElf) -> str | None:
     """The GNU build id: the first GNU NT_GNU_BUILD_ID note of the note sections, else of the
-    PT_NOTE segments. Bytes that many headers point at are read once, and at most MAX_NOTES
-    notes and MAX_NOTE_BYTES of them: a file with more before its build id has none (counted)."""
+    PT_NOTE segments, within read_notes' caps (a file with more notes before its build id has
+    none)."""
     if not elf.little_endian:
         return None  # (x86-64's notes: none of the files sampled here is big-endian)
     spans = itertools.chain(((s["sh_offset"], s["sh_size"]) for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE"),
                             ((s["p_offset"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"))
+    for owner, note_type, desc in read_notes(elf, spans):
+        if note_type == NT_GNU_BUILD_ID and owner == b"GNU":
+            return desc.hex()
+    return None
+
+
+def read_notes(elf: BoundedElf, spans: Iterable[tuple[int, int]]) -> Iterator[tuple[bytes, int, bytes]]:
+    """(owner, type, descriptor) of each note in the file's (offset, size) ``spans``, read lazily:
+    bytes that many headers point at are read once, and at most MAX_NOTES notes and
+    MAX_NOTE_BYTES of them in all; the walk ends at either cap (counted: too_many_notes)."""
     notes_left, bytes_left = MAX_NOTES, MAX_NOTE_BYTES
     for offset, size in regions(spans):
         if notes_left <= 0 or bytes_left < size:
             count("too_many_notes")
-            return None
+            return
         data = read_region(elf, offset, size)
         bytes_left -= len(data)
-        for owner, note_type, desc in itertools.islice(iter_notes(data), notes_left + 1):
+        for found in itertools.islice(iter_notes(data), notes_left + 1):
             notes_left -= 1
             if notes_left < 0:
                 count("too_many_notes")
-                return None
-            if note_type == NT_GNU_BUILD_ID and owner == b"GNU":
-                return desc.hex()
-    return None
+                return
+            yield found
 
 
 def go_build_id(elf: BoundedElf) -> str | None:
