@@ -220,21 +220,23 @@ static uint64_t boundaries_crossed(struct thread_state *t, uint64_t size) {
 
 static void trace_free(uintptr_t p);
 
-/* Before the block goes back to the allocator: after that another thread may be handed the same
- * address, and its alloc must come after our free for the profiler. */
-static void __attribute__((noinline, cold)) untrack(void *ptr) {
-    uintptr_t p = (uintptr_t)ptr;
-    if (sampled_remove(p)) {
-        STAP_PROBE1(otel_memory, free, ptr);
-        if (UNLIKELY(trace_fd >= 0)) {
-            int saved_errno = errno; /* free keeps errno (POSIX.1-2024, glibc >= 2.33) */
-            trace_free(p);
-            errno = saved_errno;
-        }
+static void __attribute__((noinline, cold)) remove_and_fire(void *ptr) {
+    if (!sampled_remove((uintptr_t)ptr)) return;
+    STAP_PROBE1(otel_memory, free, ptr);
+    if (UNLIKELY(trace_fd >= 0)) {
+        int saved_errno = errno; /* free keeps errno (POSIX.1-2024, glibc >= 2.33) */
+        trace_free((uintptr_t)ptr);
+        errno = saved_errno;
     }
 }
 
-#define UNTRACK(p) do { if (UNLIKELY(sampled_count() != 0)) untrack(p); } while (0)
+/* Before the block goes back to the allocator: after that another thread may be handed the same
+ * address, and its alloc must come after our free for the profiler. While a profiler follows
+ * frees, some sampled block is nearly always alive, so this lookup is every free's: inlined, and
+ * only a hit leaves it. */
+static inline void untrack(void *ptr) {
+    if (UNLIKELY(sampled_count() != 0) && ptr && UNLIKELY(maybe_tracked((uintptr_t)ptr))) remove_and_fire(ptr);
+}
 
 /* ---- the test trace ----------------------------------------------------------------------- */
 
@@ -369,20 +371,29 @@ PUBLIC void *calloc(size_t count, size_t size) {
     return p;
 }
 
-static void __attribute__((noinline, cold)) free_slow(void *ptr) {
+static void __attribute__((noinline, cold)) free_unresolved(void *ptr) {
     if (in_startup_buffer(ptr) || !ptr) return;
     if (!__atomic_load_n(&real_free, __ATOMIC_ACQUIRE)) {
         if (self.resolving) return; /* dlsym freeing what it did not get from us: left be */
         resolve(); /* freed before our first allocation: never ours */
     }
-    UNTRACK(ptr);
+    untrack(ptr);
     real_free(ptr);
+}
+
+static void __attribute__((noinline)) free_looked_up(free_fn f, void *ptr) {
+    untrack(ptr);
+    f(ptr);
 }
 
 PUBLIC void free(void *ptr) {
     free_fn f = __atomic_load_n(&real_free, __ATOMIC_ACQUIRE);
-    if (UNLIKELY(!f || in_startup_buffer(ptr) || sampled_count() != 0)) {
-        free_slow(ptr);
+    if (UNLIKELY(!f || in_startup_buffer(ptr))) {
+        free_unresolved(ptr);
+        return;
+    }
+    if (UNLIKELY(sampled_count() != 0)) {
+        free_looked_up(f, ptr);
         return;
     }
     f(ptr);
@@ -395,7 +406,7 @@ PUBLIC void free_sized(void *ptr, size_t size) {
         if (!ptr) return;
         resolve();
     }
-    UNTRACK(ptr);
+    untrack(ptr);
     if (real_free_sized) real_free_sized(ptr, size);
     else real_free(ptr);
 }
@@ -406,7 +417,7 @@ PUBLIC void free_aligned_sized(void *ptr, size_t alignment, size_t size) {
         if (!ptr) return;
         resolve();
     }
-    UNTRACK(ptr);
+    untrack(ptr);
     if (real_free_aligned_sized) real_free_aligned_sized(ptr, alignment, size);
     else real_free(ptr);
 }
@@ -436,7 +447,7 @@ PUBLIC void *realloc(void *ptr, size_t size) {
     /* realloc is a free of the old block and an allocation of `size` bytes, sampled like any
      * other. The free fires first, before the allocator may hand the address to another thread.
      * Should realloc then fail, the old block lives on unsampled (the profiler was told it went). */
-    if (ptr) UNTRACK(ptr);
+    untrack(ptr);
     if (!ALLOC_ENABLED()) return real_realloc(ptr, size);
     void *q = real_realloc(ptr, size);
     ACCOUNT(q, size, CALLER);
@@ -451,7 +462,7 @@ PUBLIC void *reallocarray(void *ptr, size_t count, size_t size) {
     }
     if (!READY(real_malloc) && not_resolved()) return startup_realloc(ptr, total);
     if (UNLIKELY(in_startup_buffer(ptr))) return move_out_of_startup_buffer(ptr, total, CALLER);
-    if (ptr) UNTRACK(ptr);
+    untrack(ptr);
     if (!ALLOC_ENABLED()) return real_realloc(ptr, total);
     void *q = real_realloc(ptr, total);
     ACCOUNT(q, total, CALLER);

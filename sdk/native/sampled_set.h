@@ -44,7 +44,7 @@ static size_t home(const struct table *t, uintptr_t p) {
     return (size_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> t->shift);
 }
 
-static int probe(const struct table *t, uintptr_t p) {
+static inline __attribute__((always_inline)) int probe(const struct table *t, uintptr_t p) {
     for (size_t i = home(t, p);; i = (i + 1) & t->mask) {
         uintptr_t v = atomic_load_explicit(&t->slots[i], memory_order_relaxed);
         if (v == p) return 1;
@@ -135,7 +135,7 @@ done:
 }
 
 /* True when p may be in the set: found, or a move overlapped the look and only the mutex can say. */
-static int maybe_tracked(uintptr_t p) {
+static inline __attribute__((always_inline)) int maybe_tracked(uintptr_t p) {
     unsigned long before = atomic_load_explicit(&moves, memory_order_acquire);
     if (before & 1) return 1;
     struct table *t = atomic_load_explicit(&table, memory_order_acquire);
