@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?=
 
-.PHONY: setup run test bench fuzz clean
+.PHONY: setup run test bench fuzz native clean
 
 setup:
 	@VENV=$(VENV) scripts/setup.sh
@@ -22,6 +22,11 @@ bench: setup
 
 fuzz: setup
 	$(PY) -m tests.fuzz --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# The native heap sampler, sdk/native/build/libpycollector_heap.so (sdk/native/README.md). Needs
+# gcc and sys/sdt.h only (scripts/setup.sh installs them), not the venv.
+native:
+	$(MAKE) -C sdk/native
 
 clean:
 	rm -rf $(VENV) .pytest_cache
