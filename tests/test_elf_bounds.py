@@ -363,6 +363,27 @@ def test_pt_dynamic_headers_make_no_section(tmp_path, work):
     assert work["sections"] == work["segments"] == 0
 
 
+def test_a_bounded_elf_refuses_pyelftools_walks(tmp_path):
+    with open(written(tmp_path, dynamic_segment_bomb(segments=1, sections=1)), "rb") as stream:
+        elf = BoundedElf(stream)
+        for walk in (elf.iter_sections, elf.iter_segments, lambda: elf.get_section(0), lambda: elf.get_section_by_name(".0")):
+            with pytest.raises(NotImplementedError):
+                walk()
+
+
+def test_an_extended_program_header_count_is_read_without_making_section_0(tmp_path, work):
+    """e_phnum PN_XNUM: the count is section 0's sh_info; pyelftools made section 0 to read it,
+    its name too (here to the end of a 4 MiB string table without a NUL)."""
+    data = bytearray(elf_file([Section("", SHT_PROGBITS)], [Segment(PT_LOAD, 0, 0x1000, 0x400000, flags=5)], strings=b"A" * (4 << 20)))
+    e_shoff = struct.unpack_from("<Q", data, 40)[0]
+    struct.pack_into("<H", data, 56, 0xFFFF)  # e_phnum
+    struct.pack_into("<I", data, e_shoff + 44, 1)  # section 0's sh_info
+    with open(written(tmp_path, bytes(data)), "rb") as stream:
+        elf = BoundedElf(stream)
+        assert load_segments(elf) == ((0, 0x1000, 0x400000, 5),)
+    assert elf.bytes_read < 4096 and work["sections"] == 0
+
+
 def test_raw_headers_are_pyelftools_headers():
     """On real files the same fields as pyelftools': this Python, libc, and where Go's sources are
     installed, ELF32 and big-endian ones of its tests."""

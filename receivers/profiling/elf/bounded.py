@@ -14,7 +14,7 @@ unwind/, python/, v8/, hotspot/, otel_context/, USDT probes: stapsdt.py) opens i
   sections; no segments: nothing maps to it), as no linker writes one;
 - the section and program headers read from the raw tables (`section_headers`, `sections_named`,
   `section_at`, `segment_headers`), never through pyelftools' walks, which a crafted file stalls
-  for hours (what they cost: below, before `MAX_SECTION_NAME_BYTES`);
+  for hours (what they cost: below, before `MAX_SECTION_NAME_BYTES`); BoundedElf refuses them;
 - `regions`: the bytes of many headers are read once, however many headers point at them;
 - `section_data`: a section's bytes, never more than the file held when it was opened (a
   section without bytes in the file, SHT_NOBITS, or compressed may say it holds any size).
@@ -111,7 +111,10 @@ class BoundedElf(ELFFile):
 
     def num_segments(self) -> int:
         if self._segments is None:
-            found = super().num_segments()
+            # (pyelftools' takes an extended count from section 0 as it makes it: with its name)
+            found = self["e_phnum"]
+            if found == _PN_XNUM:
+                found = self._get_section_header(0)["sh_info"] if self["e_shoff"] else 0
             if found > MAX_PROGRAM_HEADERS:
                 count("too_many_segments")
                 found = 0
@@ -122,6 +125,15 @@ class BoundedElf(ELFFile):
     def bytes_read(self) -> int:
         """What was read of the file through this (its headers, sections, notes) so far."""
         return self.stream.bytes_read
+
+    def _walk_refused(self, *args, **kwargs):
+        raise NotImplementedError("pyelftools' walk of a process's file: read its headers with bounded.section_headers, "
+                                  "sections_named, section_at or segment_headers")
+
+    # pyelftools makes a section or segment object for each header these walk past (see above
+    # MAX_SECTION_NAME_BYTES): none is made of a file a process maps.
+    iter_sections = get_section = get_section_by_name = get_section_index = has_section = _walk_refused
+    iter_segments = get_segment = get_dwarf_info = has_dwarf_info = get_ehabi_infos = _walk_refused
 
     def digest(self) -> str:
         """SHA-256 of the file's bytes as it was opened (to its size then, not to wherever it has
@@ -220,6 +232,7 @@ PT_LOAD, PT_NOTE, PT_TLS = 1, 4, 7
 SHF_COMPRESSED = 0x800
 _ELFCOMPRESS_ZLIB = 1
 _SHN_XINDEX = 0xFFFF
+_PN_XNUM = 0xFFFF
 # (class, little-endian) -> Elf_Shdr, Elf_Phdr, Elf_Chdr. Shdr: name, type, flags, addr, offset,
 # size, link, info, addralign, entsize in both classes; Phdr's p_flags moved in ELF64.
 _LAYOUTS = {(bits, little): tuple(struct.Struct(("<" if little else ">") + layout) for layout in layouts)
