@@ -8,7 +8,8 @@ import os
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 
-from .bounded import BoundedElf, SectionTooLarge, count, read_region, regions, section_data
+from .bounded import (PT_LOAD, PT_NOTE, SHT_NOBITS, SHT_NOTE, BoundedElf, SectionTooLarge, count, read_region, regions, section_data,
+                      section_headers, section_named, segment_headers)
 
 NT_GO_BUILD_ID = 4
 NT_GNU_BUILD_ID = 3
@@ -49,14 +50,12 @@ class ElfHeaders:
         """Segments, build id and debug link; with ``mapping_ids`` also the ids a profile's
         mapping carries (Go build id, htlhash: more reading, which only reports need)."""
         out = cls(path)
-        for seg in elf.iter_segments():
-            if seg["p_type"] == "PT_LOAD" and seg["p_filesz"]:
-                out.loads.append((seg["p_offset"], seg["p_filesz"], seg["p_vaddr"]))
+        out.loads = [(seg.offset, seg.filesz, seg.vaddr) for seg in segment_headers(elf) if seg.type == PT_LOAD and seg.filesz]
         out.build_id = elf_build_id(elf)
         if mapping_ids:
             out.go_build_id = go_build_id(elf)
             out.htlhash = file_htlhash(elf.stream)
-        link = elf.get_section_by_name(".gnu_debuglink")
+        link = section_named(elf, ".gnu_debuglink")
         if link is not None:
             try:
                 data = section_data(elf, link, MAX_DEBUGLINK_BYTES)
@@ -121,8 +120,8 @@ def elf_build_id(elf: BoundedElf) -> str | None:
     none)."""
     if not elf.little_endian:
         return None  # (x86-64's notes: none of the files sampled here is big-endian)
-    spans = itertools.chain(((s["sh_offset"], s["sh_size"]) for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE"),
-                            ((s["p_offset"], s["p_filesz"]) for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"))
+    spans = itertools.chain(((s.offset, s.size) for s in section_headers(elf) if s.type == SHT_NOTE),
+                            ((s.offset, s.filesz) for s in segment_headers(elf) if s.type == PT_NOTE))
     for owner, note_type, desc in read_notes(elf, spans):
         if note_type == NT_GNU_BUILD_ID and owner == b"GNU":
             return desc.hex()
@@ -150,8 +149,8 @@ def read_notes(elf: BoundedElf, spans: Iterable[tuple[int, int]]) -> Iterator[tu
 
 def go_build_id(elf: BoundedElf) -> str | None:
     """The Go toolchain's build id: the note of .note.go.buildid (owner "Go", type 4)."""
-    section = elf.get_section_by_name(".note.go.buildid")
-    if section is None or section["sh_type"] == "SHT_NOBITS" or not elf.little_endian:
+    section = section_named(elf, ".note.go.buildid")
+    if section is None or section.type == SHT_NOBITS or not elf.little_endian:
         return None
     try:
         found = find_note(section_data(elf, section, MAX_NOTE_BYTES), b"Go", NT_GO_BUILD_ID)

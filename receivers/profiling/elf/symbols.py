@@ -7,9 +7,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-from elftools.elf.sections import SymbolTableSection
-
-from .bounded import BoundedElf, section_data
+from .bounded import PT_LOAD, SYMBOL_TABLE_TYPES, BoundedElf, SectionTooLarge, section_at, section_data, segment_headers, sections_named
 
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym, little-endian (x86-64)
 # A symbol table is the file's to write, and the file is the process's: a larger table than these
@@ -34,16 +32,23 @@ def defined_symbols(elf: BoundedElf, names: Iterable[str] = (), prefixes: Iterab
     if elf.elfclass != 64 or not elf.little_endian:
         return out  # the callers' offsets are x86-64's
     names, prefixes = list(names), [prefix.encode() for prefix in prefixes]
+    found = {section.name: section for section in sections_named(elf, tables)}  # (the last of a name, as pyelftools took it)
     for section_name in tables:
         if names and not prefixes and all(name in out for name in names):
             break
-        section = elf.get_section_by_name(section_name)
-        if not isinstance(section, SymbolTableSection) or section["sh_type"] == "SHT_NOBITS":
+        section = found.get(section_name)
+        if section is None or section.type not in SYMBOL_TABLE_TYPES:
             continue
-        strings = elf.get_section(section["sh_link"])
-        if section.data_size // 24 > MAX_SYMBOL_ENTRIES or strings.data_size > MAX_STRING_TABLE_BYTES:
+        strings = section_at(elf, section.link)
+        if strings is None:
+            continue  # (pyelftools raised: no table of names)
+        if section.size // 24 > MAX_SYMBOL_ENTRIES or strings.size > MAX_STRING_TABLE_BYTES:
             continue  # (too large to read: the next table, or nothing)
-        strtab = section_data(elf, strings)
+        try:
+            strtab = section_data(elf, strings, MAX_STRING_TABLE_BYTES)
+            data = section_data(elf, section, MAX_SYMBOL_ENTRIES * 24)
+        except SectionTooLarge:  # (compressed to say less than it holds)
+            continue
         wanted = name_offsets(strtab, names)
         for prefix in prefixes:
             at = strtab.find(prefix)
@@ -54,7 +59,6 @@ def defined_symbols(elf: BoundedElf, names: Iterable[str] = (), prefixes: Iterab
                 if at == 0 or strtab[at - 1] == 0:  # the start of a name, not the middle of one
                     wanted[at] = strtab[at:end].decode("ascii", "replace")
                 at = strtab.find(prefix, end)
-        data = section_data(elf, section)
         for st_name, _info, _other, shndx, value, size in _SYM64.iter_unpack(data[: len(data) // 24 * 24]):
             name = wanted.get(st_name)
             if name is not None and name not in out and shndx != 0 and value:
@@ -90,7 +94,7 @@ def read_at(elf: BoundedElf, segments, vaddr: int, size: int) -> bytes | None:
 
 def load_segments(elf: BoundedElf) -> tuple[tuple[int, int, int, int], ...]:
     """The file's PT_LOAD segments: (p_offset, p_filesz, p_vaddr, p_flags)."""
-    return tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"], s["p_flags"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
+    return tuple((s.offset, s.filesz, s.vaddr, s.flags) for s in segment_headers(elf) if s.type == PT_LOAD)
 
 
 def load_bias(segments, mapping_start: int, mapping_offset: int, executable: bool = True) -> int | None:

@@ -26,9 +26,8 @@ import struct
 from array import array
 from dataclasses import dataclass
 
-from elftools.elf.sections import SymbolTableSection
-
-from ..elf.bounded import BoundedElf, count, read_region, regions, section_data
+from ..elf.bounded import (PT_LOAD, PT_TLS, SHT_RELA, SYMBOL_TABLE_TYPES, BoundedElf, count, read_region, regions, section_at, section_data,
+                           section_headers, section_named, segment_headers)
 from ..elf.symbols import MAX_STRING_TABLE_BYTES, name_offsets
 from ..processes.memory import ProcessMemory
 from ..processes.proc import Mapping
@@ -84,37 +83,40 @@ def read_definition(fd: int) -> Definition | None:
     MAX_RELOCATIONS that reach the variable; a file past them has none (counted)."""
     with os.fdopen(os.dup(fd), "rb") as stream:
         elf = BoundedElf(stream)
-        dynsym = elf.get_section_by_name(".dynsym")
-        if not isinstance(dynsym, SymbolTableSection) or elf["e_machine"] != "EM_X86_64" or elf.elfclass != 64 or not elf.little_endian:
+        if elf["e_machine"] != "EM_X86_64" or elf.elfclass != 64 or not elf.little_endian:
             return None
-        strings = elf.get_section(dynsym["sh_link"])
-        if dynsym.data_size // _SYM.size > MAX_DYNAMIC_SYMBOLS or strings.data_size > MAX_STRING_TABLE_BYTES:
+        dynsym = section_named(elf, ".dynsym")
+        if dynsym is None or dynsym.type not in SYMBOL_TABLE_TYPES:
+            return None
+        strings = section_at(elf, dynsym.link)
+        if strings is None:
+            return None
+        if dynsym.size // _SYM.size > MAX_DYNAMIC_SYMBOLS or strings.size > MAX_STRING_TABLE_BYTES:
             count("dynamic_symbols_too_many")
             return None
-        wanted = name_offsets(section_data(elf, strings), (SYMBOL,))
+        wanted = name_offsets(section_data(elf, strings, MAX_STRING_TABLE_BYTES), (SYMBOL,))
         if not wanted:
             return None
         # The symbol's index: the relocations name it by that.
-        data = section_data(elf, dynsym)
+        data = section_data(elf, dynsym, MAX_DYNAMIC_SYMBOLS * _SYM.size)
         index, value = next(((i, value) for i, (st_name, info, _other, shndx, value, _size) in enumerate(_SYM.iter_unpack(data[: len(data) // _SYM.size * _SYM.size]))
                              if st_name in wanted and info & 0xF == _STT_TLS and shndx != 0), (None, None))
         if index is None:
             return None
-        tls = next((s for s in elf.iter_segments() if s["p_type"] == "PT_TLS"), None)
+        tls = next((s for s in segment_headers(elf) if s.type == PT_TLS), None)
         if tls is None:
             return None
-        relocations = _relocations(elf, elf.get_section_index(".dynsym"), index)
+        relocations = _relocations(elf, dynsym.index, index)
         if relocations is None:
             return None
-        code = tuple((s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
-                     if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1)
-        return Definition(value, tls["p_memsz"], max(1, tls["p_align"]), tls["p_vaddr"], tuple(relocations), code)
+        code = tuple((s.offset, s.vaddr, s.filesz) for s in segment_headers(elf) if s.type == PT_LOAD and s.flags & 1)
+        return Definition(value, tls.memsz, max(1, tls.align), tls.vaddr, tuple(relocations), code)
 
 
 def _relocations(elf: BoundedElf, dynsym: int, index: int) -> list[tuple[int, int]] | None:
     """(type, offset) of the relocations of .dynsym's symbol ``index`` that say where it is, from
     the SHT_RELA tables linked to .dynsym (index ``dynsym``); None past the bounds (counted)."""
-    spans = ((s["sh_offset"], s["sh_size"]) for s in elf.iter_sections() if s["sh_type"] == "SHT_RELA" and s["sh_link"] == dynsym)
+    spans = ((s.offset, s.size) for s in section_headers(elf) if s.type == SHT_RELA and s.link == dynsym)
     found, entries_left = [], MAX_RELOCATION_ENTRIES
     for offset, size in regions(spans):
         entries = size // _RELA.size

@@ -7,7 +7,7 @@ import time
 from array import array
 
 import pydemumble
-from ..elf.bounded import BoundedElf, section_data
+from ..elf.bounded import SHT_NOBITS, BoundedElf, section_at, section_data, section_named
 from ..elf.headers import ElfHeaders
 from ..elf.symbols import MAX_STRING_TABLE_BYTES, MAX_SYMBOL_ENTRIES
 from .gopclntab import GoFunctions
@@ -64,19 +64,21 @@ class ElfSymbols(ElfHeaders):
     def read_symbols(self, elf: BoundedElf, which: str, demangler, deadline: float | None = None) -> bool:
         """Read the function symbols of section ``which``; whether it had any. Raises
         SymbolsTooLarge for a table past the caps, ParseOverTime past ``deadline`` (monotonic)."""
-        sec = elf.get_section_by_name(which)
-        if sec is None or sec["sh_type"] == "SHT_NOBITS":
+        sec = section_named(elf, which)
+        if sec is None or sec.type == SHT_NOBITS:
             return False
         if elf.elfclass == 64:
             fmt, size, order = "IBBHQQ", 24, (0, 1, 3, 4, 5)
         else:
             fmt, size, order = "IIIBBH", 16, (0, 3, 5, 1, 2)
-        strtab_section = elf.get_section(sec["sh_link"])
-        if sec.data_size // size > MAX_SYMBOL_ENTRIES or strtab_section.data_size > MAX_STRING_TABLE_BYTES:
-            raise SymbolsTooLarge(f"{which} of {sec.data_size // size} entries and {strtab_section.data_size} bytes of "
+        strtab_section = section_at(elf, sec.link)
+        if strtab_section is None:
+            return False  # (no table of names: pyelftools raised)
+        if sec.size // size > MAX_SYMBOL_ENTRIES or strtab_section.size > MAX_STRING_TABLE_BYTES:
+            raise SymbolsTooLarge(f"{which} of {sec.size // size} entries and {strtab_section.size} bytes of "
                                   f"names, over {MAX_SYMBOL_ENTRIES} entries or {MAX_STRING_TABLE_BYTES} bytes")
-        strtab = section_data(elf, strtab_section)
-        data = section_data(elf, sec)
+        strtab = section_data(elf, strtab_section, MAX_STRING_TABLE_BYTES)
+        data = section_data(elf, sec, MAX_SYMBOL_ENTRIES * size)
         fmt = ("<" if elf.little_endian else ">") + fmt
         thumb = elf["e_machine"] == "EM_ARM"
         # Parallel arrays, not a tuple a symbol (21 bytes a symbol, not 180).

@@ -51,7 +51,7 @@ from itertools import islice
 
 from pycollector.varint import VarintError, read_uvarint as uleb128  # Go's varints are unsigned LEB128, as DWARF's are
 
-from ..elf.bounded import BoundedElf, section_data
+from ..elf.bounded import SHT_NOBITS, BoundedElf, section_data, sections_named
 
 # Layout versions by magic: what changed is named in the module docstring.
 _GO12, _GO116, _GO118 = 12, 116, 118
@@ -95,9 +95,10 @@ class GoFunctions:
         counts it).  Found by section name or inside .data.rel.ro; the module docstring says
         what is not handled."""
         try:
-            text = elf.get_section_by_name(".text")
-            text_address = text["sh_addr"] if text is not None else 0
-            for data in _candidates(elf):
+            sections = {section.name: section for section in sections_named(elf, _SECTIONS)}  # (the last of a name, as pyelftools took it)
+            text = sections.get(".text")
+            text_address = text.addr if text is not None else 0
+            for data in _candidates(elf, sections):
                 try:
                     return cls(data, text_address)
                 except GoTableError:
@@ -244,18 +245,21 @@ class GoFunctions:
                 return value
 
 
-def _candidates(elf: BoundedElf):
-    """The bytes where a pclntab may start, most likely first."""
+_SECTIONS = (".text", ".gopclntab", ".data.rel.ro.gopclntab", ".go.buildinfo", ".note.go.buildid", ".data.rel.ro")
+
+
+def _candidates(elf: BoundedElf, sections):
+    """The bytes where a pclntab may start, most likely first; ``sections``: the headers of
+    _SECTIONS, by name."""
     for name in (".gopclntab", ".data.rel.ro.gopclntab"):
-        section = elf.get_section_by_name(name)
-        if section is not None and section["sh_type"] != "SHT_NOBITS":
+        section = sections.get(name)
+        if section is not None and section.type != SHT_NOBITS:
             yield section_data(elf, section)
             return
-    if elf.get_section_by_name(".go.buildinfo") is None and elf.get_section_by_name(
-            ".note.go.buildid") is None:
+    if ".go.buildinfo" not in sections and ".note.go.buildid" not in sections:
         return  # not a Go program: do not read a C++ library's large .data.rel.ro
-    section = elf.get_section_by_name(".data.rel.ro")
-    if section is None or section["sh_type"] == "SHT_NOBITS":
+    section = sections.get(".data.rel.ro")
+    if section is None or section.type == SHT_NOBITS:
         return
     data = section_data(elf, section)
     for magic in _MAGICS:

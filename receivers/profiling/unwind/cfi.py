@@ -3,8 +3,8 @@ raw bytes of their call-frame instructions (interpreted in rows.py).
 
 Hand-written rather than pyelftools' parser: that one builds an object per instruction through
 `construct` and takes ~0.5 s for libc, ~8 s for a large library; this one slices bytes, several
-times faster, which is what a cold start on a busy host waits for. pyelftools still finds the
-sections. Formats: the LSB's .eh_frame (CIE id 0, pc-relative pointers, "z" augmentations) and
+times faster, which is what a cold start on a busy host waits for. elf/bounded.py finds the
+sections, from the raw headers. Formats: the LSB's .eh_frame (CIE id 0, pc-relative pointers, "z" augmentations) and
 DWARF's .debug_frame (CIE id 0xffffffff, absolute addresses, versions 1, 3 and 4).
 """
 

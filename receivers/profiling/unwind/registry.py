@@ -47,7 +47,7 @@ from typing import Any, BinaryIO
 
 from pycollector.periodic import Periodic
 
-from receivers.profiling.elf.bounded import BoundedElf
+from receivers.profiling.elf.bounded import PT_LOAD, BoundedElf, segment_headers
 from receivers.profiling.elf.headers import ElfHeaders, debug_file_candidates
 from receivers.profiling.processes.files import open_debug_file, open_host_file, open_mapped_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
@@ -648,8 +648,7 @@ def _load_segments(fd: int) -> list[tuple[int, int, int]]:
     with os.fdopen(os.dup(fd), "rb") as stream:
         try:
             elf = BoundedElf(stream)
-            return [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
-                    if s["p_type"] == "PT_LOAD" and s["p_flags"] & _PF_X]
+            return [(s.offset, s.vaddr, s.filesz) for s in segment_headers(elf) if s.type == PT_LOAD and s.flags & _PF_X]
         except Exception:  # not ELF, or cut short: no rows either
             return []
 

@@ -7,7 +7,7 @@ below it, and where the caller's rbp was saved. The interpreter here runs each F
 CFA_UNSUPPORTED rows, which the kernel counts and steps past by frame pointer. Two expressions
 are common enough to have rows of their own: the PLT's, and a CFA read from a stack slot (code that
 realigns its stack, such as OpenSSL's hashing). cfi.py reads the
-records; pyelftools finds the sections.
+records; elf/bounded.py finds the sections (from the raw section headers).
 
 Rows are packed as profile.h's ``struct unwind_row`` and sorted by address; each holds until the
 next. Where a function's FDE ends and no other starts, an UNDEFINED row says "no information".
@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 from pycollector.varint import VarintError
 
-from receivers.profiling.elf.bounded import BoundedElf, section_data
+from receivers.profiling.elf.bounded import SHT_NOBITS, BoundedElf, section_data, section_named
 from receivers.profiling.elf.headers import elf_build_id
 from receivers.profiling.unwind.cfi import CfiError, Cie, Fde, read_pointer, records, sleb128, uleb128
 
@@ -134,9 +134,9 @@ def cfi_of(elf: BoundedElf, debug_files: Iterable[BinaryIO] = ()) -> CfiInput:
     """The CFI of ``elf``: its .eh_frame and, for code that has none there (a build without
     unwind tables), its .debug_frame, or when it has no .debug_frame, that of the first of
     ``debug_files`` (its separate debug file's candidates, opened as they are iterated) that is
-    ELF and does not carry another build id. Raises NoRows when it is not x86-64, or one
-    pyelftools cannot read (the file is the sampled process's to write, and pyelftools raises
-    several kinds of errors for a damaged one), or a section is past MAX_CFI_SECTION_BYTES."""
+    ELF and does not carry another build id. Raises NoRows when it is not x86-64, or one that
+    cannot be read (the file is the sampled process's to write: a damaged one raises several
+    kinds of errors), or a section is past MAX_CFI_SECTION_BYTES or does not inflate."""
     _check_machine(elf)
     try:
         eh_frame, eh_frame_address = _section(elf, ".eh_frame")
@@ -176,10 +176,10 @@ def _check_machine(elf: BoundedElf) -> None:
 
 def _section(elf: BoundedElf, name: str) -> tuple[bytes, int]:
     """(bytes, address) of section ``name``; no bytes when there is none."""
-    section = elf.get_section_by_name(name)
-    if section is None or section["sh_type"] == "SHT_NOBITS" or not section["sh_size"]:
+    section = section_named(elf, name)
+    if section is None or section.type == SHT_NOBITS or not section.size:
         return b"", 0
-    return section_data(elf, section, MAX_CFI_SECTION_BYTES), section["sh_addr"]
+    return section_data(elf, section, MAX_CFI_SECTION_BYTES), section.addr
 
 
 def _fdes(data: bytes, address: int, name: str) -> list[Fde]:
