@@ -346,8 +346,16 @@ class ProfilingReceiver(Component):
                 log_once(self.log, ("events-failed", id(self)), "exception", "could not handle the kernel's events; reading on")
 
     def _report_loop(self) -> None:
+        """A report every interval (with its jitter), counted from when the last was due, not
+        from when it was done: a report that takes 0.4 s of a 1 s interval does not make them
+        1.4 s apart. One that overruns its interval is followed by the next at once, not by a
+        burst catching up."""
         self._report_progress.idle()
-        while not self._stop.wait(self._next_interval()):
+        due = time.monotonic()
+        while True:
+            due = max(due, time.monotonic() - self.config.reporter_interval) + self._next_interval()
+            if self._stop.wait(max(0.0, due - time.monotonic())):
+                break
             self._report_guarded()
         self._report_guarded(final=True)  # the partial interval since the last report
 
