@@ -244,11 +244,15 @@ def profile_a_run(tmp_path: Path, argv: list, hz: int, runtime: str, timeout: fl
     return {"pid": process.pid, "messages": capture.consumer.messages, "stats": stats}
 
 
-def samples_of(profiled: dict):
-    """(sample, its value) for each sample with frames of the process ``profile_a_run`` ran."""
+def samples_of(profiled: dict, after_reports: int = 0):
+    """(sample, its value) for each sample with frames of the process ``profile_a_run`` ran;
+    those of its first ``after_reports`` reports left out."""
     from pycollector.pdata import iter_samples
 
+    reports = 0
     for message in profiled["messages"]:
-        for view in iter_samples(message):
-            if view.resource.get("process.pid") == profiled["pid"] and view.frames:
+        views = [view for view in iter_samples(message) if view.resource.get("process.pid") == profiled["pid"] and view.frames]
+        reports += bool(views)
+        if reports > after_reports:
+            for view in views:
                 yield view, sum(view.values)

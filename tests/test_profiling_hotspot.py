@@ -209,7 +209,9 @@ def test_a_java_leaf_in_its_prologue_or_epilogue_is_stepped_to_its_caller(classe
     hot = {"shapes": "Edges.areas", "recursion": "Edges.fib"}
     total, rooted, whole = collections.Counter(), collections.Counter(), collections.Counter()
     astray: collections.Counter = collections.Counter()
-    for view, count in samples_of(profiled):
+    # (the first report left out: the JVM is registered once its libjvm is read off the events
+    # thread and its VMStructs are there, and until then its frames are walked by frame pointer)
+    for view, count in samples_of(profiled, after_reports=1):
         thread = view.attributes.get("thread.name")
         if thread not in hot or not any(frame.frame_type == "jvm" for frame in view.frames):
             continue
@@ -222,10 +224,9 @@ def test_a_java_leaf_in_its_prologue_or_epilogue_is_stepped_to_its_caller(classe
     print(f"java {version}: samples {dict(total)}, reaching a root {dict(rooted)}, whole to the thread's Runnable {dict(whole)}; "
           f"astray {astray.most_common(4)}")
     for thread in hot:
-        assert total[thread] >= HZ * SECONDS * 0.3, (thread, total)
-        # (99.6 to 100% here; the margin is for the samples taken before the JVM is registered,
-        # which are walked by frame pointer: 84% of the recursive thread's reached the root when
-        # the leaf's edge was not read)
+        assert total[thread] >= HZ * SECONDS * 0.25, (thread, total)
+        # (99.6 to 100% here; 84% of the recursive thread's reached the root when the leaf's edge
+        # was not read)
         assert rooted[thread] >= 0.95 * total[thread], (thread, astray.most_common(6))
         assert whole[thread] >= 0.95 * total[thread], (thread, astray.most_common(6))
 
