@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "sampled_set.h"
+#include "xorshift.h"
 
 static int failures;
 
@@ -29,14 +30,6 @@ static int failures;
 static int contains(uintptr_t p) {
     struct table *t = atomic_load(&table);
     return t && probe(t, p);
-}
-
-static uint64_t next(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
 }
 
 static void wrapping_runs(void) {

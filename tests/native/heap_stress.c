@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "xorshift.h"
 
 #define THREADS 4
 #define SLOTS 512
@@ -30,14 +31,6 @@ struct header {
     size_t size;
     uint64_t tag;
 };
-
-static uint64_t next(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
 
 static size_t pick_size(uint64_t *s) {
     unsigned bits = 4 + next(s) % 13; /* 16 B to 64 KiB */

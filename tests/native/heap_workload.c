@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "xorshift.h"
 
 #define MIN_SIZE 16
 #define MAX_SIZE (1u << 20)
@@ -28,14 +29,6 @@ struct checks {
 static struct checks checks;
 static void *kept[MAX_KEPT];
 static size_t kept_count, leaked_bytes;
-
-static uint64_t next(uint64_t *state) {
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *state = x;
-}
 
 /* log-uniform in [MIN_SIZE, MAX_SIZE]: 2^(4 + 16u) */
 static size_t pick_size(uint64_t *state) {
