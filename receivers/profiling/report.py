@@ -127,7 +127,8 @@ class ReportBuilder:
                         on_dropped(tgid, samples, sum(stack.count for stack in stacks if stack.off_cpu), "pid_reused")
                     continue
                 deferred = self.symbolizer.deferred
-                symbolized = [(stack, self._frames(tgid, stack, info)) for stack in stacks]
+                attached = [runtime for runtime in self.runtimes if runtime.knows(tgid)]  # (once a process, not a stack)
+                symbolized = [(stack, self._frames(tgid, stack, info, attached)) for stack in stacks]
                 if tgid in budget.refused and not again and self.symbolizer.deferred == deferred:
                     budget.refused.discard(tgid)
                     work.append(((tgid, started), stacks, True))
@@ -163,9 +164,9 @@ class ReportBuilder:
                 named[(tgid, span)] = attributes
         return named
 
-    def _frames(self, tgid: int, stack: StackCount, info: ProcessInfo | None) -> list[Frame]:
+    def _frames(self, tgid: int, stack: StackCount, info: ProcessInfo | None, attached: list[runtime_stacks.Runtime]) -> list[Frame]:
         """The stack's frames; its native ones named from ``info``, the snapshot of the process
-        that took it (None: gone unknown, left unnamed)."""
+        that took it (None: gone unknown, left unnamed), its runtimes' by ``attached``."""
         frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
         if stack.off_cpu:
             frames = _from_scheduler(frames)
@@ -178,7 +179,6 @@ class ReportBuilder:
                 return self.symbolizer.symbolize_user(tgid, addresses, memo, info=info)
 
             if any(address & RUNTIME_TAG for address in stack.user_addrs):  # (each runtime names the frames of its kinds)
-                attached = [runtime for runtime in self.runtimes if runtime.knows(tgid)]
                 frames += runtime_stacks.name_stack(tgid, stack.user_addrs, attached, native)
             else:
                 frames += native(stack.user_addrs)

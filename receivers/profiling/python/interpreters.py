@@ -212,11 +212,13 @@ class PythonInterpreters:
     def name(self, tgid: int, stack: runtime_stacks.Stack) -> runtime_stacks.Stack:
         """``stack`` with each eval loop frame replaced by the run of Python frames that call of
         the loop ran, from those the kernel appended (runtime_stacks.Runtime)."""
-        recorded = [item.value for item in stack if isinstance(item, runtime_stacks.Recorded) and item.kind in self.kinds]
+        recorded, rest = [], []
+        for item in stack:
+            mine = isinstance(item, runtime_stacks.Recorded) and item.kind in self.kinds
+            (recorded if mine else rest).append(item.value if mine else item)
         if not recorded:
             return stack
         _, python = split(recorded)
-        rest = [item for item in stack if not (isinstance(item, runtime_stacks.Recorded) and item.kind in self.kinds)]
         with self._lock:
             process = self._processes.get(tgid)
         is_eval_loop = process.is_eval_loop if process is not None else _never
