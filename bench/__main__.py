@@ -14,9 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import agent_cost, agent_memory, bpf_stats, children, off_cpu, overhead, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, runtime_frames, side_by_side, sizes, span_context, truth, unwinding, workload
+from bench import agent_cost, agent_memory, bpf_stats, children, memory, off_cpu, overhead, peers, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, runtime_frames, side_by_side, sizes, span_context, truth, unwinding, workload
 from bench.settings import FULL, QUICK
 from bench.sink import ProfilesSink
+from receivers.profiling.config import DEFAULT_BPF_CACHE_DIR
 
 RESULTS = Path(__file__).resolve().with_name("RESULTS.md")
 
@@ -31,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = QUICK if args.quick else FULL
+    peers.HOST_BPF_CACHE = Path(DEFAULT_BPF_CACHE_DIR) if args.quick else None
     if os.geteuid() != 0:
         print("bench: needs root (BPF, perf -a, the bpf_stats sysctl)", file=sys.stderr)
         return 2
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 runtime_runs = runtime_frames.run_rounds(settings, binary, workdir, sink)
                 off_cpu_runs = off_cpu.run_rounds(settings, ping_pong_binary, workdir, sink)
                 span_runs = span_context.run_bpf_rounds(settings, span_binary, workdir, sink)
+                heap_loop_runs, heap_json_runs = memory.run_rounds(settings, workdir, sink)
                 memory_run = agent_memory.run(settings, workdir / "agent_memory", sink)
             writer_runs = span_context.run_writer_rounds(settings, workdir)
             pipeline_dir = workdir / "pipeline"
@@ -66,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         children.kill_all()
         children.restore_signals(handlers)
-    loads += [run.load for run in runs + first_start_runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + runtime_runs + off_cpu_runs + span_runs]
+    loads += [run.load for run in runs + first_start_runs + side_by_side_runs + unwinding_runs + startup_runs + python_runs + runtime_runs + off_cpu_runs + span_runs + heap_loop_runs + heap_json_runs]
     loads += [procfs.load_average()]
     rows = (overhead.rows(runs) + agent_cost.rows(runs, first_start_runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
-            + python_frames.rows(python_runs) + runtime_frames.rows(runtime_runs) + off_cpu.rows(off_cpu_runs) + span_context.rows(span_runs, writer_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
+            + python_frames.rows(python_runs) + runtime_frames.rows(runtime_runs) + off_cpu.rows(off_cpu_runs) + span_context.rows(span_runs, writer_runs)
+            + memory.rows(heap_loop_runs, heap_json_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
             + sizes.rows(side_by_side_runs) + agent_memory.rows(memory_run, settings))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)
     print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)

@@ -3,9 +3,14 @@
  * took the CPU from it are out of it). Prints nanoseconds per round.
  * With KEEP_MIB, that many MiB are allocated in 64 KiB blocks and kept before the loop: with the
  * semaphores raised, some of them are sampled blocks alive, so every free looks itself up.
- * Usage: heap_sampler_loop N [KEEP_MIB] */
+ * With "wait", it prints "ready" before the loop and, allocating, waits for a line on stdin: the
+ * bench attaches a profiler to the running process meanwhile (bench/memory.py), and is told how
+ * many it did ("spun N"), and, at each "mark" line before that, how many so far ("marked N").
+ * Usage: heap_sampler_loop N [KEEP_MIB [wait]] */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 int main(int argc, char **argv) {
@@ -14,6 +19,30 @@ int main(int argc, char **argv) {
     for (long i = 0; i < keep; i++) {
         void *p = malloc(65536);
         __asm__ volatile("" : : "r"(p) : "memory"); /* kept */
+    }
+    if (argc > 3 && strcmp(argv[3], "wait") == 0) {
+        /* Allocating meanwhile, as the program it stands for would: a profiler learns of a
+         * process from its CPU samples, and of the sampler's library from samples in it. */
+        struct pollfd input = {.fd = 0, .events = POLLIN};
+        char line[16];
+        long spun = 0;
+        printf("ready\n");
+        fflush(stdout);
+        for (;;) {
+            while (poll(&input, 1, 0) == 0)
+                for (int i = 0; i < 100000; i++, spun++) {
+                    void *p = malloc(64);
+                    __asm__ volatile("" : : "r"(p) : "memory");
+                    free(p);
+                }
+            if (!fgets(line, sizeof line, stdin))
+                return 1;
+            if (strncmp(line, "mark", 4) != 0)
+                break;
+            printf("marked %ld\n", spun); /* e.g. when a profiler attached: what it did not see */
+            fflush(stdout);
+        }
+        printf("spun %ld\n", spun); /* malloc+free pairs while waiting, for who counts them all */
     }
     struct timespec start, end;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);

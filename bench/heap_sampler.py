@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,36 +52,41 @@ def environment(mode: str, library: Path) -> dict[str, str]:
     return env
 
 
-def run_once(loop: Path, iterations: int, keep_mib: int, env: dict[str, str]) -> float:
-    # Every run on the same CPU (the host's last, as the off-CPU bench picks): two CPUs of a VM
-    # differ by more than what is measured here.
+def run_pinned(command: list[str], env: dict[str, str]) -> float:
+    """The figure ``command`` prints. Every run on the same CPU (the host's last, as the off-CPU
+    bench picks): two CPUs of a VM differ by more than what is measured here."""
     cpu = max(os.sched_getaffinity(0))
-    printed = subprocess.run([str(loop), str(iterations), str(keep_mib)], env=env, check=True, capture_output=True, text=True,
+    printed = subprocess.run(command, env=env, check=True, capture_output=True, text=True,
                              preexec_fn=lambda: os.sched_setaffinity(0, {cpu})).stdout
     return float(printed)
+
+
+def interleaved(modes: tuple[str, ...], rounds: int, run: Callable[[str], float]) -> dict[str, list[float]]:
+    """``run(mode)`` for every mode, round after round, the order rotated: no mode always first."""
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    for index in range(rounds):
+        for mode in modes[index % len(modes):] + modes[:index % len(modes)]:
+            times[mode].append(run(mode))
+    return times
 
 
 def measure(rounds: int, iterations: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="pycollector-heap-bench-") as scratch:
         library, loop = build(Path(scratch))
-        times: dict[str, list[float]] = {mode: [] for mode in MODES}
-        for index in range(rounds):
-            order = MODES[index % len(MODES):] + MODES[:index % len(MODES)]  # rotated: no mode always first
-            for mode in order:
-                times[mode].append(run_once(loop, iterations, KEEP_MIB.get(mode, 0), environment(mode, library)))
-        return times
+        return interleaved(MODES, rounds, lambda mode: run_pinned([str(loop), str(iterations), str(KEEP_MIB.get(mode, 0))],
+                                                                   environment(mode, library)))
 
 
-def report(times: dict[str, list[float]]) -> str:
-    base = times["no library"]
-    lines = [f"malloc(64)+free, ns per round trip, median [min-max] of {len(base)} rounds:"]
-    for mode in MODES:
-        values = times[mode]
+def report(times: dict[str, list[float]], title: str = "malloc(64)+free, ns per round trip", unit: str = "ns") -> str:
+    """Each mode's median [min-max], and its ratios to the first mode's (the baseline)."""
+    base_mode, base = next(iter(times.items()))
+    lines = [f"{title}, median [min-max] of {len(base)} rounds:"]
+    for mode, values in times.items():
         line = f"  {mode:30s} {statistics.median(values):7.2f} [{min(values):.2f}-{max(values):.2f}]"
-        if mode != "no library":
+        if mode != base_mode:
             ratios = [value / alone for value, alone in zip(values, base)]
-            line += (f"   ratio to no library {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}],"
-                     f" fastest to fastest {min(values) / min(base):.3f} (+{min(values) - min(base):.1f} ns)")
+            line += (f"   ratio to {base_mode} {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}],"
+                     f" fastest to fastest {min(values) / min(base):.3f} (+{min(values) - min(base):.1f} {unit})")
         lines.append(line)
     return "\n".join(lines)
 

@@ -1,13 +1,21 @@
 """Off-CPU profiling's cost on a workload that does little but switch context, against BCC's
-offcputime (issue 16).
+offcputime (issue 16), and what lock and I/O waits add to it (issue 44).
 
 The workload: ping_pong (bench/ping_pong.c), two processes bouncing a byte over two pipes,
-timing their round trips. Each round runs it, in an order rotated round by round:
+timing their round trips; then the same bouncing a turn through a futex word (every wait a lock
+wait). Each round runs both, in an order of modes rotated round by round:
 
-none                the workload alone: the round's baseline
-pycollector         the agent with off_cpu_threshold: 1.0 (every switch off a CPU recorded), CPU
-                    samples at HZ as elsewhere, exporting OTLP/gRPC to the bench's sink
-offcputime-bpfcc    `offcputime-bpfcc -f`: every thread's off-CPU time by stack (peers.OffCpuTimeBpfcc)
+none                    the workload alone: the round's baseline
+pycollector             the agent with off_cpu_threshold: 1.0 (every switch off a CPU recorded), CPU
+                        samples at HZ as elsewhere, exporting OTLP/gRPC to the bench's sink
+pycollector +lock +io   the same with lock_profiling and io_profiling on, every wait recorded
+                        (wait_events_per_second at its highest): against off-CPU alone, the
+                        cost of telling the waits apart; the goal is at most 1.3 times
+offcputime-bpfcc        `offcputime-bpfcc -f`: every thread's off-CPU time by stack (peers.OffCpuTimeBpfcc)
+
+(BCC's offwaketime, which also records wakers, needs kprobes on try_to_wake_up and
+finish_task_switch: on a kernel without kprobes, as the bench host's, it cannot start, and no
+row compares with it; offcputime, ported to the sched_switch tracepoint, stands for it.)
 
 A profiler is started, waited for until its program runs, and settles over a ping_pong run of
 its own (pycollector's first report meets the workload there); then the window. Figures: round
@@ -23,26 +31,25 @@ left as it is).
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
-from bench import bpf_stats, children, peers, ping_pong, procfs, report, rounds, unwinding
+from bench import alone, bpf_stats, peers, ping_pong, procfs, rounds, unwinding
 from bench.figures import Row, per_round
-from bench.peers import OffCpuTimeBpfcc, Profiler, PycollectorAgent
+from bench.peers import OffCpuTimeBpfcc, Profiler, PycollectorAgent, PycollectorWaitsAgent
 from bench.rounds import NONE, Run
-from bench.settings import FULL, QUICK, Settings
+from bench.settings import Settings
 from bench.sink import ProfilesSink
 from pycollector.pdata import OFF_CPU_TIME, iter_samples, sample_type
 
-MODES = (NONE, PycollectorAgent.name, OffCpuTimeBpfcc.name)
+MODES = (NONE, PycollectorAgent.name, PycollectorWaitsAgent.name, OffCpuTimeBpfcc.name)
 SECTION = "Off-CPU"
 OFF_CPU_THRESHOLD = 1.0  # every switch: the most the program can cost
+WAITS_GOAL = 1.3  # lock and I/O waits: at most this many times off-CPU alone's cost per switch
+FUTEX = "futex_"  # the futex ping-pong's figures: the pipe's names with this before them
 
 
 def run_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSink) -> list[Run]:
@@ -52,10 +59,12 @@ def run_rounds(settings: Settings, binary: Path, workdir: Path, sink: ProfilesSi
 def _run(mode: str, index: int, settings: Settings, binary: Path, rundir: Path, sink: ProfilesSink) -> Run:
     if mode == NONE:
         load = procfs.load_average()
-        return Run(mode, index, load, {"round_trips_per_second": ping_pong.run(binary, settings.workload_seconds).rate})
-    if mode == PycollectorAgent.name:
-        profiler = PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, rounds.unwind_cache_dir(rundir),
-                                    off_cpu_threshold=OFF_CPU_THRESHOLD)
+        return Run(mode, index, load, {"round_trips_per_second": ping_pong.run(binary, settings.workload_seconds).rate,
+                                       FUTEX + "round_trips_per_second": ping_pong.run(binary, settings.workload_seconds, futex=True).rate})
+    if mode in (PycollectorAgent.name, PycollectorWaitsAgent.name):
+        agent = PycollectorWaitsAgent if mode == PycollectorWaitsAgent.name else PycollectorAgent
+        profiler = agent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, rounds.unwind_cache_dir(rundir),
+                         off_cpu_threshold=OFF_CPU_THRESHOLD)
     else:
         profiler = OffCpuTimeBpfcc(rundir, settings.hz)
     sink.take()  # only this run's reports are read after it
@@ -65,10 +74,12 @@ def _run(mode: str, index: int, settings: Settings, binary: Path, rundir: Path, 
         settle = ping_pong.run(binary, settings.settle_seconds)
         load = procfs.load_average()
         figures, measured = _measure(profiler, binary, settings.workload_seconds)
+        futex_figures, futex_measured = _measure(profiler, binary, settings.workload_seconds, futex=True)
+        figures.update({FUTEX + name: value for name, value in futex_figures.items()})
     finally:
         peers.stop(profiler)  # pycollector reports its last partial interval; offcputime prints
-    recorded_s = _pycollector_recorded(sink.take(), binary.name) if mode == PycollectorAgent.name else _offcputime_recorded(profiler.log_path, binary.name)
-    figures["off_cpu_recorded_per_second"] = recorded_s / (settle.seconds + measured.seconds)
+    recorded_s = _pycollector_recorded(sink.take(), binary.name) if mode != OffCpuTimeBpfcc.name else _offcputime_recorded(profiler.log_path, binary.name)
+    figures["off_cpu_recorded_per_second"] = recorded_s / (settle.seconds + measured.seconds + futex_measured.seconds)
     return Run(mode, index, load, figures)
 
 
@@ -81,12 +92,12 @@ def _switch_program(profiler: Profiler) -> int:
     return program
 
 
-def _measure(profiler: Profiler, binary: Path, seconds: float) -> tuple[dict[str, float], ping_pong.PingPongResult]:
+def _measure(profiler: Profiler, binary: Path, seconds: float, futex: bool = False) -> tuple[dict[str, float], ping_pong.PingPongResult]:
     program = _switch_program(profiler)
     bpf_before = bpf_stats.program_stats(program)
     cpu_before = procfs.tree_run_seconds(profiler.pid)
     began = time.monotonic()
-    result = ping_pong.run(binary, seconds)
+    result = ping_pong.run(binary, seconds, futex)
     elapsed = time.monotonic() - began
     run_time_ns, run_count = (after - before for after, before in zip(bpf_stats.program_stats(program), bpf_before))
     figures = {
@@ -118,15 +129,26 @@ def _offcputime_recorded(log_path: Path, comm: str) -> float:
     return total_us / 1e6
 
 
-def _overhead(runs: list[Run], mode: str) -> list[float]:
-    return [1 - profiled / alone for profiled, alone in zip(per_round(runs, mode, "round_trips_per_second"), per_round(runs, NONE, "round_trips_per_second"))]
+def _overhead(runs: list[Run], mode: str, figure: str = "round_trips_per_second") -> list[float]:
+    return [1 - profiled / alone for profiled, alone in zip(per_round(runs, mode, figure), per_round(runs, NONE, figure))]
+
+
+def _within_goal(_ours, _theirs, ratio) -> str:
+    """The waits' cost per switch against off-CPU alone's, by the median of the rounds' ratios."""
+    if ratio.median != ratio.median:  # (nan: no rounds)
+        return ""
+    return f"goal ≤ {WAITS_GOAL:g}×: {'met' if ratio.median <= WAITS_GOAL else 'missed'}"
 
 
 def rows(runs: list[Run]) -> list[Row]:
-    ours, peer = PycollectorAgent.name, OffCpuTimeBpfcc.name
+    ours, peer, waits = PycollectorAgent.name, OffCpuTimeBpfcc.name, PycollectorWaitsAgent.name
+    alone = f"{ours} (off-CPU alone)"
 
     def both(title: str, figure: str, style: str) -> Row:
         return Row(SECTION, title, per_round(runs, ours, figure), peer, per_round(runs, peer, figure), style)
+
+    def against_off_cpu(title: str, figure: str, style: str, target=None) -> Row:
+        return Row(SECTION, title, per_round(runs, waits, figure), alone, per_round(runs, ours, figure), style, target)
 
     return [
         Row(SECTION, "Ping-pong round trips per second, no profiler (the baseline)", per_round(runs, NONE, "round_trips_per_second"), "", [], "{:.0f}"),
@@ -136,31 +158,27 @@ def rows(runs: list[Run]) -> list[Row]:
         both("BPF CPU seconds per second, charged to the switching threads", "bpf_cpu_per_second", "{:.3f}"),
         both("CPU seconds per second, the profiler's processes", "agent_cpu_per_second", "{:.4f}"),
         both("Off-CPU seconds recorded for ping_pong's two processes, per second of its runs", "off_cpu_recorded_per_second", "{:.3f}"),
+        Row(SECTION, "Futex ping-pong round trips per second, no profiler (the baseline)", per_round(runs, NONE, FUTEX + "round_trips_per_second"),
+            "", [], "{:.0f}"),
+        both("Futex ping-pong: BPF run time per context switch, ns", FUTEX + "bpf_ns_per_switch", "{:.0f}"),
+        against_off_cpu("Pipes: BPF run time per context switch, ns, + lock_profiling + io_profiling (a pipe wait is neither)",
+                        "bpf_ns_per_switch", "{:.0f}", _within_goal),
+        against_off_cpu("Futex: BPF run time per context switch, ns, + lock_profiling + io_profiling (every wait a lock wait)",
+                        FUTEX + "bpf_ns_per_switch", "{:.0f}", _within_goal),
+        Row(SECTION, "Futex ping-pong overhead: 1 − round trips per second profiled / the baseline, + lock + io", _overhead(runs, waits, FUTEX + "round_trips_per_second"),
+            alone, _overhead(runs, ours, FUTEX + "round_trips_per_second"), "{:.3f}"),
+        against_off_cpu("CPU seconds per second, the agent's processes, futex ping-pong", FUTEX + "agent_cpu_per_second", "{:.4f}"),
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.off_cpu", description="The off-CPU section of the bench alone; prints its rows.")
-    parser.add_argument("--quick", action="store_true", help="one round on tiny durations")
-    settings = QUICK if parser.parse_args(argv).quick else FULL
-    if os.geteuid() != 0:
-        print("bench: needs root (BPF, the bpf_stats sysctl)", file=sys.stderr)
-        return 2
-    handlers = children.stop_on_signals()
-    began = time.monotonic()
-    try:
-        with tempfile.TemporaryDirectory(prefix="pycollector-bench-") as scratch, bpf_stats.enabled(), ProfilesSink(keep_requests=True) as sink:
-            workdir = Path(scratch)
-            binary = ping_pong.build(workdir)
-            # The row cache warm, as the whole bench leaves it for its sections (see unwinding.warm_up).
-            unwinding.warm_up(settings, [binary], workdir, sink)
-            runs = run_rounds(settings, binary, workdir, sink)
-    finally:
-        children.kill_all()
-        children.restore_signals(handlers)
-    print("\n".join(report.table(report.HEADER, [row.cells() for row in rows(runs)])))
-    print(f"bench: off-CPU section in {time.monotonic() - began:.0f} s", file=sys.stderr)
-    return 0
+    def measure(settings: Settings, workdir: Path, sink: ProfilesSink) -> list[Row]:
+        binary = ping_pong.build(workdir)
+        # The row cache warm, as the whole bench leaves it for its sections (see unwinding.warm_up).
+        unwinding.warm_up(settings, [binary], workdir, sink)
+        return rows(run_rounds(settings, binary, workdir, sink))
+
+    return alone.run_section(argv, "bench.off_cpu", "off-CPU", measure)
 
 
 if __name__ == "__main__":

@@ -92,21 +92,28 @@ class _BpfProfiler(Profiler):
         return any(program["run_cnt"] > 0 for program in procfs.sampling_bpf_programs(self.pid, self.program_types))
 
 
+# Where every pycollector agent keeps its compiled BPF program when set (the quick bench: the
+# host's default cache), rather than a folder of the bench's.
+HOST_BPF_CACHE: Path | None = None
+
+
 class PycollectorAgent(_BpfProfiler):
     name = "pycollector"
 
     def __init__(self, workdir: Path, hz: int, sink_endpoint: str, reporter_interval_s: float, unwind_cache_dir: Path, metrics_port: int = 0,
-                 off_cpu_threshold: float = 0.0, bpf_cache_dir: Path | None = None) -> None:
+                 off_cpu_threshold: float = 0.0, bpf_cache_dir: Path | None = None, receiver_settings: dict | None = None) -> None:
         super().__init__(workdir, hz)
         self.config_path = workdir / "pycollector-bench.yaml"
         # The compiled BPF program is kept beside the rows unless told, in a folder of the bench's
         # (never the host's default, which tests may have filled): the first start compiles, the
-        # others load.
-        bpf_cache_dir = bpf_cache_dir or unwind_cache_dir.parent / "bpf-cache"
+        # others load. The quick bench, a smoke test, uses the host's (HOST_BPF_CACHE): its
+        # compiles would cost more than all its rounds (8 s each, five configurations).
+        bpf_cache_dir = bpf_cache_dir or HOST_BPF_CACHE or unwind_cache_dir.parent / "bpf-cache"
         receiver = {"samples_per_second": hz, "reporter_interval": f"{reporter_interval_s:g}s", "unwind_cache_dir": str(unwind_cache_dir),
                     "bpf_cache_dir": str(bpf_cache_dir)}
         if off_cpu_threshold:
             receiver["off_cpu_threshold"] = off_cpu_threshold
+        receiver.update(receiver_settings or {})
         config = {
             "receivers": {"profiling": receiver},
             "exporters": {"otlp_grpc": {"endpoint": sink_endpoint, "tls": {"insecure": True}}},
@@ -121,6 +128,17 @@ class PycollectorAgent(_BpfProfiler):
 
     def argv(self) -> list[str]:
         return [str(PYCOLLECTOR), "--config", str(self.config_path)]
+
+
+class PycollectorWaitsAgent(PycollectorAgent):
+    """The agent with lock and I/O waits on (lock_profiling, io_profiling: issue 44) besides
+    whatever else it is given, every lock and I/O wait recorded (the highest budget)."""
+
+    name = "pycollector +lock +io"
+    WAITS = {"lock_profiling": True, "io_profiling": True, "wait_events_per_second": 100_000}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs, receiver_settings=self.WAITS)
 
 
 class ProfileBpfcc(_BpfProfiler):

@@ -6,12 +6,21 @@
  * on two (where each wake-up is an interrupt to an idle CPU, ten times slower on a VM) and
  * flips between the two from run to run.
  *
- * usage: ping_pong SECONDS [CPU]   (unpinned without CPU)
+ * With "futex" after CPU, the two bounce a turn through one futex word in a shared page instead
+ * (each waits in FUTEX_WAIT, not in read()): every switch off the CPU is then a lock wait, what
+ * lock_profiling records.
+ *
+ * usage: ping_pong SECONDS [CPU [futex]]   (unpinned without CPU)
  */
 #define _GNU_SOURCE
+#include <linux/futex.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,13 +60,53 @@ static long ping(int out, int in, double seconds, double *elapsed)
     return trips;
 }
 
+/* futex mode: whose turn it is (0 the parent's, 1 the child's, 2 the end), in a shared page. */
+static void futex_wait_while(_Atomic int *turn, int value)
+{
+    while (atomic_load(turn) == value)
+        syscall(SYS_futex, turn, FUTEX_WAIT, value, NULL, NULL, 0);
+}
+
+static void futex_hand(_Atomic int *turn, int to)
+{
+    atomic_store(turn, to);
+    syscall(SYS_futex, turn, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+static int futex_pong(_Atomic int *turn)
+{
+    for (;;) {
+        futex_wait_while(turn, 0);
+        if (atomic_load(turn) == 2)
+            return 0;
+        futex_hand(turn, 0);
+    }
+}
+
+static long futex_ping(_Atomic int *turn, double seconds, double *elapsed)
+{
+    long trips = 0;
+    double began = now(), end = began + seconds, t = began;
+    while (t < end) {
+        for (int i = 0; i < 256; i++) {
+            futex_hand(turn, 1);
+            futex_wait_while(turn, 1);
+        }
+        trips += 256;
+        t = now();
+    }
+    *elapsed = t - began;
+    futex_hand(turn, 2);
+    return trips;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2 && argc != 3) {
-        fprintf(stderr, "usage: %s SECONDS [CPU]\n", argv[0]);
+    if (argc < 2 || argc > 4 || (argc == 4 && strcmp(argv[3], "futex") != 0)) {
+        fprintf(stderr, "usage: %s SECONDS [CPU [futex]]\n", argv[0]);
         return 2;
     }
-    if (argc == 3) {
+    if (argc >= 3) {
         cpu_set_t cpus;
         CPU_ZERO(&cpus);
         CPU_SET(atoi(argv[2]), &cpus);
@@ -65,6 +114,29 @@ int main(int argc, char **argv)
             perror("sched_setaffinity");
             return 1;
         }
+    }
+    if (argc == 4) {
+        _Atomic int *turn = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (turn == MAP_FAILED) {
+            perror("mmap");
+            return 1;
+        }
+        pid_t child = fork();
+        if (child < 0) {
+            perror("fork");
+            return 1;
+        }
+        if (child == 0)
+            return futex_pong(turn);
+        double elapsed = 0;
+        long trips = futex_ping(turn, atof(argv[1]), &elapsed);
+        int status;
+        if (waitpid(child, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "ping_pong: the bounce failed\n");
+            return 1;
+        }
+        printf("%ld %.6f\n", trips, elapsed);
+        return 0;
     }
     int to_child[2], to_parent[2];
     if (pipe(to_child) || pipe(to_parent)) {

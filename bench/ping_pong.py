@@ -1,6 +1,7 @@
 """The off-CPU bench's workload, ping_pong.c: two processes on one CPU bouncing a byte over two
 pipes, as many round trips a second as the host lets them (each blocks in read() once a round
-trip, and the CPU switches from one to the other)."""
+trip, and the CPU switches from one to the other); or, ``futex``, a turn through a futex word in
+a shared page (each blocks in FUTEX_WAIT: a lock wait)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ def build(directory: Path) -> Path:
     return binary
 
 
-def run(binary: Path, seconds: float) -> PingPongResult:
+def run(binary: Path, seconds: float, futex: bool = False) -> PingPongResult:
     # Both processes on one CPU (see ping_pong.c): the host's last, as good as any.
     cpu = max(os.sched_getaffinity(0))
-    process = children.start([str(binary), f"{seconds:g}", str(cpu)], stdout=subprocess.PIPE)
+    process = children.start([str(binary), f"{seconds:g}", str(cpu), *(["futex"] if futex else [])], stdout=subprocess.PIPE)
     printed, _ = process.communicate()
     children.forget(process)
     if process.returncode != 0:

@@ -94,6 +94,11 @@ METHOD = """\
   second of them. Sharing a CPU, each of the two waits while the other runs: about 1 s per s.
   pycollector walks ping_pong's user stacks with its unwind tables, offcputime with the kernel's
   frame-pointer walk (ping_pong has frame pointers, so both stacks are whole).
+  The same window again with the two bouncing a turn through a futex word in a shared page
+  (`ping_pong SECONDS CPU futex`: every wait a lock wait). A fourth mode, pycollector with
+  `lock_profiling` and `io_profiling` on (`wait_events_per_second: 100000`), is compared with
+  off-CPU alone: its BPF run time per switch, the goal at most 1.3 times. (BCC's offwaketime needs
+  kprobes, which this kernel lacks: no row compares with it.)
 - **Span context.** `tests/native/otel_thread_ctx_main.c` linked with the C writer (the
   variable in the executable: local-exec), one copy per CPU running in two spans, under
   pycollector at {hz} Hz as above; rotated, the copies either publish their process context
@@ -104,6 +109,25 @@ METHOD = """\
   20000 `start_as_current_span` with an `http.route` attribute, and the best of three passes of
   50000 `await asyncio.sleep(0)` in a task inside a span, with the writer on
   (`OTEL_PYTHON_CONTEXT=pycollector_thread_context`) and off, rotated.
+- **Memory.** Two programs, each on the host's last CPU and timing itself on its CPU clock (which
+  takes in the uprobes' BPF, run in its context, and leaves out time other processes take): a
+  loop of malloc(64) and free (`bench/heap_sampler.c`, `gcc -O2`, {memory_loop_iterations} round
+  trips a run), and json.dumps and json.loads of a {memory_json_orders}-order document
+  ({memory_json_round_trips} round trips a run, after one of warm-up) in Debian's python3 with
+  sdk/python installed in a venv. Each round runs them, rotated: alone (the loop without the
+  library; the script without `PYCOLLECTOR_HEAP_SAMPLE_BYTES`, so the .pth imports nothing), with
+  the sampler loaded and no profiler (sdk/native's library `LD_PRELOAD`ed; the Python sampler on
+  at 512 KiB), and with a pycollector agent attached (`allocation_profiling` and
+  `live_heap_profiling` on, CPU samples at {hz} Hz as above): the program waits until the agent
+  has raised its probes' semaphores and settled {settle_seconds:g} s, so every sampled allocation
+  and its free fire a uprobe at the default interval (512 KiB) and within the default budget
+  (1000 walked a second). The loop also runs under Debian's `heaptrack`, which records every
+  call, on a tenth of the round trips (its figure is per round trip); heaptrack_print's summary
+  is printed as the bench runs. Slowdown: the figure over the same round's alone. BPF: bpf_stats'
+  run time of the agent's memory_alloc and memory_free programs (with the stack walks they
+  tail-call) per run over the timed part. Allocations recorded: alloc_objects (the sampled ones)
+  and alloc_space of the loop's process in the agent's reports, over the loop's malloc calls and
+  bytes.
 - **Pipeline.** A `pycollector` process runs otlp receiver (gRPC) → batch (defaults) → otlp_grpc
   exporter (uncompressed) → a sink in the bench. {senders} client threads, each waiting for its
   answer before sending again as agents do, stream requests to it for {stream_seconds:g} s, timed

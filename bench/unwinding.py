@@ -41,7 +41,6 @@ ROW_BYTES = 12  # one unwind row in the kernel's map
 BPF_TARGET = 3.0  # times the frame-pointer walk
 READY_TARGET_S = 2.0
 COLD, WARM = "cold", "warm"
-WARM_UP_TIMEOUT_S = 300.0
 
 
 def warm_up(settings: Settings, binaries: list[Path], workdir: Path, sink: ProfilesSink) -> float:
@@ -51,18 +50,18 @@ def warm_up(settings: Settings, binaries: list[Path], workdir: Path, sink: Profi
     began = time.monotonic()
     rundir = workdir / "warm-up"
     rundir.mkdir()
-    copies = [copy for binary in binaries for copy in workload.start(binary, WARM_UP_TIMEOUT_S, 1)]
+    copies = [copy for binary in binaries for copy in workload.start(binary, settings.warm_up_limit_s, 1)]
     agent = PycollectorAgent(rundir, settings.hz, sink.endpoint, settings.reporter_interval_s, rounds.unwind_cache_dir(rundir), metrics_port=_free_port())
     try:
         agent.launch()
         agent.wait_until_sampling()
-        while time.monotonic() - began < WARM_UP_TIMEOUT_S:
+        while time.monotonic() - began < settings.warm_up_limit_s:
             time.sleep(1.0)
             tables = _unwind_tables(agent.metrics_port)
             if tables.get("files_loaded") and not tables.get("files_waiting"):
                 break
         else:
-            print(f"bench: warning: pycollector was still building unwind rows after {WARM_UP_TIMEOUT_S:g} s", file=sys.stderr)
+            print(f"bench: warning: pycollector was still building unwind rows after {settings.warm_up_limit_s:g} s", file=sys.stderr)
     finally:
         peers.stop(agent)
         children.stop(*copies)

@@ -6,6 +6,8 @@
  *   -DKNOWN_PROCESSES_SIZE=n   entries in the LRU of tgids already announced to user space
  *   -DUNWIND_*                 the unwinder's sizes (see unwind.h)
  *   -DOFF_CPU=1 ...            off-CPU profiling (off_cpu.bpf.c)
+ *   -DMEMORY_PROFILING=1 ...   sampled allocations through OpenTelemetry's USDT probes, and
+ *                              with -DLIVE_HEAP=1 the live heap (memory.bpf.c)
  *   -DPROBABILISTIC=1          samples are taken only while profiling_on[0] is 1 (user space
  *                              draws it every probabilistic_interval: probabilistic.py)
  *   -DTASK_GROUP_LEADER_OFFSET=n, -DTASK_START_BOOTTIME_OFFSET=n
@@ -246,6 +248,7 @@ static __always_inline struct stack_overflow_event *overflow_event(struct sample
     event->process_start = key->process_start;
     event->value = value;
     event->origin = key->origin;
+    event->device = key->device;
     __builtin_memcpy(event->comm, key->comm, sizeof(event->comm));
     __builtin_memcpy(event->trace_id, key->trace_id, sizeof(event->trace_id));
     __builtin_memcpy(event->span_id, key->span_id, sizeof(event->span_id));
@@ -394,8 +397,31 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
     return 0;
 }
 
+/* A process's events in the current second (memory.bpf.c's allocations walked, off_cpu.bpf.c's
+ * lock and I/O waits recorded): whether one more is within `limit`. Without a lock (tracing
+ * programs may not take one): two CPUs starting a second at once, or reading `events` together,
+ * let a few more through, never fewer. */
+struct second_budget {
+    u64 second_start;  /* ktime (ns) */
+    u64 events;
+};
+
+static __always_inline int within_second_budget(struct second_budget *budget, u64 now, u64 limit)
+{
+    if (now - budget->second_start >= 1000000000ULL) {
+        budget->second_start = now;
+        budget->events = 0;
+    }
+    __sync_fetch_and_add(&budget->events, 1);
+    return budget->events <= limit;
+}
+
 #ifdef OFF_CPU
 #include "off_cpu.bpf.c"
+#endif
+
+#ifdef MEMORY_PROFILING
+#include "memory.bpf.c"
 #endif
 
 /* execve() replaces the image: forget the tgid so its next sample announces it again and user

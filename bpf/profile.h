@@ -27,6 +27,17 @@
 enum sample_origin {
     ORIGIN_CPU = 0,      /* cpu-clock samples: the value is a number of samples */
     ORIGIN_OFF_CPU = 1,  /* switches back onto a CPU: the value is nanoseconds spent off it */
+    /* Sampled allocations (memory.bpf.c, otel_memory:alloc): each is counted twice, under two keys
+     * that differ only here: how many there were, and the bytes their weights stand for. */
+    ORIGIN_ALLOC_OBJECTS = 2,
+    ORIGIN_ALLOC_SPACE = 3,
+    /* Waits (off_cpu.bpf.c), the value nanoseconds away as ORIGIN_OFF_CPU's: in a futex wait (a
+     * user-space lock, a condition variable...), and in uninterruptible sleep (I/O). */
+    ORIGIN_LOCK_WAIT = 4,
+    ORIGIN_IO_WAIT = 5,
+    /* The lock waits again, by who woke the waiter (off_cpu.bpf.c's wake_counts_N, struct wake_key):
+     * the same nanoseconds as ORIGIN_LOCK_WAIT's, under the waiter's stacks and the waker's. */
+    ORIGIN_LOCK_WAKE = 6,
 };
 
 /* One row of the count maps: everything that makes two samples different. */
@@ -50,12 +61,34 @@ struct sample_key {
     u64 user_leaf_return;
     char comm[TASK_COMM_LEN]; /* name of the sampled thread */
     u32 origin;            /* enum sample_origin */
-    u32 reserved;
+    u32 device;            /* ORIGIN_IO_WAIT: the device (kernel dev_t) waited on, 0 not known (off_cpu.bpf.c); else 0 */
     u64 kernel_stack_hash; /* kernel_stack_id STACK_HASHED (off-CPU): its key in user_stacks_N */
     /* The span the thread ran in, from its OpenTelemetry thread context (otel_context.bpf.c);
      * zeros when it had none.  Samples of one stack in two spans are two rows. */
     u8 trace_id[16];
     u8 span_id[8];
+};
+
+/* Who woke a thread from a lock wait (off_cpu.bpf.c's off_cpu_waking, on sched_waking, which runs
+ * in the waker's context): the thread, and its stacks as it woke the waiter, stored by their hash in
+ * user_stacks_N as an off-CPU wait's are. tgid and pid 0 with both ids -ENOENT: no waker was seen
+ * (woken before its switch off the CPU reached the profiler); -ESTALE: its stacks were in a slot
+ * retired since. A waker in another process, or the idle task (an interrupt on an idle CPU), keeps its
+ * kernel stack only (user_stack_id -ESRCH): its user frames are another process's to name. */
+struct waker_key {
+    u32 tgid;
+    u32 pid;
+    char comm[TASK_COMM_LEN];
+    s32 kernel_stack_id;   /* STACK_HASHED, or -errno */
+    s32 user_stack_id;     /* STACK_HASHED, or -errno */
+    u64 kernel_stack_hash;
+    u64 user_stack_hash;
+};
+
+/* A row of wake_counts_N: a lock wait's key (origin ORIGIN_LOCK_WAKE) and its waker's. */
+struct wake_key {
+    struct sample_key waiter;
+    struct waker_key waker;
 };
 
 /* A span's attributes as its thread context record last held them (the record's attrs-data:
@@ -116,7 +149,7 @@ struct stack_overflow_event {
     u64 process_start;     /* as in sample_key */
     u64 value;             /* what the sample adds to its count: 1, or off-CPU nanoseconds */
     u32 origin;            /* enum sample_origin */
-    u32 reserved;
+    u32 device;            /* as in sample_key */
     u64 user_leaf_return;  /* as in sample_key; 0 when there is no user stack */
     s32 kernel_error;      /* 0, or the negative errno of the kernel stack (as a stack id) */
     s32 user_error;
@@ -338,6 +371,62 @@ struct hotspot_process {
 #define HOTSPOT_FRAME_COMPILED 5ULL      /* the next slot: its pc */
 #define HOTSPOT_FRAME_NO_NEXT 6ULL       /* either, without its next slot */
 
+/* ---- Memory profiling: the USDT probes of OpenTelemetry's contract (memory.bpf.c) ---- */
+
+/* Where one argument of a probe is, as its SDT descriptor says (receivers/profiling/memory/
+ * probes.py translates elf/stapsdt.py's Argument): in a register, in memory at base + index *
+ * scale + offset, or the offset itself. Registers are indices of the 8-byte words of x86-64's
+ * struct pt_regs. */
+enum memory_arg_kind {
+    MEMORY_ARG_NONE = 0,
+    MEMORY_ARG_REGISTER = 1,
+    MEMORY_ARG_MEMORY = 2,
+    MEMORY_ARG_IMMEDIATE = 3,
+};
+#define MEMORY_NO_REGISTER 0xff
+#define PT_REGS_WORDS 21  /* x86-64's struct pt_regs: r15 ... ss */
+#define MEMORY_MAX_ARGS 3  /* alloc(ptr, size, weight); free(ptr) */
+struct memory_arg {
+    s64 offset;
+    u8 kind;       /* enum memory_arg_kind */
+    u8 size;       /* bytes read: 1, 2, 4 or 8 */
+    u8 is_signed;  /* how a value shorter than 8 bytes widens */
+    u8 base;       /* a pt_regs word, or MEMORY_NO_REGISTER */
+    u8 index;      /* MEMORY: a pt_regs word, or MEMORY_NO_REGISTER */
+    u8 scale;
+    u16 reserved;
+};
+#define MEMORY_PROBE_ALLOC 1
+#define MEMORY_PROBE_FREE 2
+/* One attached probe of a process, by the address of its nop there (the uprobe's ip): the
+ * arguments' places vary from one probe site to another, as the compiler chose them. */
+struct memory_probe_key {
+    u32 tgid;
+    u32 reserved;
+    u64 ip;
+};
+struct memory_probe {
+    u32 kind;  /* MEMORY_PROBE_ALLOC or MEMORY_PROBE_FREE */
+    u32 reserved;
+    struct memory_arg args[MEMORY_MAX_ARGS];
+};
+
+/* Live heap: a sampled allocation not freed yet, by its process and pointer. */
+struct live_alloc_key {
+    u32 tgid;
+    u32 reserved;
+    u64 ptr;
+};
+struct live_alloc {
+    u64 process_start;     /* as in sample_key */
+    u64 weight;            /* the bytes it stands for */
+    u64 user_stack_hash;   /* its stack in live_stacks; 0: none could be kept */
+    u64 user_leaf_return;  /* as in sample_key (a frame-pointer walk's) */
+    u32 pid;               /* the thread that allocated it */
+    u32 reserved;
+    char comm[TASK_COMM_LEN];
+};
+
 /* Indices into the per-CPU `counters` array.  Cumulative since load; user space sums the CPUs. */
 enum profile_counter {
     COUNTER_SAMPLES = 0,                 /* non-idle samples seen */
@@ -393,7 +482,31 @@ enum profile_counter {
     COUNTER_UNWIND_SIGNAL_FRAMES = 49,   /* signal handlers stepped to the code they interrupted */
     COUNTER_V8_BUILTIN_RETURNS = 50,     /* leaves in a builtin whose return address lay below the stack's top */
     COUNTER_NEW_INCARNATIONS = 51,       /* announcements of a known pid taken by another process */
-    PROFILE_NR_COUNTERS = 52,
+    COUNTER_MEMORY_ALLOCS = 52,          /* otel_memory:alloc events read */
+    COUNTER_MEMORY_FREES = 53,           /* otel_memory:free events that ended a live allocation */
+    COUNTER_MEMORY_FREES_UNKNOWN = 54,   /* frees of no allocation the live heap holds (left out when it was full, or forged) */
+    COUNTER_MEMORY_UNKNOWN_PROBE = 55,   /* events of a probe user space no longer describes (detached meanwhile) */
+    COUNTER_MEMORY_ARG_ERRORS = 56,      /* events whose arguments could not be read */
+    COUNTER_MEMORY_WALKS_FULL = 57,      /* allocations dropped: memory_walks full (that many threads walking at once) */
+    COUNTER_MEMORY_LOST = 58,            /* allocations whose stack could not be stored (or whose slot was retired) */
+    COUNTER_LIVE_HEAP_FULL = 59,         /* allocations left out of the live heap: live_allocs full */
+    COUNTER_LIVE_STACKS_FULL = 60,       /* live allocations kept without their stack: live_stacks full */
+    COUNTER_LIVE_PROCESS_FULL = 61,      /* allocations left out of the live heap: their process holds its share */
+    COUNTER_MEMORY_THROTTLED = 62,       /* allocations past their process's events a second: not walked, their weight
+                                          * carried by the process's next counted allocation */
+    COUNTER_MEMORY_BUDGETS_FULL = 63,    /* allocations dropped: memory_budgets full (that many processes allocating) */
+    COUNTER_LOCK_WAITS = 64,             /* switches off a CPU in a futex wait recorded as lock waits */
+    COUNTER_IO_WAITS = 65,               /* switches off a CPU into uninterruptible sleep recorded as I/O waits */
+    COUNTER_WAITS_THROTTLED = 66,        /* lock or I/O waits not recorded: past their process's waits a second */
+    COUNTER_LOCK_WAKERS = 67,            /* wakers of recorded lock waits recorded (sched_waking) */
+    COUNTER_LOCK_WAKERS_UNSEEN = 68,     /* lock waits that ended with no waker recorded (counted under none) */
+    COUNTER_LOCK_WAKES_LOST = 69,        /* lock waits missing from lock_wake: wake_counts full, or the waiter's
+                                          * stacks not stored (sent by value to lock_wait alone) */
+    COUNTER_LOCK_WAKERS_EARLY = 70,      /* of the wakers recorded, those that came before their wait was stored */
+    COUNTER_THREAD_STACKS = 71,          /* threads' stacks kept where they left a CPU (thread_stacks), at a new place */
+    COUNTER_THREAD_STACKS_FULL = 72,     /* of those, not kept: thread_stacks was full (that many threads) */
+    COUNTER_THREAD_STACKS_THROTTLED = 73,/* threads that left a CPU at a new place past their process's waits a second: not walked */
+    PROFILE_NR_COUNTERS = 74,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

@@ -127,8 +127,7 @@ static __always_inline u64 record_python_frame(struct unwind_state *state, struc
 
 static __always_inline int python_walk_body(void *ctx, int walk_set)
 {
-    u32 zero = 0;
-    struct unwind_state *state = unwind_state.lookup(&zero);
+    struct unwind_state *state = walk_state(walk_set);
     if (!state)
         return 0;
     struct python_process *py = python_processes.lookup(&state->key.tgid);
@@ -172,5 +171,12 @@ int python_walk(struct bpf_perf_event_data *ctx)
 int python_walk_off_cpu(struct bpf_raw_tracepoint_args *ctx)  /* the raw tracepoint copy (see unwind.bpf.c) */
 {
     return python_walk_body(ctx, WALK_OFF_CPU);
+}
+#endif
+
+#ifdef MEMORY_PROFILING
+int python_walk_memory(struct pt_regs *ctx)  /* the uprobes' copy (see unwind.bpf.c) */
+{
+    return python_walk_body(ctx, WALK_MEMORY);
 }
 #endif

@@ -4,23 +4,30 @@
  * only in its main file, so the loader pastes this file in place of its #include (see
  * receivers/profiling/kernel/program.py) rather than letting clang include it.
  *
- * A walk spans several programs: on_cpu_sample (or off_cpu.bpf.c's leave_cpu) starts it (the
+ * A walk spans several programs: on_cpu_sample (or off_cpu.bpf.c's leave_cpu and off_cpu_waking) starts it (the
  * registers, the sample's key) in a
  * per-CPU unwind_state and tail-calls unwind_step, which steps UNWIND_FRAMES_PER_CALL frames and
  * tail-calls itself until the stack ends or UNWIND_MAX_FRAMES is reached, then stores the stack
  * and counts the sample (finish_walk).  The kernel allows 33 tail calls a sample, so
- * UNWIND_MAX_FRAMES <= 30 * UNWIND_FRAMES_PER_CALL (the setting's validation says so).
+ * UNWIND_MAX_FRAMES <= 30 * UNWIND_FRAMES_PER_CALL (kernel/settings.py picks the frames a call).
  *
  * A program can only tail-call programs of its own type.  Off-CPU stacks are taken in a raw
  * tracepoint (off_cpu.bpf.c), so with OFF_CPU the walk's programs exist twice, compiled from the
  * same code: the perf_event ones in unwind_programs and raw tracepoint ones in off_cpu_programs.
  * Each body takes `walk_set` (enum walk_program_set), a constant in each copy, to know which array
  * it chains through and how the walk ends.  The copies share the per-CPU unwind_state: neither
- * runs while the other is under way on a CPU (the scheduler's tracepoint runs with interrupts
- * off, the cpu-clock program in an interrupt).
+ * runs while the other is under way on a CPU (the scheduler's tracepoints run with interrupts
+ * off, sched_waking's walk too: see off_cpu_waking; the cpu-clock program in an interrupt).
+ *
+ * With MEMORY_PROFILING, a third copy, as kprobe-type programs, walks the stacks of sampled
+ * allocations (memory.bpf.c's uprobes, through memory_programs). Those run in the allocating
+ * thread with interrupts and preemption on: the cpu-clock program can interrupt one mid-walk on
+ * its CPU, and another thread's uprobe can run there while it is preempted. So a memory walk
+ * keeps its state in memory_walks, under its thread's id, not in the per-CPU unwind_state
+ * (walk_state()).
  *
  * Settings (cflags): UNWIND_ROW_BUDGET rows, UNWIND_MAX_FILES files, UNWIND_MAX_PROCESSES
- * processes, UNWIND_MAX_FRAMES frames a stack. */
+ * processes, UNWIND_MAX_FRAMES frames a stack, UNWIND_FRAMES_PER_CALL frames a program. */
 
 #ifndef UNWIND_ROW_BUDGET
 #define UNWIND_ROW_BUDGET (1 << 20)
@@ -31,7 +38,9 @@
 #ifndef UNWIND_MAX_PROCESSES
 #define UNWIND_MAX_PROCESSES 4096
 #endif
-#define UNWIND_FRAMES_PER_CALL 16
+#ifndef UNWIND_FRAMES_PER_CALL
+#define UNWIND_FRAMES_PER_CALL 16  /* (user space passes the fewest that reach UNWIND_MAX_FRAMES: kernel/settings.py) */
+#endif
 #define UNWIND_MAX_TAIL_CALLS 30
 /* Enough halvings for any file: 2^25 rows is 400 MiB of them. */
 #define UNWIND_ROW_SEARCH_STEPS 25
@@ -55,6 +64,9 @@ BPF_PROG_ARRAY(unwind_programs, 2);
 #ifdef OFF_CPU
 BPF_PROG_ARRAY(off_cpu_programs, 2);  /* the same programs, as raw tracepoints (see above) */
 #endif
+#ifdef MEMORY_PROFILING
+BPF_PROG_ARRAY(memory_programs, 2);  /* the same programs, as kprobes (uprobes: see above) */
+#endif
 /* Processes running CPython, and where its thread states and frames are (python.bpf.c). */
 BPF_HASH(python_processes, u32, struct python_process, UNWIND_MAX_PROCESSES);
 BPF_PERF_OUTPUT(unwind_events);
@@ -74,22 +86,54 @@ struct unwind_state {
     u64 leaf_return;  /* as sample_key.user_leaf_return: for a first step by frame pointer */
     u64 python_frame;  /* python_walk: the next Python frame to record */
     u32 python_len;    /* Python frames in `python`, which finish_walk appends to the stack */
-    u32 python_reserved;
+    u32 wakee;         /* an off-CPU walk of a lock waiter's waker: the waiter's tid (set by off_cpu_waking), else 0 */
     u64 python[PYTHON_MAX_FRAMES];
+    u64 value;       /* a memory walk's: the allocation's weight (bytes) */
+    u64 memory_ptr;  /* and its pointer */
+    u64 owed_weight;   /* and what the process's throttled allocations since its last counted one */
+    u64 owed_objects;  /* stood for (memory.bpf.c's memory_throttled) */
+    u32 rows_pending;  /* a frame was stepped by frame pointer while its file's rows were loading */
+    u32 rows_reserved;
     struct user_stack stack;
 };
 BPF_PERCPU_ARRAY(unwind_state, struct unwind_state, 1);
+#ifdef MEMORY_PROFILING
+#ifndef MEMORY_WALKS
+#define MEMORY_WALKS 1024  /* threads walking an allocation's stack at once */
+#endif
+/* tid -> its memory walk under way (see above), from the uprobe to the walk's end. */
+BPF_HASH(memory_walks, u32, struct unwind_state, MEMORY_WALKS);
+#endif
 
 enum step_result { STEP_CONTINUE, STEP_DONE, STEP_COMPLETE };
 
 /* Which copies of the walk's programs a program chains through (see the top of this file): its
  * `walk_set` argument, a constant in each copy. */
-enum walk_program_set { WALK_ON_CPU = 0, WALK_OFF_CPU = 1 };
+enum walk_program_set { WALK_ON_CPU = 0, WALK_OFF_CPU = 1, WALK_MEMORY = 2 };
+
+/* The state of the walk under way: this CPU's, or a memory walk's, this thread's (see above). */
+static __always_inline struct unwind_state *walk_state(int walk_set)
+{
+#ifdef MEMORY_PROFILING
+    if (walk_set == WALK_MEMORY) {
+        u32 tid = bpf_get_current_pid_tgid();
+        return memory_walks.lookup(&tid);
+    }
+#endif
+    u32 zero = 0;
+    return unwind_state.lookup(&zero);
+}
 
 /* Tail-call program `index` of the walk (UNWIND_STEP_PROGRAM, PYTHON_WALK_PROGRAM) in
  * `walk_set`.  Returns only if the call failed. */
 static __always_inline void walk_next(void *ctx, int walk_set, u32 index)
 {
+#ifdef MEMORY_PROFILING
+    if (walk_set == WALK_MEMORY) {
+        memory_programs.call(ctx, index);
+        return;
+    }
+#endif
 #ifdef OFF_CPU
     if (walk_set == WALK_OFF_CPU) {
         off_cpu_programs.call(ctx, index);
@@ -364,6 +408,7 @@ static __always_inline enum step_result unwind_one(void *ctx, struct unwind_stat
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     if (file->row_count == 0) {
         unwind_demand.atomic_increment(file_id);
+        state->rows_pending = 1;
         return depth ? frame_pointer_step(state) : first_frame_pointer_step(state);
     }
     u8 *used = unwind_used.lookup(&file_id);
@@ -516,10 +561,17 @@ static __always_inline void append_python_frames(struct unwind_state *state)
 
 #ifdef OFF_CPU
 static __always_inline void keep_walked_wait(struct unwind_state *state);  /* off_cpu.bpf.c */
+#ifdef LOCK_WAITS
+static __always_inline void keep_walked_waker(struct unwind_state *state);
+#endif
+#endif
+#ifdef MEMORY_PROFILING
+static __always_inline void memory_walked(void *ctx, struct unwind_state *state);  /* memory.bpf.c */
 #endif
 
 /* Store the walked stack in the slot's user_stacks map and count the sample under its hash (an
- * off-CPU walk instead leaves the stack with the thread's wait, for when it returns). */
+ * off-CPU walk instead leaves the stack with the thread's wait, for when it returns; a waker's
+ * walk stores it and leaves its hash with the wait the waker ends). */
 static __always_inline void finish_walk(void *ctx, struct unwind_state *state, int complete, int walk_set)
 {
     count(COUNTER_UNWIND_SAMPLES);
@@ -529,8 +581,20 @@ static __always_inline void finish_walk(void *ctx, struct unwind_state *state, i
         count(COUNTER_UNWIND_TRUNCATED);
     state->stack.complete = complete;
     append_python_frames(state);
+#ifdef MEMORY_PROFILING
+    if (walk_set == WALK_MEMORY) {
+        memory_walked(ctx, state);
+        return;
+    }
+#endif
 #ifdef OFF_CPU
     if (walk_set == WALK_OFF_CPU) {
+#ifdef LOCK_WAITS
+        if (state->wakee) {  /* a waker's stack, for the wait it ends */
+            keep_walked_waker(state);
+            return;
+        }
+#endif
         keep_walked_wait(state);
         return;
     }
@@ -564,8 +628,7 @@ static __always_inline void start_walk(void *ctx, struct pt_regs *interrupted, s
 {
     if (!unwind_processes.lookup(&key->tgid))
         return;
-    u32 zero = 0;
-    struct unwind_state *state = unwind_state.lookup(&zero);
+    struct unwind_state *state = walk_state(walk_set);
     if (!state)
         return;
     if (user_registers(interrupted, &state->pc, &state->sp, &state->bp))
@@ -580,6 +643,7 @@ static __always_inline void start_walk(void *ctx, struct pt_regs *interrupted, s
     state->stack.len = 0;
     state->python_len = 0;
     state->python_frame = 0;
+    state->rows_pending = 0;
     /* A Python process has its Python frames recorded first; python_walk goes on to unwind_step. */
     walk_next(ctx, walk_set, python_processes.lookup(&key->tgid) ? PYTHON_WALK_PROGRAM : UNWIND_STEP_PROGRAM);
     count(COUNTER_UNWIND_TAIL_CALL_FAILED);
@@ -587,8 +651,7 @@ static __always_inline void start_walk(void *ctx, struct pt_regs *interrupted, s
 
 static __always_inline int unwind_step_body(void *ctx, int walk_set)
 {
-    u32 zero = 0;
-    struct unwind_state *state = unwind_state.lookup(&zero);
+    struct unwind_state *state = walk_state(walk_set);
     if (!state)
         return 0;
     struct unwind_process *process = unwind_processes.lookup(&state->key.tgid);
@@ -622,5 +685,12 @@ int unwind_step(struct bpf_perf_event_data *ctx)
 int unwind_step_off_cpu(struct bpf_raw_tracepoint_args *ctx)
 {
     return unwind_step_body(ctx, WALK_OFF_CPU);
+}
+#endif
+
+#ifdef MEMORY_PROFILING
+int unwind_step_memory(struct pt_regs *ctx)
+{
+    return unwind_step_body(ctx, WALK_MEMORY);
 }
 #endif

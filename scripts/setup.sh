@@ -9,8 +9,8 @@ VENV=${VENV:-.venv}
 # page is tested headless; systemd: systemd-analyze checks deploy/systemd's unit in tests;
 # gcc and python3-dev: the tests' C workloads, and the Python writer's C extension (sdk/python);
 # systemtap-sdt-dev: <sys/sdt.h>, the USDT probes and semaphores of the native heap sampler (sdk/native)
-# and of the tests' C programs (tests/test_stapsdt.py).
-APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv linux-headers-amd64 linux-perf bpftool golang-go chromium systemd gcc python3-dev systemtap-sdt-dev)
+# and of the tests' C programs (tests/test_stapsdt.py); heaptrack: the peer of the memory bench (bench/memory.py).
+APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv linux-headers-amd64 linux-perf bpftool golang-go chromium systemd gcc python3-dev systemtap-sdt-dev heaptrack)
 # npm fetches the flame graph renderer; Debian's npm only when no npm is installed at all, so a
 # Node.js installed another way is left alone.
 command -v npm >/dev/null || APT_PACKAGES+=(npm)
@@ -53,10 +53,11 @@ if [ ! -x "$VENV/bin/python" ]; then
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
 
-# Reinstall only when the package metadata changed since the last install.
+# Reinstall only when the package metadata changed since the last install (sdk/python's sources
+# too, and the sampling headers its `native` link reaches in sdk/native; not build outputs).
 stamp="$VENV/.installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ examples/pycollector-example-exporter/pyproject.toml -nt "$stamp" ] \
-        || [ -n "$(find sdk/python -newer "$stamp" -type f -print -quit)" ]; then
+        || [ -n "$(find -L sdk/python -name build -prune -o -newer "$stamp" -type f -print -quit)" ]; then
     say "installing pycollector (editable) and its test dependencies into $VENV (log: $VENV/pip.log)"
     {
         "$VENV/bin/python" -m pip install --upgrade pip &&

@@ -4,6 +4,7 @@ environment does not demand it (CI sets PYCOLLECTOR_REQUIRE_BPF=1, and then they
 from __future__ import annotations
 
 import collections
+import fcntl
 import functools
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,6 +55,135 @@ def share_tolerance(samples: float, share: float = 0.75, floor: float = 0.05) ->
     binomial proportion over ``samples`` samples, and never less than ``floor``. A busy CI host
     gives a workload little CPU time, and with 120 samples one standard deviation is 4 points."""
     return max(floor, 3 * (share * (1 - share) / max(samples, 1.0)) ** 0.5)
+
+
+def stolen_seconds() -> float:
+    """CPU time the hypervisor took from this machine's CPUs since boot (/proc/stat's steal
+    column, summed over CPUs).  A cpu-clock timer that comes due while its vCPU is stolen fires
+    once when the vCPU is back, however many periods went by, while the guest may still charge
+    that time to the task it interrupted: the samples a test can count fall short of hz x CPU
+    seconds by at most hz x the time stolen meanwhile."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()  # cpu user nice system idle iowait irq softirq steal ...
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
+def samples_match_cpu_time(samples: float, hz: float, cpu_s: float, stolen_s: float = 0.0) -> bool:
+    """Whether `samples` is what a process that spent `cpu_s` seconds on the CPU should get at
+    `hz`: within three Poisson sigmas (and 5%), less at most what `stolen_s` cost (see
+    stolen_seconds)."""
+    expected = hz * cpu_s
+    slack = max(0.05 * expected, 3 * expected ** 0.5) + 3
+    return expected - slack - hz * stolen_s <= samples <= expected + slack
+
+
+PYENV_VERSIONS = Path(os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))) / "versions"
+# The CPythons sdk/python supports (its setup.py: 3.8 and later): Debian's, and pyenv's.
+SDK_PYTHON_VERSIONS = ("debian", *(f"3.{minor}" for minor in range(8, 14)))
+
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def workdir():
+    """A directory user nobody may read and write, for workloads run as nobody (pytest's own are
+    root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="pycollector-nobody-", dir="/var/tmp"))
+    path.chmod(0o755)
+    os.chown(path, NOBODY, NOBODY)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def wait_for(condition, timeout: float = 20.0) -> bool:
+    """Whether ``condition()`` came true within ``timeout`` seconds (looked at every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def rows_loaded(service, pid: int, files: tuple[str, ...], timeout: float = 60) -> list[str]:
+    """Wait until the unwind rows of the files of process ``pid`` named ``files`` are in the kernel
+    (a loaded host builds them later than a workload's first second, and a wait's stack then ends
+    in libc); those still waiting at ``timeout``."""
+    from pycollector.testing import receiver_of
+
+    receiver = receiver_of(service)
+    deadline = time.monotonic() + timeout
+    while True:
+        info = receiver.processes.lookup(pid)
+        mappings = [mapping for mapping in (info.mappings if info else []) if mapping.file_backed and mapping.path.rsplit("/", 1)[-1] in files]
+        waiting = [mapping.path for mapping in mappings if receiver.unwind.file_state(mapping.identity) != "loaded"]
+        if info is None or len({mapping.path.rsplit("/", 1)[-1] for mapping in mappings}) < len(files):
+            waiting = [f"{pid}'s {', '.join(files)}"]
+        if not waiting or time.monotonic() > deadline:
+            return waiting
+        time.sleep(0.2)
+
+
+def pyenv_python(version: str) -> Path | None:
+    """pyenv's newest CPython ``version`` (e.g. "3.8") on this host, or None."""
+    found = sorted(PYENV_VERSIONS.glob(f"{version}.*"))
+    python = found[-1] / "bin" / f"python{version}" if found else None
+    return python if python is not None and python.exists() else None
+
+
+@pytest.fixture(scope="session")
+def sdk_pythons(tmp_path_factory):
+    """Per CPython ("debian", or a pyenv version such as "3.8"): a virtual environment's python with
+    sdk/python installed as pip installs it (its .pth files run by site) and, for pyenv's, the
+    OpenTelemetry SDK release pip picks for it beside it. Built once for the session: the context
+    writer's tests and the heap sampler's share them (each build compiles both extensions)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.heap_samplers import DEBIAN_PYTHON, install_python_sampler
+
+    # Under xdist (make test: the tests without BPF on three workers) the workers share the builds:
+    # the first to ask for a version builds it under a lock in their common directory, the other
+    # waits for it, rather than both compiling all of them.
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path_factory.getbasetemp()
+
+    def build(version: str) -> Path | None:
+        python = DEBIAN_PYTHON if version == "debian" else pyenv_python(version)
+        if python is None:
+            return None
+        packages = () if version == "debian" else ("opentelemetry-sdk",)
+        directory = shared / f"sdk-python-{version}"
+        with open(shared / f"sdk-python-{version}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            built = directory / "built"
+            if built.exists():
+                return Path(built.read_text())
+            if directory.exists():  # (a build that failed before)
+                shutil.rmtree(directory)
+            directory.mkdir()
+            target = install_python_sampler(str(python), directory, packages)
+            built.write_text(str(target))
+            return target
+
+    # The first request starts every build, two at a time (a build is a compiler's and pip's work,
+    # ~15 s of one core), so the later versions are ready when their tests come.
+    builds: dict = {}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+
+        def get(version: str = "debian") -> Path:
+            if not builds:
+                for known in SDK_PYTHON_VERSIONS:
+                    builds[known] = pool.submit(build, known)
+            if version not in builds:
+                builds[version] = pool.submit(build, version)
+            built = builds[version].result()
+            if built is None:
+                pytest.skip(f"pyenv has no CPython {version} here")
+            return built
+
+        yield get
+        for future in builds.values():
+            future.cancel()
 
 
 def pytest_runtest_setup(item):
@@ -203,16 +334,18 @@ def loaded(pid: int) -> None:
         time.sleep(0.01)
 
 
-def capturing_service(tmp_path: Path, hz: int, reporter_interval: str = "1s"):
-    """(a Service, not started, whose profiling receiver samples at ``hz`` and exports to a
-    capturing exporter; that exporter's factory, whose consumer holds what it exported)."""
+def capturing_service(tmp_path: Path, hz: int, reporter_interval: str = "1s", **settings):
+    """(a Service, not started, whose profiling receiver samples at ``hz`` (its other keys
+    ``settings``) and exports to a capturing exporter; that exporter's factory, whose consumer
+    holds what it exported)."""
     from pycollector.config.validate import build_plan
     from pycollector.service import Service
     from pycollector.testing import CapturingExporterFactory, registry_with
 
     capture = CapturingExporterFactory()
     config = {
-        "receivers": {"profiling": {"samples_per_second": hz, "reporter_interval": reporter_interval, "unwind_cache_dir": str(tmp_path / "cache")}},
+        "receivers": {"profiling": {"samples_per_second": hz, "reporter_interval": reporter_interval, "unwind_cache_dir": str(tmp_path / "cache"),
+                                    **settings}},
         "exporters": {"capture": {}},
         "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["capture"]}}, "telemetry": {"metrics": {"level": "none"}}},
     }
@@ -222,18 +355,20 @@ def capturing_service(tmp_path: Path, hz: int, reporter_interval: str = "1s"):
 def profile_a_run(tmp_path: Path, argv: list, hz: int, runtime: str, timeout: float = 90) -> dict:
     """``argv`` run to its end with a profiling receiver on (``hz``, a report a second) and no perf
     map asked for: {"pid", "messages" (what it exported), "stats" (the ``runtime`` room's:
-    "v8", "hotspot")}."""
+    "v8", "hotspot"), "cpu_s" (the CPU time the kernel counted for it), "stolen_s" (see
+    stolen_seconds)}."""
     from pycollector.testing import receiver_of
 
     service, capture = capturing_service(tmp_path, hz)
     service.start()
     try:
-        started = time.time()
+        started, stolen_before = time.time(), stolen_seconds()
         process = subprocess.Popen([str(part) for part in argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
         try:
-            process.wait(timeout=timeout)
+            cpu_s = cpu_seconds_at_exit(process, timeout)
         finally:
             process.kill()
+        stolen_s = stolen_seconds() - stolen_before
         time.sleep(0.3)  # (its last samples in the kernel's maps: shutdown reports the last interval)
     finally:
         service.shutdown()
@@ -241,7 +376,21 @@ def profile_a_run(tmp_path: Path, argv: list, hz: int, runtime: str, timeout: fl
     # (one left by an earlier process with the same pid is older than this run)
     perf_map = Path(f"/tmp/perf-{process.pid}.map")
     assert not (perf_map.exists() and perf_map.stat().st_mtime >= started), "no perf map: the names come from the runtime's memory"
-    return {"pid": process.pid, "messages": capture.consumer.messages, "stats": stats}
+    return {"pid": process.pid, "messages": capture.consumer.messages, "stats": stats, "cpu_s": cpu_s, "stolen_s": stolen_s}
+
+
+def cpu_seconds_at_exit(process: subprocess.Popen, timeout: float) -> float:
+    """Waits for ``process`` to end (TimeoutExpired after ``timeout`` seconds): the user and system
+    CPU time the kernel counted for it, all its threads."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(process.args, timeout)
+        time.sleep(0.02)
 
 
 def samples_of(profiled: dict, after_reports: int = 0):

@@ -5,6 +5,7 @@ deploy/ (no systemd or kubelet runs here, and setpriv gives a process what each 
 from __future__ import annotations
 
 import configparser
+import os
 from pathlib import Path
 
 import yaml
@@ -15,6 +16,19 @@ DAEMONSET = REPO / "deploy" / "kubernetes" / "agent.yaml"
 DYNAMIC_USER = 61234  # what DynamicUser= picks from (61184-65519): a uid no file or process has
 
 DEPLOYMENTS = ("systemd", "kubernetes")
+# Where the unit's agent keeps its compiled BPF programs in the tests: its own, as the unit's
+# CacheDirectory= is (root's /var/cache/pycollector/bpf is refused to another user, and each start
+# would compile for seconds).
+UNIT_BPF_CACHE = Path("/var/cache/pycollector-tests/bpf-unit")
+
+
+def unit_bpf_cache() -> str:
+    """UNIT_BPF_CACHE, made the unit user's alone (0700), as the program cache demands."""
+    UNIT_BPF_CACHE.parent.mkdir(parents=True, exist_ok=True)
+    UNIT_BPF_CACHE.mkdir(mode=0o700, exist_ok=True)
+    os.chown(UNIT_BPF_CACHE, DYNAMIC_USER, DYNAMIC_USER)
+    UNIT_BPF_CACHE.chmod(0o700)
+    return str(UNIT_BPF_CACHE)
 
 
 def unit_service_section() -> dict[str, str]:

@@ -67,10 +67,18 @@ def steps() -> None:
             pid = os.fork()
             if pid == 0:
                 with tracer.start_as_current_span("child"):
-                    print("child", os.getpid(), flush=True)
+                    say(f"child {os.getpid()}")
                     while True:
                         time.sleep(1)
-            print("forked", flush=True)
+            say("forked")
+
+
+def say(line: str) -> None:
+    """``line`` in one write: the parent and its forked child share the pipe, and print() writes
+    each piece on its own when stdout is unbuffered (PYTHONUNBUFFERED=1 on these machines: ci21 read
+    "childforked" and " 26815")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 async def in_span(name: str, turns: int, result: list) -> None:

@@ -73,6 +73,7 @@ def test_no_config_is_a_usage_error():
 
 
 @pytest.mark.bpf
+@pytest.mark.load_tolerant
 def test_run_serves_moving_counters_and_stops_cleanly_on_sigint(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(

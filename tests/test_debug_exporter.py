@@ -313,3 +313,102 @@ def test_output_paths_are_refused_where_go_refuses_them(config, problem):
 
     with pytest.raises(pydantic.ValidationError, match=problem):
         DebugConfig.model_validate(config)
+
+
+# -- memory profiles -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def heap_report(tmp_path_factory):
+    """The receiver's report of a process under the native sampler (tests/heap_profiles.py): 60/30/10
+    MiB allocated in alloc_hot/warm/leaky, 9 of the 10 MiB in use held by alloc_leaky, 5 CPU samples."""
+    from tests.heap_profiles import heap_sites
+
+    with heap_sites(tmp_path_factory.mktemp("heap_sites")) as workload:
+        yield workload.report()
+
+
+def test_normal_lists_each_memory_profile_top_allocation_sites_in_bytes(heap_report):
+    lines = render("normal", heap_report).splitlines()
+    assert lines[1].startswith("  Profile #0  samples/count  samples=1  total=5  period=50000000 cpu/nanoseconds")
+    # Sites, not the sampler's frames every stack starts in (sample, malloc_sampled, malloc).
+    assert lines[3:] == [
+        "  Profile #1  alloc_objects/count  stacks=3  total=200 allocations  duration=60.0s",
+        "    Top allocation sites (the code that called the allocator):",
+        "         120   60.0%  alloc_hot  [heap_sites]",
+        "          60   30.0%  alloc_warm  [heap_sites]",
+        "          20   10.0%  alloc_leaky  [heap_sites]",
+        "  Profile #2  alloc_space/bytes  stacks=3  total=100MiB allocated  duration=60.0s",
+        "    Top allocation sites (the code that called the allocator):",
+        "     60.0MiB   60.0%  alloc_hot  [heap_sites]",
+        "     30.0MiB   30.0%  alloc_warm  [heap_sites]",
+        "     10.0MiB   10.0%  alloc_leaky  [heap_sites]",
+        # A reading of the live heap at the report: no duration, and what it holds.
+        "  Profile #3  inuse_objects/count  stacks=2  total=20 objects in use",
+        "    Top allocation sites of the memory in use (the code that called the allocator):",
+        "          18   90.0%  alloc_leaky  [heap_sites]",
+        "           2   10.0%  alloc_warm  [heap_sites]",
+        "  Profile #4  inuse_space/bytes  stacks=2  total=10.0MiB in use",
+        "    Top allocation sites of the memory in use (the code that called the allocator):",
+        "     9.00MiB   90.0%  alloc_leaky  [heap_sites]",
+        "     1.00MiB   10.0%  alloc_warm  [heap_sites]",
+    ]
+
+
+def python_heap_profile():
+    """A Python service's memory profiles as the receiver sends them under the native sampler:
+    stacks from the sampler through malloc and CPython's allocator to the interpreter, then the
+    Python frames. allocate_big and allocate_small allocate 3:1 by bytes; the cache's function
+    holds 90% of what is in use. A second process allocates nothing but holds more."""
+    builder = ProfilesBuilder()
+    heap = builder.mapping(0x7F0000000000, 0x7F0000010000, 0, "/opt/pycollector/libpycollector_heap.so")
+    libpython = builder.mapping(0x1000, 0x900000, 0, "/usr/bin/python3.11")
+
+    def native(mapping, address, name):
+        return builder.location(mapping, address, [(builder.function(name), 0, 0)], {"profile.frame.type": "native"})
+
+    def python(function, line):
+        return builder.location(lines=[(builder.function(function, filename="/srv/app.py"), line, 0)], attributes={"profile.frame.type": "cpython"})
+
+    allocator = [native(heap, 0x7F00000017EC, "sample"), native(heap, 0x7F0000002144, "malloc_sampled"), native(heap, 0x7F00000022B4, "malloc"),
+                 native(libpython, 0x1100, "_PyMem_RawMalloc"), native(libpython, 0x1200, "PyObject_Malloc")]
+    new_bytes, eval_loop = native(libpython, 0x1300, "PyBytes_FromStringAndSize"), native(libpython, 0x1400, "_PyEval_EvalFrameDefault")
+    main = python("main", 40)
+
+    def stack(function, line):
+        return builder.stack([*allocator, new_bytes, eval_loop, python(function, line), main])
+
+    scope = builder.scope_profiles(builder.resource_profiles({"process.pid": 7, "process.executable.name": "python3.11"}))
+    allocated = builder.profile(scope, sample_type=("alloc_space", "bytes"), period_type=("", ""))
+    builder.sample(allocated, stack("allocate_big", 12), [60 << 20])
+    builder.sample(allocated, stack("allocate_big", 13), [15 << 20])
+    builder.sample(allocated, stack("allocate_small", 20), [25 << 20])
+    held = builder.profile(scope, sample_type=("inuse_space", "bytes"), period_type=("", ""))
+    builder.sample(held, stack("remember", 30), [9 << 20])
+    builder.sample(held, stack("allocate_small", 20), [1 << 20])
+    other = builder.scope_profiles(builder.resource_profiles({"process.pid": 8, "process.executable.name": "holder"}))
+    builder.sample(builder.profile(other, sample_type=("inuse_space", "bytes"), period_type=("", "")), stack("remember", 30), [64 << 20])
+    return builder.data
+
+
+def test_normal_names_a_python_process_allocation_sites_in_python():
+    lines = render("normal", python_heap_profile()).splitlines()
+    # The process holding the most in use first, when neither has CPU samples.
+    assert [line.split("  ")[1] for line in lines if line.startswith("ResourceProfiles")] == ["process.pid=8 process.executable.name=holder",
+                                                                                              "process.pid=7 process.executable.name=python3.11"]
+    at = lines.index("  Profile #0  alloc_space/bytes  stacks=3  total=100MiB allocated")
+    assert lines[at + 1:at + 7] == [
+        "    Top allocation sites (the code that called the allocator):",
+        "      100MiB  100.0%  PyBytes_FromStringAndSize  [python3.11]",  # (native: past malloc and CPython's allocator)
+        "    Python allocation sites (the innermost Python frame of each allocation):",
+        "     75.0MiB   75.0%  allocate_big (app.py:12)",
+        "     25.0MiB   25.0%  allocate_small (app.py:20)",
+        "  Profile #1  inuse_space/bytes  stacks=2  total=10.0MiB in use",
+    ]
+    assert lines[at + 7:at + 12] == [
+        "    Top allocation sites of the memory in use (the code that called the allocator):",
+        "     10.0MiB  100.0%  PyBytes_FromStringAndSize  [python3.11]",
+        "    Python allocation sites (the innermost Python frame of each allocation):",
+        "     9.00MiB   90.0%  remember (app.py:30)",
+        "     1.00MiB   10.0%  allocate_small (app.py:20)",
+    ]

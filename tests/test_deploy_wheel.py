@@ -124,6 +124,7 @@ def test_a_wheel_built_without_the_renderer_says_what_is_missing(installed, tmp_
 
 
 @pytest.mark.bpf
+@pytest.mark.load_tolerant
 def test_installed_collector_profiles_this_host_with_the_default_config(installed, tmp_path):
     shutil.copy(REPO / "configs" / "default.yaml", tmp_path / "default.yaml")
     # The default config as it is, plus a file exporter to read what it reported.

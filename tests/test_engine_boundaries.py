@@ -30,6 +30,9 @@ PROFILING_ROOMS = {
     "v8": {"elf", "processes", "symbols"},
     "hotspot": {"elf", "processes", "symbols"},
     "otel_context": {"elf", "processes", "symbols"},  # (symbols/loads.py: files parsed off the calling thread)
+    "memory": {"elf", "kernel", "processes"},  # (kernel: the uprobes it attaches, the samples it reads)
+    "waits": {"symbols"},  # (frame names in, a lock's kind out; a waker's frames and the marker joining them to the waiter's)
+    "threads": {"elf", "kernel", "processes", "symbols"},  # (kernel: the samples it makes; symbols: Go's function table, the file detector)
 }
 
 

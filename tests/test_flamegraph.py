@@ -159,9 +159,10 @@ def test_page_data_lists_cpu_first_then_each_other_type_with_its_processes():
     window.add(profiles(WORK, sample_type=("alloc_space", "bytes")))
     window.add(cpu_and_off_cpu())
     data = page_data(window.totals(), 60, "testhost")
-    assert [(t["id"], t["type"], t["unit"], t["total"]) for t in data["types"]] == [
-        ("samples", "samples", "count", 7), ("alloc_space", "alloc_space", "bytes", 7), ("off_cpu", "off_cpu", "nanoseconds", 1_062_500_000)]
-    off_cpu = data["types"][2]
+    # CPU, off-CPU, then memory (sample_types.display_order).
+    assert [(t["id"], t["type"], t["unit"], t["total"], t["snapshot"]) for t in data["types"]] == [
+        ("samples", "samples", "count", 7, False), ("off_cpu", "off_cpu", "nanoseconds", 1_062_500_000, False), ("alloc_space", "alloc_space", "bytes", 7, False)]
+    off_cpu = data["types"][1]
     # Heaviest first, in nanoseconds: app's 1.0025 s, then idle's 60 ms.
     assert [(p["pid"], p["name"], p["total"]) for p in off_cpu["processes"]] == [(10, "app", 1_002_500_000), (30, "idle", 60_000_000)]
     assert off_cpu["processes"][0]["stacks"][0]["children"][0] == {
@@ -253,13 +254,17 @@ def test_values_are_shown_in_their_types_unit():
         console.log(JSON.stringify([
             units.phrase(1234, cpu), units.phrase(2500000, offCpu), units.phrase(1002500000, offCpu), units.format(90e9, offCpu),
             units.format(750, offCpu), units.format(3 * 2 ** 20, {type: "alloc_space", unit: "bytes"}),
-            units.describe(cpu).label, units.describe(offCpu).label, units.describe({type: "alloc_space", unit: "bytes"}).label,
+            units.describe(cpu).label, units.describe(offCpu).label, units.describe({type: "mapped", unit: "bytes"}).label,
+            units.phrase(9 * 2 ** 20, {type: "inuse_space", unit: "bytes"}), units.phrase(100 * 2 ** 20, {type: "alloc_space", unit: "bytes"}),
+            units.phrase(20, {type: "inuse_objects", unit: "count"}), units.phrase(200, {type: "alloc_objects", unit: "count"}),
+            units.describe({type: "inuse_space", unit: "bytes"}).label, units.describe({type: "alloc_space", unit: "bytes"}).more,
         ]));
     """
     result = subprocess.run(["node", "-e", script, str(page.ASSETS / "units.js")], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
-        "1234 samples", "2.50 ms off-CPU time", "1.00 s off-CPU time", "1.50 min", "750 ns", "3.00 MiB", "CPU", "Off-CPU", "alloc_space (bytes)"]
+        "1234 samples", "2.50 ms off-CPU time", "1.00 s off-CPU time", "1.50 min", "750 ns", "3.00 MiB", "CPU", "Off-CPU", "mapped (bytes)",
+        "9.00 MiB in use", "100 MiB allocated", "20 objects in use", "200 allocations", "In-use memory", "Allocates more"]
 
 
 def test_spans_past_a_slices_cap_keep_their_samples_and_attributes_not_their_ids(monkeypatch):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pycollector.config.validate import build_plan
-from pycollector.pdata import ProfilesBuilder
+from pycollector.pdata import LOCK_WAIT, ProfilesBuilder
 from pycollector.service import Service
 from pycollector.testing import TestHost, make_settings, registry_with
 
@@ -107,7 +107,10 @@ def live(tmp_path_factory):
     known_split = compile_c(work, "known_split", WORKLOADS / "known_split.c")
     other_spin = compile_c(work, "other_spin", TESTDATA / "other_spin.c")
     config = {
-        "receivers": {"profiling": {"samples_per_second": HZ, "reporter_interval": "1s"}},
+        # Only the two workloads: on a host as busy as make test's, every other process's samples
+        # (chromium's, the other workers') make theirs too narrow to draw in the all-processes graph.
+        "receivers": {"profiling": {"samples_per_second": HZ, "reporter_interval": "1s",
+                                    "process_filter": {"executable": "^(known_split|other_spin)$"}}},
         "exporters": {"flamegraph": {"endpoint": "localhost:0"}},
         "service": {"pipelines": {"profiles": {"receivers": ["profiling"], "exporters": ["flamegraph"]}}, "telemetry": {"metrics": {"level": "none"}}},
     }
@@ -127,6 +130,7 @@ def live(tmp_path_factory):
 
 
 @pytest.mark.bpf
+@pytest.mark.load_tolerant
 def test_page_loads_without_console_errors_and_shows_both_workloads(live):
     frames = dom_of(live["url"], live["work"])
     assert {"spin_heavy", "spin_light", "other_spin", f"known_split [{live['known_split']}]"} <= set(frames.widths)
@@ -137,6 +141,7 @@ def test_page_loads_without_console_errors_and_shows_both_workloads(live):
 
 
 @pytest.mark.bpf
+@pytest.mark.load_tolerant
 def test_process_filter_narrows_the_graph_to_the_hot_function(live):
     url = f"{live['url']}#process={live['known_split']}"
     frames = dom_of(url, live["work"])
@@ -152,12 +157,14 @@ def test_process_filter_narrows_the_graph_to_the_hot_function(live):
 
 
 @pytest.mark.bpf
+@pytest.mark.load_tolerant
 def test_search_reports_the_share_of_matching_frames(live):
     frames = dom_of(f"{live['url']}#process={live['known_split']}&search=spin_heavy", live["work"])
     assert frames.details.startswith("search: ") and "total samples" in frames.details, frames.details
 
 
 @pytest.mark.bpf
+@pytest.mark.load_tolerant
 def test_the_saved_file_works_without_the_server(live):
     saved = live["work"] / "shared.html"
     with urllib.request.urlopen(live["url"] + "flamegraph.html", timeout=10) as response:
@@ -295,6 +302,20 @@ def spans_profiles():
     return b.data
 
 
+def lock_wait_profiles():
+    """Another program's lock waits, as the profiling receiver sends them: 700 ms waiting for a
+    mutex under take_order, 300 ms in a condition variable's wait under wait_for_work, each
+    sample with the lock.kind its stack told."""
+    b = ProfilesBuilder()
+    scope = b.scope_profiles(b.resource_profiles({"process.pid": 50, "process.executable.name": "orders"}))
+    profile = b.profile(scope, sample_type=LOCK_WAIT, period_type=LOCK_WAIT, period=0)
+    for functions, nanoseconds, kind in ((["main", "take_order", "pthread_mutex_lock"], 700_000_000, "mutex"),
+                                         (["main", "wait_for_work", "pthread_cond_wait"], 300_000_000, "condvar")):
+        stack = b.stack([b.location(lines=[(b.function(function), 0, 0)]) for function in reversed(functions)])
+        b.sample(profile, stack, [nanoseconds], attributes={"thread.id": 51, "lock.kind": kind})
+    return b.data
+
+
 @pytest.fixture(scope="module")
 def spans_page(tmp_path_factory):
     if CHROMIUM is None:
@@ -302,6 +323,7 @@ def spans_page(tmp_path_factory):
     exporter = factory.create(make_settings("exporters", "flamegraph"), factory.config_model(endpoint="localhost:0"), None)
     exporter.start(TestHost())
     exporter.consume(spans_profiles())
+    exporter.consume(lock_wait_profiles())
     try:
         yield {"url": exporter.url, "work": tmp_path_factory.mktemp("flamegraph-spans")}
     finally:
@@ -332,6 +354,18 @@ def test_a_span_id_shows_that_spans_graph_and_a_trace_id_its_spans(spans_page):
     assert {"checkout_total", "browse_catalog"} <= set(frames.widths) and "idle_loop" not in frames.widths
     # browse_catalog's frame holds its span of this trace only: 10 of the 40 samples shown.
     assert frames.widths["browse_catalog"] / frames.widths["main"] == pytest.approx(10 / 40, rel=0.05)
+
+
+def test_a_lock_kind_narrows_the_lock_wait_graph_to_its_waits(spans_page):
+    """Issue 44: the lock_wait type in the type selector, each lock.kind in the attribute
+    selector, and a kind chosen shows only its waits."""
+    dom, console = chromium(f"{spans_page['url']}#type=lock_wait", spans_page["work"], "--dump-dom")
+    assert console == [], console
+    attributes = re.search(r'<select id="attribute">(.*?)</select>', dom, re.S).group(1)
+    assert "lock.kind=mutex" in attributes and "lock.kind=condvar" in attributes, attributes
+    assert {"take_order", "wait_for_work"} <= set(Frames(dom).widths)
+    frames = dom_of(f"{spans_page['url']}#type=lock_wait&attr=lock.kind%3Dcondvar", spans_page["work"])
+    assert "wait_for_work" in frames.widths and "take_order" not in frames.widths, sorted(frames.widths)
 
 
 def test_an_attribute_value_narrows_the_graph_to_its_samples(spans_page):

@@ -8,6 +8,7 @@ the least config the component needs, and validated as a user's config is."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,11 @@ TLS_PAIR = {"cert": {"file": "/etc/ssl/collector.crt", "pem": "-----BEGIN CERTIF
             "key": {"file": "/etc/ssl/collector.key", "pem": "-----BEGIN PRIVATE KEY-----"}}
 
 
+@functools.lru_cache(maxsize=None)
 def go_keys(name: str) -> dict:
-    return yaml.safe_load((GO_CONFIG / f"{name}.yaml").read_text())
+    """(Read at collection, three times a file: cached, and with libyaml's loader, 20 times faster
+    than the pure Python one's 6.6 s for the 34 files.)"""
+    return yaml.load((GO_CONFIG / f"{name}.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def example(spec: dict):

@@ -280,6 +280,24 @@ def test_docker_cli_names_every_function_its_symtab_lists():
     assert {(entry, symbol_name(name)) for entry, name in functions} == expected
 
 
+def test_one_table_per_file_while_a_reader_holds_it(go_build):
+    """The symbolizer and the goroutine reader each ask for a Go program's table (a third of its
+    size): the second gets the first's while it is held, and the file is read again once no one
+    holds it. A file without a table shares nothing."""
+    path = go_build(["-ldflags=-s -w"])
+    key = (os.stat(path).st_dev, os.stat(path).st_ino)
+    with open(path, "rb") as stream:
+        first = GoFunctions.of_file(key, ELFFile(stream))
+    assert first is not None and GoFunctions.held(key) is first
+    with open(path, "rb") as stream:
+        assert GoFunctions.of_file(key, ELFFile(stream)) is first
+    del first
+    assert GoFunctions.held(key) is None, "released with its last holder"
+    libc = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+    with open(libc, "rb") as stream:
+        assert GoFunctions.of_file("libc", ELFFile(stream)) is None and GoFunctions.held("libc") is None
+
+
 # --------------------------------------------------------------------------------------------
 # files without a (readable) table
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.heap_samplers import Replay, assert_probes_and_semaphores, events, replay
 
 REPO = Path(__file__).resolve().parent.parent
 NATIVE = REPO / "sdk" / "native"
@@ -77,55 +78,6 @@ def run(command: list[str], library: Path | None = None, trace: Path | None = No
     return done
 
 
-@dataclasses.dataclass
-class Alloc:
-    size: int
-    weight: int
-    caller: str
-
-
-@dataclasses.dataclass
-class Replay:
-    """One process's probes in order: what a live-heap profiler would hold at the end."""
-    allocs: list[Alloc]
-    live: dict[int, Alloc]
-    frees: int
-    problems: list[str]
-
-    def weights(self) -> collections.Counter:
-        return collections.Counter({caller: sum(a.weight for a in self.allocs if a.caller == caller) for caller in {a.caller for a in self.allocs}})
-
-
-def events(trace: Path) -> list[list[str]]:
-    return [line.split() for line in trace.read_text().splitlines()]
-
-
-def replay(lines: list[list[str]], pid: str, inherited: set[int] = frozenset()) -> Replay:
-    """``inherited``: blocks that may be alive from the parent (a forked child's): freed or reused
-    without a problem."""
-    live: dict[int, Alloc] = {}
-    inherited = set(inherited)
-    allocs, frees, problems = [], 0, []
-    for kind, line_pid, ptr, *rest in lines:
-        if line_pid != pid:
-            continue
-        address = int(ptr, 16)
-        if kind == "alloc":
-            inherited.discard(address)
-            size, weight, caller = int(rest[0]), int(rest[1]), rest[2].removesuffix(".cold")
-            if address in live:
-                problems.append(f"alloc of {ptr}, sampled and not freed")
-            live[address] = Alloc(size, weight, caller)
-            allocs.append(live[address])
-        else:
-            frees += 1
-            if address in inherited:
-                inherited.discard(address)
-            elif live.pop(address, None) is None:
-                problems.append(f"free of {ptr}, never sampled (or freed twice)")
-    return Replay(allocs, live, frees, problems)
-
-
 def workload_truth(printed: str) -> tuple[dict[str, int], int]:
     lines = dict(line.rsplit(" ", 1) for line in printed.splitlines())
     return {name: int(lines[f"bytes {name}"]) for name in FUNCTIONS}, int(lines["leaked"])
@@ -154,29 +106,7 @@ def test_library_exports_only_the_malloc_family(built):
 
 
 def test_probes_and_semaphores_are_in_the_stapsdt_notes(built):
-    """Where a profiler finds them: otel_memory:alloc with 3 arguments and otel_memory:free with 1,
-    each 8 bytes wide, each with a semaphore in the writable .probes section at the address of the
-    semaphore variable the library reads."""
-    notes = run(["readelf", "-n", str(built.library)]).stdout
-    probes = {}
-    for block in re.findall(r"Provider: (\S+)\s+Name: (\S+)\s+Location: (\S+), Base: (\S+), Semaphore: (\S+)\s+Arguments: ([^\n]*)", notes):
-        provider, name, location, base, semaphore, arguments = block
-        probes[(provider, name)] = (int(location, 16), int(semaphore, 16), arguments.split())
-    assert set(probes) == {("otel_memory", "alloc"), ("otel_memory", "free")}
-    assert len(probes["otel_memory", "alloc"][2]) == 3 and len(probes["otel_memory", "free"][2]) == 1
-    for _, _, arguments in probes.values():
-        assert all(re.fullmatch(r"-?8@\S+", argument) for argument in arguments), arguments
-
-    sections = run(["readelf", "-SW", str(built.library)]).stdout
-    match = re.search(r"\]\s+\.probes\s+PROGBITS\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s+\S+\s+(\S+)", sections)
-    assert match, ".probes section missing"
-    start, size, flags = int(match[1], 16), int(match[2], 16), match[3]
-    assert "W" in flags and "A" in flags
-    symbols = {name: int(value, 16) for value, _, name in (line.split() for line in run(["nm", str(built.library)]).stdout.splitlines() if len(line.split()) == 3)}
-    for name in ("alloc", "free"):
-        semaphore = probes["otel_memory", name][1]
-        assert start <= semaphore < start + size
-        assert symbols[f"otel_memory_{name}_semaphore"] == semaphore
+    assert_probes_and_semaphores(built.library)
 
 
 def test_the_workload_sees_the_same_heap(built, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -59,10 +60,25 @@ def stop(jvm: subprocess.Popen) -> bytes:
     return output
 
 
+def leave_a_dead_socket(pid: int) -> int:
+    """A socket file at the path of JVM ``pid``'s, with nobody listening on it, as a JVM killed
+    under that pid before leaves it: its inode."""
+    path = f"/tmp/.java_pid{pid}"
+    Path(path).unlink(missing_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        dead.bind(path)
+    return os.stat(path).st_ino
+
+
+def listening(pid: int) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        return probe.connect_ex(f"/tmp/.java_pid{pid}") == 0
+
+
 def test_a_command_runs_as_jcmd_runs_it(classes):
     jvm = start_jvm(classes)
     try:
-        assert not os.path.exists(f"/tmp/.java_pid{jvm.pid}"), "no listener before the first request"
+        assert not listening(jvm.pid), "no listener before the first request"
         started = time.monotonic()
         version = run_jcmd(jvm.pid, "VM.version")
         took = time.monotonic() - started
@@ -80,10 +96,28 @@ def test_a_command_runs_as_jcmd_runs_it(classes):
     assert b"Full thread dump" not in output, "the signal started the listener, not a thread dump"
 
 
-def test_a_jvm_without_a_sigquit_handler_is_not_signalled(classes):
+def test_a_socket_a_killed_jvm_left_under_the_same_pid_is_replaced_by_the_listener(classes):
+    """A JVM killed leaves /tmp/.java_pid<pid>; a JVM given that pid later has no listener on
+    it (ci25: the connection refused, the request failed): the listener is started all the same,
+    and the request answered on the socket the JVM put in its place."""
+    jvm = start_jvm(classes)
+    try:
+        dead = leave_a_dead_socket(jvm.pid)
+        version = run_jcmd(jvm.pid, "VM.version")
+        assert "OpenJDK" in version or "HotSpot" in version
+        assert os.stat(f"/tmp/.java_pid{jvm.pid}").st_ino != dead and listening(jvm.pid)
+    finally:
+        output = stop(jvm)
+    assert b"Full thread dump" not in output, "the signal started the listener, not a thread dump"
+
+
+@pytest.mark.parametrize("left", ["no socket", "a killed JVM's socket"])
+def test_a_jvm_without_a_sigquit_handler_is_not_signalled(classes, left):
     """-Xrs leaves SIGQUIT to its default action, which would end the JVM."""
     jvm = start_jvm(classes, "-Xrs", "-XX:+DisableAttachMechanism")
     try:
+        if left != "no socket":
+            leave_a_dead_socket(jvm.pid)
         with pytest.raises(NoListener, match="does not catch SIGQUIT"):
             run_jcmd(jvm.pid, "Compiler.perfmap")
         time.sleep(0.2)

@@ -235,6 +235,41 @@ def test_cap_drops_new_ranges_but_still_removes_the_ones_they_replace(fake, monk
     assert maps.stats["entries_dropped"] == 3
 
 
+def test_what_the_maps_hold_is_counted_in_the_bytes_their_objects_take(tmp_path):
+    """Issue 42: the budget counts each range's objects, not only its name's characters. Eight
+    processes' maps of 20,000 ranges each, under a 1 MiB cap for all: the index grows by about
+    the cap (tracemalloc), where counting characters alone let it grow to ~17 MB (60,000 ranges
+    each under 4 MiB: 51 MB)."""
+    import gc
+    import tracemalloc
+
+    (tmp_path / "tmp").mkdir()
+    lines = "".join(f"{0x7F0000000000 + i * 0x100:x} 80 LazyCompile:*handler /srv/app/routes.js:{i}\n" for i in range(20_000))
+    cap = 1 << 20
+    maps = PerfMaps(max_total_bytes=cap, max_map_bytes=cap, max_read_bytes=64 << 20, max_read_lines=1 << 30,
+                    max_read_bytes_per_second=1 << 40, max_read_lines_per_report=1 << 40)
+    identity = process_identity(os.getpid())[1]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for nspid in range(100, 108):
+            (tmp_path / "tmp" / f"perf-{nspid}.map").write_text(lines)
+            maps.lookup(nspid, 0x7F0000000000, root=str(tmp_path), nspid=nspid, credentials=identity)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert maps.held_bytes() <= cap
+    assert held <= cap * 1.25 + (256 << 10), held
+    assert maps.held_bytes() >= held * 0.75, (maps.held_bytes(), held)  # (what it counts is what they cost)
+    assert maps.stats["entries_dropped"] > 0
+    assert maps.lookup(100, 0x7F0000000000 + 0x100) == ("LazyCompile:*handler /srv/app/routes.js:1", 0x7F0000000100)
+    for nspid in range(100, 108):
+        maps.forget(nspid)
+    assert maps.held_bytes() == 0
+
+
 @pytest.mark.parametrize("merge", ["range by range", "one sweep"])
 def test_overlapping_lines_match_a_naive_replay(fake, monkeypatch, merge):
     """Random, heavily overlapping ranges, read in three batches: each answer is what replaying

@@ -29,7 +29,7 @@ from tests.test_flamegraph_browser import CHROMIUM, chromium
 from tests.test_pprof_known_split import pprof_file
 from tests.test_profiling_receiver import compile_c
 
-pytestmark = pytest.mark.bpf
+pytestmark = [pytest.mark.bpf, pytest.mark.load_tolerant]  # (what it reports: make test runs it beside others)
 
 RUN_SECONDS = 3
 # scripts/setup.sh keeps speedscope's built app beside the venv.

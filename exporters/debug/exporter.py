@@ -3,12 +3,14 @@
 basic     one line per export: how many resources and items.
 normal    a line per resource with its attributes, a line per profile with its sample type and
           count, and the profile's top functions by self value (CPU samples; for off-CPU time,
-          the function each thread waited in: see _waited_in).
+          the function each thread waited in: see _waited_in; for memory, the top allocation
+          sites: the code that called the allocator, see allocation_sites.py; for lock_wake, the
+          code that woke the waiters: see _woken_by).
 detailed  every sample with its attributes (and the trace and span it ran in, when it has one), then
           its stack, one frame per line, leaf first.
 
 Each profile is shown under its own sample type, and its values in that type's unit (off-CPU
-time as ms and s): values of different types are never added together.
+time as ms and s, memory as KiB and MiB): values of different types are never added together.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from google.protobuf import text_format
 
 from pycollector import logs
 from pycollector.component import Component, StartError
-from pycollector.pdata import CPU_SAMPLES, OFF_CPU_TIME, item_count, iter_samples, resource_entries, sample_count, sample_type, signal_of
+from pycollector.pdata import (GOROUTINES, LOCK_WAKE, MARKER_FRAME_TYPE, OFF_CPU_TIME, THREADS, display_order, is_memory, is_snapshot, item_count, iter_samples,
+                               resource_entries, sample_count, sample_type, signal_of)
 from pycollector.pdata.attributes import to_dict
 from pycollector.text import printable
 
+from exporters.allocation_sites import allocator_depth
 from exporters.debug.config import DebugConfig
-from exporters.debug.values import format_value
+from exporters.debug.values import describe_total, format_value
 from exporters.profiles import sample_value, with_source_line
 
 
@@ -168,9 +172,10 @@ def _render_profiles(data: Any, config: DebugConfig) -> str:
 
 
 def _weights(data: Any, by_profile: dict[int, list]) -> list[tuple[int, ...]]:
-    """Per resource, its total of each sample type: CPU samples first, then the other types in the
-    order they first appear. Compared as tuples, resources are ordered by CPU samples and only a
-    tie looks at the next type, so no count is ever weighed against nanoseconds."""
+    """Per resource, its total of each sample type, in the order types are shown (CPU samples
+    first, then off-CPU time, in-use bytes...: display_order). Compared as tuples, resources are
+    ordered by CPU samples and only a tie looks at the next type, so no count is ever weighed
+    against nanoseconds or bytes."""
     totals: list[collections.Counter] = []
     types: dict[tuple[str, str], None] = {}  # ordered, without repeats
     for resource_profiles in data.resource_profiles:
@@ -181,36 +186,46 @@ def _weights(data: Any, by_profile: dict[int, list]) -> list[tuple[int, ...]]:
                 types.setdefault(value_type)
                 total[value_type] += sum(sample_value(view) for view in by_profile.get(id(profile), ()))
         totals.append(total)
-    ranked = sorted(types, key=lambda value_type: value_type != CPU_SAMPLES)  # stable: others keep their order
+    ranked = sorted(types, key=display_order)
     return [tuple(total[value_type] for value_type in ranked) for total in totals]
 
 
 def _profile_line(data: Any, profile: Any, index: int, views: list) -> str:
     kind, unit = sample_type(data, profile)
-    total = sum(sample_value(view) for view in views)
+    total = describe_total(sum(sample_value(view) for view in views), (kind, unit))
     strings = data.dictionary.string_table
     period = ""
     if profile.period:
         period_kind, period_unit = (strings[index] if index < len(strings) else "" for index in (profile.period_type.type_strindex, profile.period_type.unit_strindex))
         period = f"  period={profile.period} {period_kind}/{period_unit}"
-    duration = f"  duration={profile.duration_nano / 1e9:.1f}s" if profile.duration_nano else ""
-    return f"  Profile #{index}  {kind}/{unit}  samples={len(views)}  total={format_value(total, unit)}{period}{duration}"
+    # The live heap's values are a reading at the report, not a count over the interval.
+    duration = f"  duration={profile.duration_nano / 1e9:.1f}s" if profile.duration_nano and not is_snapshot((kind, unit)) else ""
+    if is_memory((kind, unit)):  # a sample is a stack here, not one sampled allocation
+        return f"  Profile #{index}  {kind}/{unit}  stacks={len(views)}  total={total}{period}{duration}"
+    return f"  Profile #{index}  {kind}/{unit}  samples={len(views)}  total={total}{period}{duration}"
 
 
 def _top_functions(views: list, limit: int, value_type: tuple[str, str]) -> list[str]:
-    """The functions the samples were in (leaf frame; for off-CPU time ``_waited_in``), heaviest
-    first, with their share, values in the type's unit.
+    """The functions the samples were in (leaf frame; for off-CPU time ``_waited_in``; for memory
+    the allocation site, and for lock_wake the waker's code (``_woken_by``), under a heading saying
+    so), heaviest first, with their share, values in the type's unit.
 
     Addresses with no symbol (a stripped binary) are summed per binary: one line saying where
     the time went, rather than one line per address.
     """
-    frame_of = _waited_in if value_type == OFF_CPU_TIME else _leaf
+    frame_of = (_waited_in if value_type in (OFF_CPU_TIME, THREADS) else _woken_by if value_type == LOCK_WAKE else _goroutine_site if value_type == GOROUTINES
+                else _allocation_site if is_memory(value_type) else _leaf)
     unit = value_type[1]
     self_values: collections.Counter = collections.Counter()
     for view in views:
         self_values[_leaf_label(frame_of(view.frames))] += sample_value(view)
     total = sum(self_values.values()) or 1
     lines = []
+    if is_memory(value_type) and self_values:
+        held = " of the memory in use" if is_snapshot(value_type) else ""
+        lines.append(f"    Top allocation sites{held} (the code that called the allocator):")
+    if value_type == LOCK_WAKE and self_values:
+        lines.append("    Top wakers (the code that woke the waiters: who held the lock):")
     for name, value in self_values.most_common(limit):
         lines.append(f"    {format_value(value, unit):>8}  {100 * value / total:5.1f}%  {name}")
     if len(self_values) > limit:
@@ -221,7 +236,7 @@ def _top_functions(views: list, limit: int, value_type: tuple[str, str]) -> list
 
 # Frame types of code an interpreter or a JIT runs, and how its developers call the language.
 LANGUAGES = {"cpython": "Python", "jvm": "Java", "v8js": "JavaScript"}
-NATIVE_KINDS = frozenset({"", "native", "kernel"})
+NATIVE_KINDS = frozenset({"", "native", "kernel", MARKER_FRAME_TYPE})
 
 
 def _top_language_functions(views: list, limit: int, value_type: tuple[str, str]) -> list[str]:
@@ -229,8 +244,10 @@ def _top_language_functions(views: list, limit: int, value_type: tuple[str, str]
     them, the innermost frame of that language in each sample (Python ``function file:line``),
     heaviest first, with their share of the profile's total: where the native leaf says
     ``_PyEval_EvalFrameDefault``, this says ``spin_heavy (known_split.py:16)``. A function is one
-    row whatever line it was on, named with the line most of its samples were at."""
-    kinds = sorted({frame.frame_type for view in views for frame in view.frames} - NATIVE_KINDS)
+    row whatever line it was on, named with the line most of its samples were at. For lock_wake,
+    the innermost of the waker's frames: the code that woke the waiter."""
+    frames_of = _waker_frames if value_type == LOCK_WAKE else lambda frames: frames
+    kinds = sorted({frame.frame_type for view in views for frame in frames_of(view.frames)} - NATIVE_KINDS)
     unit = value_type[1]
     total = sum(sample_value(view) for view in views) or 1
     lines = []
@@ -238,23 +255,35 @@ def _top_language_functions(views: list, limit: int, value_type: tuple[str, str]
         values: collections.Counter = collections.Counter()
         at_line: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
         for view in views:
-            frame = next((frame for frame in view.frames if frame.frame_type == kind), None)
+            frame = next((frame for frame in frames_of(view.frames) if frame.frame_type == kind), None)
             if frame is not None:
                 function = (frame.function or f"0x{frame.address:x}", frame.filename)
                 values[function] += sample_value(view)
                 at_line[function][frame.line] += sample_value(view)
-        lines.append(f"    {LANGUAGES.get(kind, kind)} functions (the innermost {LANGUAGES.get(kind, kind)} frame of each sample):")
+        language = LANGUAGES.get(kind, kind)
+        if is_memory(value_type):
+            lines.append(f"    {language} allocation sites (the innermost {language} frame of each allocation):")
+        elif value_type == LOCK_WAKE:
+            lines.append(f"    {language} wakers (the innermost {language} frame of each waker):")
+        else:
+            lines.append(f"    {language} functions (the innermost {language} frame of each sample):")
         for (function, filename), value in values.most_common(limit):
             name = with_source_line(function, filename, at_line[(function, filename)].most_common(1)[0][0])
             lines.append(f"    {format_value(value, unit):>8}  {100 * value / total:5.1f}%  {name}")
         outside = total - sum(values.values())
         if outside > 0:
-            lines.append(f"    {format_value(outside, unit):>8}  {100 * outside / total:5.1f}%  (no {LANGUAGES.get(kind, kind)} frame)")
+            lines.append(f"    {format_value(outside, unit):>8}  {100 * outside / total:5.1f}%  (no {language} frame)")
     return lines
 
 
 def _leaf(frames: list):
     return frames[0] if frames else None
+
+
+def _allocation_site(frames: list):
+    """Where an allocation was asked for: the first frame past the allocator's (the sampler's
+    frames and malloc, operator new...: allocation_sites.py)."""
+    return frames[allocator_depth([frame.function for frame in frames])] if frames else None
 
 
 def _waited_in(frames: list):
@@ -266,6 +295,33 @@ def _waited_in(frames: list):
     if user is not None:
         return user
     return next((frame for frame in frames if "schedule" not in frame.function), _leaf(frames))
+
+
+def _woken_by(frames: list):
+    """Who held the lock a lock_wake sample waited for: of the waker's frames (before the marker,
+    root first: receivers/profiling/waits/wakers.py), the innermost outside the file that woke the
+    waiter (pthread_mutex_unlock's caller rather than libc; a Python function rather than
+    libpython's drop_gil); the marker itself when the waker has no user frames (an interrupt, a
+    waker not seen)."""
+    at = next((index for index, frame in enumerate(frames) if frame.frame_type == MARKER_FRAME_TYPE), None)
+    if at is None:
+        return _leaf(frames)
+    waker = [frame for frame in _waker_frames(frames) if frame.frame_type != "kernel"]
+    if not waker:
+        return frames[at]
+    return next((frame for frame in waker if frame.mapping_filename != waker[0].mapping_filename), waker[0])
+
+
+def _waker_frames(frames: list) -> list:
+    """A lock_wake sample's waker's frames, leaf first (they stand before the marker, root first)."""
+    at = next((index for index, frame in enumerate(frames) if frame.frame_type == MARKER_FRAME_TYPE), 0)
+    return list(reversed(frames[:at]))
+
+
+def _goroutine_site(frames: list):
+    """Where a goroutine sits: the innermost frame outside Go's runtime (the program's call that
+    blocked: every parked goroutine's leaf is runtime.gopark), else its leaf."""
+    return next((frame for frame in frames if frame.function and not frame.function.startswith("runtime.")), _leaf(frames))
 
 
 def _leaf_label(leaf) -> str:

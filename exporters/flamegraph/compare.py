@@ -12,6 +12,15 @@ A change is flagged as noise when it is smaller than twice the standard error of
 two proportions drawn from samples of the two sides' sizes (only where the values count samples:
 off-CPU nanoseconds have no sample count to judge by).
 
+Levels (the live heap's in-use bytes and objects: readings at a time, not counts over it) are
+compared by value: both sides' shares are taken of the larger side's total, so a function's change
+is its change in value (a leak grows the level; shares of each side's own total would hide growth
+every function shares). A side of a level is each process's latest reading in its file.
+
+Memory stacks end at their allocation site: an OTLP file's allocator frames are left out by
+allocation_sites.py's rule, a pprof file's by its own ``drop_frames`` (as pprof reads it), so the
+self share of an allocation is its site's.
+
 Readers: pprof files (ours, or any `go tool pprof` can read: gzipped or not) and OTLP profile
 files (the `file` exporter's JSON lines or protobuf).
 """
@@ -25,6 +34,10 @@ import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
+
+from pycollector.pdata import GOROUTINES, display_order, is_memory, is_snapshot
+
+from exporters.allocation_sites import allocator_depth, pprof_pattern
 
 # A frame: its function's name (a language frame's with its file: ``spin_heavy (app.py)``) and
 # its frame type (``native``, ``kernel``, ``cpython``...; "" where the file does not say).
@@ -75,11 +88,15 @@ def self_owner(stack: Stack) -> str:
 @dataclasses.dataclass(frozen=True)
 class Change:
     function: str
-    base_self: float
+    base_self: float  # shares (of each side's total; for levels, of the larger side's)
     after_self: float
     base_total: float
     after_total: float
     noise: bool  # the self change is within the sampling noise of the two sides' counts
+    base_self_value: int = 0  # the values, in the sample type's unit
+    after_self_value: int = 0
+    base_total_value: int = 0
+    after_total_value: int = 0
 
     @property
     def self_change(self) -> float:
@@ -90,13 +107,20 @@ class Change:
         return self.after_total - self.base_total
 
 
-def compare(base: Side, after: Side) -> list[Change]:
-    """Every function of either side, the largest self increase first, the largest decrease last."""
+def compare(base: Side, after: Side, levels: bool = False) -> list[Change]:
+    """Every function of either side, the largest self increase first, the largest decrease last;
+    ``levels``: the values are levels, compared by value (see the module's doc)."""
+    over = max(base.total, after.total)
     changes = []
     for function in set(base.total_values) | set(after.total_values):
-        base_self, after_self = base.self_share(function), after.self_share(function)
-        changes.append(Change(function, base_self, after_self, base.total_share(function), after.total_share(function),
-                              _within_noise(base_self, after_self, base.samples, after.samples)))
+        values = (base.self_values[function], after.self_values[function], base.total_values[function], after.total_values[function])
+        if levels:
+            base_self, after_self, base_total, after_total = (value / over if over else 0.0 for value in values)
+        else:
+            base_self, after_self = base.self_share(function), after.self_share(function)
+            base_total, after_total = base.total_share(function), after.total_share(function)
+        noise = not levels and _within_noise(base_self, after_self, base.samples, after.samples)
+        changes.append(Change(function, base_self, after_self, base_total, after_total, noise, *values))
     changes.sort(key=lambda change: (-change.self_change, -change.total_change, change.function))
     return changes
 
@@ -109,6 +133,16 @@ def _within_noise(p1: float, p2: float, n1: int | None, n2: int | None) -> bool:
 
 
 # -- readers ------------------------------------------------------------------------------------
+
+
+def go_scheduler_depth(leaf_first: list[str]) -> int:
+    """How many of a goroutine stack's innermost frames are Go's scheduler's (runtime.gopark,
+    runtime.chanrecv...: where every parked goroutine's stack ends), so that a goroutine counts
+    where the program made it wait, as an allocation counts at its site; at least one frame stays."""
+    depth = 0
+    while depth < len(leaf_first) - 1 and leaf_first[depth].startswith("runtime."):
+        depth += 1
+    return depth
 
 
 def read_stacks(path: str | Path, sample_type: str | None = None, process: str | None = None,
@@ -179,6 +213,8 @@ def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, in
         index = types.index(strings[profile.default_sample_type])
     else:
         index = len(types) - 1  # (what go tool pprof shows by default)
+    # What pprof drops on reading (a heap profile's allocator frames), dropped here too.
+    dropped = pprof_pattern(strings[profile.drop_frames], strings[profile.keep_frames]) if profile.drop_frames else None
     functions = {function.id: strings[function.name] for function in profile.function}
     locations = {}
     for location in profile.location:
@@ -191,6 +227,8 @@ def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, in
         frames: list[Frame] = []
         for location_id in reversed(sample.location_id):  # (leaf first in the file)
             frames.extend(locations.get(location_id, (("?", ""),)))
+        if dropped is not None:
+            frames = frames[:len(frames) - allocator_depth([name for name, _ in reversed(frames)], dropped)]
         stacks.append((tuple(frames), sample.value[index]))
     unit = strings[profile.sample_type[index].unit]
     return stacks, (types[index], unit), unit == "count"
@@ -211,25 +249,40 @@ def function_name(name: str, frame_type: str) -> str:
 def _otlp_stacks(messages: list, wanted: str | None, process: str | None, where: dict[str, str]) -> tuple[list[tuple[Stack, int]], tuple[str, str], bool]:
     from pycollector.pdata import iter_samples, sample_type
 
+    from exporters.flamegraph.window import process_key
     from exporters.profiles import FrameNames, sample_value
 
     by_type: dict[tuple[str, str], list] = collections.defaultdict(list)
+    readings: dict[tuple, tuple[int, list]] = {}  # (level type, process) -> (the time of its latest reading, its stacks)
     for message in messages:
-        current, value_type = None, None
+        current, value_type, into = None, None, None
         names = FrameNames(message.dictionary)  # (the flame graph's names: a frame with no symbol by its file and address)
         for view in iter_samples(message):
             if not _selected(view.resource, process, where):
                 continue
             if view.profile is not current:
                 current, value_type = view.profile, sample_type(message, view.profile)
-            frames = zip(reversed(names.of_stack(view.sample.stack_index)), reversed(view.frames))
-            by_type[value_type].append((tuple((function_name(name, frame.frame_type), frame.frame_type) for name, frame in frames), sample_value(view)))
+                into = by_type[value_type]
+                if is_snapshot(value_type):  # a level: each process's latest reading only
+                    at, key = current.time_unix_nano + current.duration_nano, (value_type, process_key(view.resource))
+                    if key not in readings or at > readings[key][0]:
+                        readings[key] = (at, [])
+                    into = readings[key][1] if readings[key][0] == at else None
+            if into is None:  # (an older reading)
+                continue
+            leaf_first = names.of_stack(view.sample.stack_index)
+            kept = len(leaf_first) - (allocator_depth(leaf_first) if is_memory(value_type) else go_scheduler_depth(leaf_first)
+                                      if value_type == GOROUTINES else 0)
+            frames = list(zip(reversed(leaf_first), reversed(view.frames)))[:kept]
+            into.append((tuple((function_name(name, frame.frame_type), frame.frame_type) for name, frame in frames), sample_value(view)))
+    for (value_type, _), (_, stacks) in readings.items():
+        by_type[value_type].extend(stacks)
     if not by_type:
         chosen_by = [f"of process {process!r}"] if process else []
         chosen_by += [f"with {key}={value}" for key, value in (where or {}).items()]
         raise ValueError(" ".join(["no samples", *chosen_by]))
-    if wanted is None:
-        chosen = next((value_type for value_type in by_type if value_type[0] == "samples"), next(iter(by_type)))
+    if wanted is None:  # CPU samples, else what a person looks at first (in-use bytes before allocated)
+        chosen = min(by_type, key=display_order)
     else:
         chosen = next((value_type for value_type in by_type if value_type[0] == wanted), None)
         if chosen is None:

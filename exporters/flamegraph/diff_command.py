@@ -10,6 +10,11 @@ opens anywhere: the flame graph page, opened on the comparison of the two files.
 One OTLP file holding both sides (two versions that ran in turn under one collector) is compared
 with itself: ``pycollector diff f.json f.json --base-where service.version=1 --after-where
 service.version=2``.
+
+Memory: ``--type inuse_space`` compares the live heap of two times (a leak is in-use growth), by
+value, each side being each process's latest reading in its file; ``alloc_space`` what was
+allocated, by share; functions are allocation sites. A file of memory profiles alone opens on
+``inuse_space`` (``alloc_space`` without the live heap), as ``go tool pprof`` opens a heap profile.
 """
 
 from __future__ import annotations
@@ -19,7 +24,15 @@ import socket
 import sys
 from pathlib import Path
 
+from pycollector.pdata import is_memory, is_snapshot
+
+from exporters.debug.values import describe_total, format_value
 from exporters.flamegraph.compare import Change, Side, compare, read_stacks
+
+# The headings of the two lists, as the page words them (assets/units.js).
+ALLOCATES, HOLDS, COSTS = ("allocates more", "allocates less"), ("holds more", "holds less"), ("costs more", "costs less")
+HEADINGS = {"alloc_objects": ALLOCATES, "alloc_space": ALLOCATES, "inuse_objects": HOLDS, "inuse_space": HOLDS,
+            "threads": ("more threads sit in", "fewer threads sit in"), "goroutines": ("more goroutines sit in", "fewer goroutines sit in")}
 
 
 def _attribute(text: str) -> tuple[str, str]:
@@ -36,7 +49,9 @@ class DiffCommand:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("base", metavar="BASE", help="the profile before (pprof, or OTLP JSON/proto)")
         parser.add_argument("after", metavar="AFTER", help="the profile after")
-        parser.add_argument("--type", default=None, help="sample type (default: CPU samples, or the file's default)")
+        parser.add_argument("--type", "--sample-type", dest="type", default=None,
+                            help="sample type: samples, off_cpu, lock_wait, lock_wake, io_wait, inuse_space, alloc_space... (default: CPU samples; "
+                                 "in-use bytes for memory alone; a pprof file's default)")
         parser.add_argument("--process", default=None, help="OTLP files: one process's samples (pid, executable name or service.name)")
         parser.add_argument("--where", type=_attribute, action="append", default=[], metavar="KEY=VALUE",
                             help="OTLP files: samples whose resource has this attribute value, both sides (repeatable)")
@@ -56,16 +71,24 @@ class DiffCommand:
             sides.append(Side.of(stacks, counts))
             stacks_of.append(stacks)
         base, after = sides
-        changes = compare(base, after)
-        unit = "samples" if counts else value_type[1]
-        print(f"base: {base.total} {unit} ({args.base})   after: {after.total} {unit} ({args.after})   type: {value_type[0]}")
-        print(f"{'self Δ':>8} {'base':>7} {'after':>7} {'total Δ':>8}  function   (shares of each side's total; ~: within sampling noise)")
+        levels = is_snapshot(value_type)
+        changes = compare(base, after, levels)
+        if is_memory(value_type) or levels:
+            print(f"base: {describe_total(base.total, value_type)} ({args.base})   after: {describe_total(after.total, value_type)} ({args.after})   "
+                  f"type: {value_type[0]}")
+        else:
+            unit = "samples" if counts else value_type[1]
+            print(f"base: {base.total} {unit} ({args.base})   after: {after.total} {unit} ({args.after})   type: {value_type[0]}")
+        if levels:
+            print(f"{'self Δ':>10} {'base':>9} {'after':>9} {'total Δ':>10}  function   (each process's latest reading, compared by value)")
+        else:
+            print(f"{'self Δ':>8} {'base':>7} {'after':>7} {'total Δ':>8}  function   (shares of each side's total; ~: within sampling noise)")
         increases = [change for change in changes if change.self_change > 0][: args.top]
         decreases = [change for change in reversed(changes) if change.self_change < 0][: args.top]
-        for title, rows in (("costs more", increases), ("costs less", decreases)):
+        for title, rows in zip(HEADINGS.get(value_type[0], COSTS), (increases, decreases)):
             print(title)
             for change in rows:
-                print(_row(change))
+                print(_level_row(change, value_type[1]) if levels else _row(change))
         if args.output:
             try:
                 _write_page(Path(args.output), stacks_of, value_type, (_side_name("base", args.base, args.base_where),
@@ -81,6 +104,15 @@ def _row(change: Change) -> str:
     mark = "~" if change.noise else " "
     return (f"{100 * change.self_change:+7.1f}%{mark}{100 * change.base_self:6.1f}% {100 * change.after_self:6.1f}% "
             f"{100 * change.total_change:+7.1f}%  {change.function}")
+
+
+def _level_row(change: Change, unit: str) -> str:
+    """A function's values on each side and their changes, in the type's unit (+5.00MiB)."""
+    def signed(value: int) -> str:
+        return ("+" if value > 0 else "-" if value < 0 else "") + format_value(abs(value), unit)
+
+    return (f"{signed(change.after_self_value - change.base_self_value):>10} {format_value(change.base_self_value, unit):>9} "
+            f"{format_value(change.after_self_value, unit):>9} {signed(change.after_total_value - change.base_total_value):>10}  {change.function}")
 
 
 def _side_name(side: str, path: str, where: list[tuple[str, str]]) -> str:

@@ -7,7 +7,7 @@ sends each process once per type and the same document works as a saved file wit
 behind it.
 
     {"host", "window_seconds", "generated_unix", "spans_cut",
-     "types": [{"id": "samples", "type": "samples", "unit": "count", "total",
+     "types": [{"id": "samples", "type": "samples", "unit": "count", "snapshot": false, "total",
                 "processes": [{"pid", "name", "container", "resource", "total", "stacks",
                                "groups": [{"attributes", "total", "stacks"}, ...]}, ...],
                 "spans": [{"trace_id", "span_id", "pid", "name", "container", "attributes",
@@ -15,6 +15,11 @@ behind it.
                 "segments": [{"start_unix", "end_unix",
                               "processes": [[process index, [[stack index, value], ...]], ...]}, ...]}, ...],
      "frames": [[name, libtype], ...], "stacks": [[frame index, ...], ...]}
+
+Types come in display order (CPU first; the first is what the page shows unless asked:
+sample_types.display_order). ``snapshot`` marks a type whose values are readings of a level (the
+live heap's in-use bytes): the page compares two times by each process's latest reading in each
+range, and by the values themselves rather than their shares (a leak grows the level).
 
 ``total`` is in the type's unit: samples for CPU, nanoseconds for off-CPU time. ``groups`` (only
 for a process whose samples carry span attributes) splits its stacks by those attributes
@@ -33,7 +38,7 @@ import collections
 import time
 from typing import Any
 
-from pycollector.pdata import CPU_SAMPLES
+from pycollector.pdata import display_order, is_snapshot
 
 from exporters.flamegraph.window import ProcessKey, ProcessStacks, SampleType, Segment, Stack, Totals, merged
 
@@ -42,7 +47,7 @@ MAX_SPANS_SHOWN = 100
 
 def page_data(totals: Totals, window_seconds: float, host: str, spans_cut: int = 0, segments: list[Segment] = (),
               resources: dict[ProcessKey, dict[str, str]] | None = None) -> dict[str, Any]:
-    ordered = sorted(totals, key=lambda value_type: (value_type != CPU_SAMPLES, value_type))
+    ordered = sorted(totals, key=display_order)
     ids = type_ids(ordered)
     table = StackTable()
     types = []
@@ -55,6 +60,7 @@ def page_data(totals: Totals, window_seconds: float, host: str, spans_cut: int =
             "id": ids[value_type],
             "type": value_type[0],
             "unit": value_type[1],
+            "snapshot": is_snapshot(value_type),
             "total": sum(process["total"] for process in processes),
             "processes": processes,
             "spans": top_spans(totals[value_type]),

@@ -6,7 +6,11 @@ distinct stacks per slice, however often exports arrive.
 
 Each sample type (``samples/count`` from CPU profilers, ``off_cpu/nanoseconds`` from off-CPU
 profiling, bytes allocated...) is kept apart, keyed by (type, unit): the page shows one type at a
-time, as adding values of different units into one graph would mean nothing.
+time, as adding values of different units into one graph would mean nothing. A memory sample's
+stack ends at its allocation site: the allocator's frames (the sampler's, malloc...) are left out
+(allocation_sites.py), as pprof leaves them out of a heap profile. The live heap's types
+(``inuse_space``...) are readings, not counts: a process's latest reading replaces its earlier ones
+(in a slice, over the window, in a segment), never adds to them (sample_types.is_snapshot).
 
 Within a process, stacks are kept per span (`SpanKey`: the trace and span a sample is linked to,
 and its span attributes such as ``http.route``), so the page can show one span, one trace or one
@@ -27,8 +31,9 @@ from typing import Callable, NamedTuple
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
-from pycollector.pdata import Frame, iter_samples, sample_type
+from pycollector.pdata import Frame, is_memory, is_snapshot, iter_samples, sample_type
 
+from exporters.allocation_sites import allocator_depth
 from exporters.profiles import FrameNames, sample_value
 
 SLICES_PER_WINDOW = 60
@@ -99,21 +104,29 @@ class ProfileWindow:
         counts: Totals = _empty()
         names = FrameNames(data.dictionary)
         taken: collections.Counter = collections.Counter()
-        current_profile, of_type = None, None
+        current_profile, of_type, memory, outdated = None, None, False, False
         spans: dict[tuple, SpanKey] = {}
         resources: dict[ProcessKey, dict[str, str]] = {}
+        readings: dict[tuple[SampleType, ProcessKey], int] = {}  # the time of the reading kept, per snapshot type and process
         last_resource = None
         for view in iter_samples(data):
             if view.profile is not current_profile:  # samples come profile by profile
                 current_profile = view.profile
                 value_type = sample_type(data, view.profile)
-                of_type = counts[value_type]
+                of_type, memory, outdated = counts[value_type], is_memory(value_type), False
+                if is_snapshot(value_type):  # (an export may hold a process's readings of several reports)
+                    outdated = _keep_latest(readings, of_type, value_type, process_key(view.resource), view.profile)
+            if outdated:
+                continue
             value = sample_value(view)
             span = _span_key(view, spans)
             if view.resource is not last_resource:
                 last_resource = view.resource
                 resources[process_key(view.resource)] = comparable_attributes(view.resource)
-            of_type[process_key(view.resource)][span][stack_of(view.frames, names.of_stack(view.sample.stack_index))] += value
+            stack = stack_of(view.frames, names.of_stack(view.sample.stack_index))
+            if memory:
+                stack = stack[:len(stack) - allocator_depth(names.of_stack(view.sample.stack_index))]
+            of_type[process_key(view.resource)][span][stack] += value
             taken[value_type] += value
         with self._lock:
             now_slice = int(self._clock() // self._slice_seconds)
@@ -126,9 +139,12 @@ class ProfileWindow:
 
     @staticmethod
     def _add_capped(slice_: "_Slice", counts: Totals) -> None:
-        """Into the slice, a span past its MAX_SPANS_PER_SLICE kept under its attributes alone."""
+        """Into the slice, a span past its MAX_SPANS_PER_SLICE kept under its attributes alone; a
+        snapshot type's reading replacing the process's earlier one."""
         for value_type, processes in counts.items():
             for key, by_span in processes.items():
+                if is_snapshot(value_type):
+                    slice_.totals[value_type].pop(key, None)
                 for span, stacks in by_span.items():
                     if span.span_id and (span.trace_id, span.span_id) not in slice_.span_ids:
                         if len(slice_.span_ids) >= MAX_SPANS_PER_SLICE:
@@ -146,7 +162,8 @@ class ProfileWindow:
             return sum(slice_.spans_cut for slice_ in self._slices)
 
     def totals(self) -> Totals:
-        """Stack values per sample type, process and span over the window, summed over its slices."""
+        """Stack values per sample type, process and span over the window, summed over its slices
+        (a snapshot type's: each process's latest reading)."""
         with self._lock:
             self._expire(int(self._clock() // self._slice_seconds))
             totals = _empty()
@@ -166,6 +183,8 @@ class ProfileWindow:
                 into = by_number.setdefault(slice_.number // per_segment, collections.defaultdict(lambda: collections.defaultdict(collections.Counter)))
                 for value_type, processes in slice_.totals.items():
                     for key, by_span in processes.items():
+                        if is_snapshot(value_type):  # (slices come oldest first: the latest reading stays)
+                            into[value_type][key] = collections.Counter()
                         for stacks in by_span.values():
                             into[value_type][key].update(stacks)
         seconds = per_segment * self._slice_seconds
@@ -203,10 +222,26 @@ def _empty() -> Totals:
 
 
 def _add_into(target: Totals, counts: Totals) -> None:
+    """``counts`` into ``target``, a snapshot type's replacing a process's reading there."""
     for value_type, processes in counts.items():
         for key, by_span in processes.items():
+            if is_snapshot(value_type):
+                target[value_type].pop(key, None)
             for span, stacks in by_span.items():
                 target[value_type][key][span].update(stacks)
+
+
+def _keep_latest(readings: dict, of_type: dict, value_type: SampleType, key: ProcessKey, profile: profiles_pb2.Profile) -> bool:
+    """For a profile of a snapshot type: whether it is an older reading of its process than one
+    already counted (to be skipped); a newer one drops what was counted of the older."""
+    at = profile.time_unix_nano + profile.duration_nano
+    kept = readings.get((value_type, key))
+    if kept is not None and at < kept:
+        return True
+    if kept is not None and at > kept:
+        of_type.pop(key, None)
+    readings[(value_type, key)] = at
+    return False
 
 
 def _span_key(view, known: dict[tuple, SpanKey]) -> SpanKey:

@@ -71,12 +71,20 @@ class OtlpHttpExporter(OtlpExporter):
             written = {name: _private_file(self._pem_dir.name, name, content) for name, content in (("ca", files.ca), ("cert", files.cert), ("key", files.key))}
             self._verify = False if config.tls.insecure_skip_verify else (written["ca"] or True)
             self._client_cert = (written["cert"], written["key"]) if written["cert"] else None
+        self._session = self._new_session()
+
+    def _new_session(self, cookies: http.cookiejar.CookieJar | None = None) -> requests.Session:
+        """A session as the config asks: its proxy, cookie policy, TLS server name, headers;
+        ``cookies``: a jar to share (the exporter's, for a session of one request)."""
+        config = self.config
         session = requests.Session()
         # Proxies: the configured one, never the environment's (Go reads only proxy_url too).
         session.trust_env = False
         if config.proxy_url:
             session.proxies = {"http": config.proxy_url, "https": config.proxy_url}
-        if config.cookies is None:
+        if cookies is not None:
+            session.cookies = cookies
+        elif config.cookies is None:
             session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))  # (no jar, as Go without `cookies`)
         if config.disable_keep_alives:
             session.headers["Connection"] = "close"
@@ -87,7 +95,7 @@ class OtlpHttpExporter(OtlpExporter):
         session.headers.update({"Content-Type": self._encoding.content_type, **reveal_headers(config.headers)})
         if self._compress is not None:
             session.headers["Content-Encoding"] = config.compression
-        self._session = session
+        return session
 
     def _export(self, signal: str, data: Any) -> Message:
         url = self._urls[signal]
@@ -97,10 +105,20 @@ class OtlpHttpExporter(OtlpExporter):
             body = self._encoding.encode(data)
         if self._compress is not None:
             body = self._compress(body)
+        # One request a connection with disable_keep_alives, as Go's DisableKeepAlives: the
+        # Connection: close header asks the server to close, but one that answers HTTP/1.1 without
+        # saying so leaves the connection in the pool, and its reuse races the server's close
+        # (RemoteDisconnected on a loaded host). So such a request has a session of its own (the
+        # cookie jar shared), closed with it; closing the shared one could close another
+        # consumer's pool under it.
+        session = self._new_session(self._session.cookies) if self.config.disable_keep_alives else self._session
         try:
-            response = self._session.post(url, data=body, timeout=self.config.timeout or None, verify=self._verify, cert=self._client_cert)
+            response = session.post(url, data=body, timeout=self.config.timeout or None, verify=self._verify, cert=self._client_cert)
         except requests.RequestException as error:
             raise RetryableSendError(f"no answer from {url}: {error}") from None
+        finally:
+            if session is not self._session:
+                session.close()
         response_type = OTLP_SIGNALS[signal].response_type
         if 200 <= response.status_code < 300:
             return _decode(response, response_type) or response_type()

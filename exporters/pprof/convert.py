@@ -6,21 +6,29 @@ inlined); a line names a function with its file. So locations, mappings and func
 entry by entry, keeping inline frames and addresses, rather than rebuilt from names. Each pprof
 profile gets only the entries its own samples reach, with dense ids from 1.
 
-Sample types follow Go's CPU profiles: an OTLP ``samples/count`` profile whose period is
+Sample types follow Go's profiles. An OTLP ``samples/count`` profile whose period is
 ``cpu/nanoseconds`` becomes pprof ``[samples/count, cpu/nanoseconds]``, so ``go tool pprof`` shows
-CPU time; any other type is copied as it is.
+CPU time. A process's memory profiles (one OTLP profile per type: ``alloc_objects``,
+``alloc_space``, ``inuse_objects``, ``inuse_space``) become one heap profile, as Go writes one:
+each sample a stack with its labels and its value of each type (0 where a type has none there),
+the types in Go's order, ``inuse_space`` shown by default (``alloc_space`` when the live heap is
+off), period type ``space/bytes``, and ``drop_frames`` naming the allocator's entry points, so that
+pprof shows each allocation under the code that asked for it (allocation_sites.py). Any other type
+is copied as it is, a profile of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
-from pycollector.pdata import CPU_SAMPLES, CPU_TIME, iter_samples, sample_type
+from pycollector.pdata import CPU_SAMPLES, CPU_TIME, HEAP_TYPES, display_order, is_memory, iter_samples, sample_type
 from pycollector.pdata.resolve import BUILD_ID_KEY
 
+from exporters.allocation_sites import ALLOCATOR_FRAMES
 from exporters.pprof.profile_proto import Profile
 from exporters.profiles import location_name, sample_value
 
@@ -31,6 +39,10 @@ CONTAINER_KEY = "container.id"
 SERVICE_NAME_KEY = "service.name"
 # Resource attributes that tell samples of different processes apart in a merged profile.
 PROCESS_LABEL_KEYS = (PID_KEY, EXECUTABLE_NAME_KEY, CONTAINER_KEY)
+# What a heap profile is called where a type would be (its file name's suffix), and its period's
+# type, as Go's heap profiles have it.
+HEAP = "heap"
+HEAP_PERIOD_TYPE = ("space", "bytes")
 
 
 @dataclasses.dataclass
@@ -41,11 +53,12 @@ class PprofProfile:
     time_unix_nano: int
     process_name: str  # "" for a merged profile
     pid: int | None
-    sample_type: str  # the OTLP sample type, e.g. "samples"
+    sample_type: str  # the OTLP sample type, e.g. "samples", or HEAP for a heap profile
 
 
 def to_pprof(data: profiles_pb2.ProfilesData, merged: bool) -> list[PprofProfile]:
-    """The pprof profiles of ``data``: one per process and sample type, or one per sample type."""
+    """The pprof profiles of ``data``: one per process and sample type, or one per sample type;
+    a process's memory types (all processes' when merged) together in one heap profile."""
     groups: dict[tuple, _Group] = {}
     current_profile, group = None, None
     for view in iter_samples(data):
@@ -53,17 +66,25 @@ def to_pprof(data: profiles_pb2.ProfilesData, merged: bool) -> list[PprofProfile
             current_profile = view.profile
             value_type = sample_type(data, view.profile)
             process = None if merged else (view.resource.get(PID_KEY), view.resource.get(EXECUTABLE_NAME_KEY))
-            group = groups.get((process, value_type))
+            kind = HEAP if is_memory(value_type) else value_type
+            group = groups.get((process, kind))
             if group is None:
-                group = groups[(process, value_type)] = _Group(data, view.resource, view.profile, value_type, merged)
-            group.cover(view.profile)
+                group_class = _HeapGroup if kind == HEAP else _Group
+                group = groups[(process, kind)] = group_class(data, view.resource, view.profile, value_type, merged)
+            group.cover(view.profile, value_type)
         labels = dict(view.attributes)
         if view.link is not None:  # as Pyroscope's span profiles read them: lower-case hex
             labels["trace_id"], labels["span_id"] = view.link[0].hex(), view.link[1].hex()
         if merged:
             labels.update((key, view.resource[key]) for key in PROCESS_LABEL_KEYS if key in view.resource)
-        group.builder.add_sample(view.sample.stack_index, sample_value(view), labels)
+        group.add(view.sample.stack_index, sample_value(view), labels)
     return [group.finish() for group in groups.values()]
+
+
+def pprof_sample_types(value_type: tuple[str, str], period_type: tuple[str, str], period: int) -> list[tuple[str, str]]:
+    """The pprof sample types of an OTLP profile's one: Go's CPU profile convention for CPU
+    samples at a period of CPU time (a count and the CPU time it stands for), else its own."""
+    return [value_type, CPU_TIME] if (value_type == CPU_SAMPLES and period_type == CPU_TIME and period > 0) else [value_type]
 
 
 class _Group:
@@ -72,17 +93,22 @@ class _Group:
     def __init__(self, data: profiles_pb2.ProfilesData, resource: dict, profile: profiles_pb2.Profile, value_type: tuple[str, str], merged: bool):
         strings = data.dictionary.string_table
         period_type = (strings[profile.period_type.type_strindex], strings[profile.period_type.unit_strindex])
-        self.builder = PprofBuilder(data.dictionary, value_type, period_type, profile.period)
+        sample_types = pprof_sample_types(value_type, period_type, profile.period)
+        self._period = profile.period if len(sample_types) == 2 else 0
+        self.builder = PprofBuilder(data.dictionary, sample_types, period_type, profile.period)
         self.sample_type = value_type[0]
         self.resource = {} if merged else resource
         self.start, self.end = None, None
 
-    def cover(self, profile: profiles_pb2.Profile) -> None:
+    def cover(self, profile: profiles_pb2.Profile, value_type: tuple[str, str]) -> None:
         if not profile.time_unix_nano:
             return
         end = profile.time_unix_nano + profile.duration_nano
         self.start = profile.time_unix_nano if self.start is None else min(self.start, profile.time_unix_nano)
         self.end = end if self.end is None else max(self.end, end)
+
+    def add(self, stack_index: int, value: int, labels: dict[str, Any]) -> None:
+        self.builder.add_sample(stack_index, [value, value * self._period] if self._period else [value], labels)
 
     def finish(self) -> PprofProfile:
         comments = [f"{key}={value}" for key, value in self.resource.items()]
@@ -98,6 +124,50 @@ class _Group:
         return PprofProfile(profile, self.start or 0, str(name), pid if isinstance(pid, int) else None, self.sample_type)
 
 
+class _HeapGroup(_Group):
+    """The memory profiles of one process (or of all, merged) as one heap profile. Its sample
+    types are those present, so the samples are kept until the last has come: by stack and
+    labels, one value per heap type."""
+
+    def __init__(self, data: profiles_pb2.ProfilesData, resource: dict, profile: profiles_pb2.Profile, value_type: tuple[str, str], merged: bool):
+        self._dictionary = data.dictionary
+        self._types: set[tuple[str, str]] = set()
+        self._type_index = 0
+        self._period = 0
+        self._samples: dict[tuple, list[int]] = {}  # (locations, labels) -> a value per HEAP_TYPES
+        self._labels: dict[tuple, tuple[int, dict[str, Any]]] = {}  # its stack and labels as given
+        self.sample_type = HEAP
+        self.resource = {} if merged else resource
+        self.start, self.end = None, None
+
+    def cover(self, profile: profiles_pb2.Profile, value_type: tuple[str, str]) -> None:
+        super().cover(profile, value_type)
+        self._types.add(value_type)
+        self._type_index = HEAP_TYPES.index(value_type)
+        self._period = self._period or profile.period
+
+    def add(self, stack_index: int, value: int, labels: dict[str, Any]) -> None:
+        # Keyed by locations, not the stack's index: a batch that appended two messages' tables
+        # holds the same stack twice.
+        key = (tuple(self._dictionary.stack_table[stack_index].location_indices), tuple(labels.items()))
+        values = self._samples.get(key)
+        if values is None:
+            values = self._samples[key] = [0] * len(HEAP_TYPES)
+            self._labels[key] = (stack_index, labels)
+        values[self._type_index] += value
+
+    def finish(self) -> PprofProfile:
+        present = [index for index, value_type in enumerate(HEAP_TYPES) if value_type in self._types]
+        sample_types = [HEAP_TYPES[index] for index in present]
+        self.builder = PprofBuilder(self._dictionary, sample_types, HEAP_PERIOD_TYPE, self._period)
+        self.builder.set_default_sample_type(min(sample_types, key=display_order))
+        self.builder.set_drop_frames(ALLOCATOR_FRAMES)
+        for key, values in self._samples.items():
+            stack_index, labels = self._labels[key]
+            self.builder.add_sample(stack_index, [values[index] for index in present], labels)
+        return super().finish()
+
+
 class PprofBuilder:
     """One pprof Profile filled from samples of one OTLP dictionary.
 
@@ -105,7 +175,7 @@ class PprofBuilder:
     mapping id 0 means the same).
     """
 
-    def __init__(self, dictionary: profiles_pb2.ProfilesDictionary, value_type: tuple[str, str], period_type: tuple[str, str], period: int):
+    def __init__(self, dictionary: profiles_pb2.ProfilesDictionary, sample_types: Sequence[tuple[str, str]], period_type: tuple[str, str], period: int):
         self._dictionary = dictionary
         self._otlp_strings = dictionary.string_table
         self.profile = Profile(string_table=[""])
@@ -115,9 +185,6 @@ class PprofBuilder:
         self._unsymbolized_ids: dict[str, int] = {}  # by name, which is made up, not a symbol
         self._location_ids: dict[int, int] = {}
         self._stacks: dict[int, list[int]] = {}
-        # Go's CPU profile convention: a count and the CPU time it stands for.
-        self._period = period if (value_type == CPU_SAMPLES and period_type == CPU_TIME and period > 0) else 0
-        sample_types = [value_type, CPU_TIME] if self._period else [value_type]
         for type_, unit in sample_types:
             self.profile.sample_type.add(type=self.string(type_), unit=self.string(unit))
         if period_type != ("", ""):
@@ -132,8 +199,14 @@ class PprofBuilder:
             self.profile.string_table.append(text)
         return index
 
-    def add_sample(self, stack_index: int, count: int, labels: dict[str, Any]) -> None:
-        values = [count, count * self._period] if self._period else [count]
+    def set_default_sample_type(self, value_type: tuple[str, str]) -> None:
+        self.profile.default_sample_type = self.string(value_type[0])
+
+    def set_drop_frames(self, pattern: str) -> None:
+        self.profile.drop_frames = self.string(pattern)
+
+    def add_sample(self, stack_index: int, values: Sequence[int], labels: dict[str, Any]) -> None:
+        """``values``: one per sample type, in their order."""
         sample = self.profile.sample.add(location_id=self._stack(stack_index), value=values)
         for key, value in labels.items():
             if isinstance(value, bool) or not isinstance(value, (int, str)):

@@ -1,6 +1,8 @@
 """Where pprof files go: their names, how they are written, and which old ones are deleted.
 
-Names are ``<UTC time>-<process>-<pid>.pb.gz`` (``<UTC time>-all.pb.gz`` when merged), with the
+Names are ``<UTC time>-<process>-<pid>.pb.gz`` (``<UTC time>-all.pb.gz`` when merged) for CPU
+samples, with ``-<type>`` before the suffix for another type (``-off_cpu``) and ``-heap`` for a
+heap profile (a process's memory types in one file, as Go writes them), with the
 time first and fixed-width so that name order is time order: retention deletes the oldest by
 sorting names, and ``ls`` lists them as they happened. Only files matching that pattern are ever
 counted or deleted, so a shared directory's other files are safe.
@@ -22,7 +24,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 
 
 def file_name(time_unix_nano: int, process_name: str, pid: int | None, sample_type: str = "") -> str:
-    """``20250102T030405.678Z-nginx-1234.pb.gz``; ``sample_type`` is added when not CPU samples."""
+    """``20250102T030405.678Z-nginx-1234.pb.gz``; ``sample_type`` (``off_cpu``, ``heap``) is added
+    when not CPU samples."""
     moment = datetime.datetime.fromtimestamp(time_unix_nano / 1e9, datetime.timezone.utc)
     stamp = f"{moment.strftime(_TIME_FORMAT)}.{moment.microsecond // 1000:03d}Z"
     parts = [stamp, _UNSAFE.sub("_", process_name) or "unknown"]

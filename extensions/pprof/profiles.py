@@ -22,7 +22,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2
 
 from pycollector.pdata import ProfilesBuilder, sample_type, to_dict
 
-from exporters.pprof.convert import PprofBuilder, to_pprof
+from exporters.pprof.convert import PprofBuilder, pprof_sample_types, to_pprof
 from extensions.pprof.sampler import Recording, ThreadStack, stack_of
 
 FRAME_TYPE = "cpython"  # profile.frame.type, as the profiling receiver and the eBPF profiler name them
@@ -71,7 +71,8 @@ def gzipped_pprof(data: profiles_pb2.ProfilesData) -> bytes:
         strings = data.dictionary.string_table
         period_type = (strings[profile.period_type.type_strindex], strings[profile.period_type.unit_strindex])
         resource = to_dict(data.resource_profiles[0].resource.attributes)
-        message = PprofBuilder(data.dictionary, sample_type(data, profile), period_type, profile.period).finish(
+        message = PprofBuilder(data.dictionary, pprof_sample_types(sample_type(data, profile), period_type, profile.period), period_type,
+                               profile.period).finish(
             time_nanos=profile.time_unix_nano,
             duration_nanos=profile.duration_nano,
             comments=[f"{key}={value}" for key, value in resource.items()],

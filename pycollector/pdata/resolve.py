@@ -154,13 +154,6 @@ def iter_samples(data: profiles_pb2.ProfilesData) -> Iterator[SampleView]:
                     )
 
 
-# The (type, unit) pairs profilers use, as opentelemetry-ebpf-profiler writes them: CPU samples
-# counted at a period of CPU time, and off-CPU time (no period; each value is nanoseconds).
-CPU_SAMPLES = ("samples", "count")
-CPU_TIME = ("cpu", "nanoseconds")
-OFF_CPU_TIME = ("off_cpu", "nanoseconds")
-
-
 def sample_type(data: profiles_pb2.ProfilesData, profile: profiles_pb2.Profile) -> tuple[str, str]:
     """The profile's (type, unit), e.g. ("samples", "count"). Index 0 is the empty string in a
     message that leaves the string table out, as everywhere (``with_zero_entries``)."""

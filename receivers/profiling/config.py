@@ -26,8 +26,8 @@ MAX_MAP_SCALE_FACTOR = 8
 DEFAULT_UNWIND_ROW_BUDGET = 2 << 20
 DEFAULT_UNWIND_MAX_FRAMES = 128
 DEFAULT_UNWIND_ROW_IDLE_TIMEOUT = 120.0
-# The unwinder steps 16 frames per BPF program and may chain 30 of them (the kernel allows 33
-# tail calls a sample).
+# The unwinder steps up to 16 frames per BPF program and may chain 30 of them (the kernel allows
+# 33 tail calls a sample; kernel/settings.py).
 MAX_UNWIND_FRAMES = 16 * 30
 DEFAULT_UNWIND_CACHE_DIR = "/var/cache/pycollector/unwind"
 DEFAULT_BPF_CACHE_DIR = "/var/cache/pycollector/bpf"
@@ -86,6 +86,32 @@ class ProfilingConfig(ComponentConfig):
     # it blocked and for how long (0: off). Go's key and meaning; bpf/off_cpu.bpf.c.
     off_cpu_threshold: float = pydantic.Field(0.0, ge=0, le=1)
 
+    # Lock and I/O waits (bpf/off_cpu.bpf.c, issue 44): every switch off a CPU in a futex wait as a
+    # lock_wait profile (each sample's lock.kind told from its stack: receivers/profiling/waits/),
+    # and every one into uninterruptible sleep as an io_wait profile, at most
+    # wait_events_per_second of a process's a second (the rest counted). Off: nothing of it runs.
+    lock_profiling: bool = False
+    io_profiling: bool = False
+    wait_events_per_second: int = pydantic.Field(1000, ge=1, le=100_000)
+    # Threads and goroutines (issue 44): at each report, how many threads of each process sit in
+    # each stack (threads/count: where each last left a CPU, kept by bpf/off_cpu.bpf.c, its walks
+    # within wait_events_per_second) and, for Go programs, how many goroutines in each goroutine
+    # stack (goroutines/count, read from the Go runtime's memory: receivers/profiling/threads/).
+    thread_profiling: bool = False
+
+    # Memory profiling (issue 39), named after the OpenTelemetry eBPF profiler's flags: the
+    # allocations a process's sampler reports through OpenTelemetry's USDT probes
+    # (otel_memory:alloc) as alloc_space and alloc_objects profiles; with live_heap_profiling on
+    # top, those not freed yet (otel_memory:free) as inuse_space and inuse_objects. Off: nothing
+    # is attached to any process (bpf/memory.bpf.c, receivers/profiling/memory/).
+    allocation_profiling: bool = False
+    live_heap_profiling: bool = False
+    # A process's sampled allocations walked a second, whatever it allocates (bpf/memory.bpf.c's
+    # memory_budgets): the rest are counted and their bytes carried by its next walked one, so a
+    # process allocating without pause costs the host a bounded share and its totals stay whole
+    # (but for what it owes when it exits: counted, memory/attach.py).
+    allocation_events_per_second: int = pydantic.Field(1000, ge=1, le=100_000)
+
     # Probabilistic profiling (probabilistic.py): every interval the host is profiled with a
     # probability of threshold/100. Go accepts intervals of 1 to 5 minutes; shorter ones work here.
     probabilistic_interval: Duration = pydantic.Field(60.0, ge=1)
@@ -122,6 +148,16 @@ class ProfilingConfig(ComponentConfig):
         if legacy:
             renamed["legacy_keys_used"] = legacy
         return renamed
+
+    @pydantic.field_validator("live_heap_profiling")
+    @classmethod
+    def _live_heap_needs_allocations(cls, value: bool, info: pydantic.ValidationInfo) -> bool:
+        # As the Go profiler refuses its live-heap flag alone: the live heap is the sampled
+        # allocations not freed yet. (A field's validator, so the error names this key;
+        # allocation_profiling is declared before it, so it is validated already.)
+        if value and not info.data.get("allocation_profiling", False):
+            raise ValueError("needs allocation_profiling: true as well (the live heap is made of the sampled allocations)")
+        return value
 
     # Filled by the validator above, never by users: which CamelCase keys the config used.
     legacy_keys_used: list[str] = pydantic.Field(default_factory=list, exclude=True)

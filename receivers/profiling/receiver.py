@@ -35,6 +35,8 @@ from receivers.profiling.kernel.probabilistic import ALWAYS, ProbabilisticProfil
 from receivers.profiling.kernel.program import BPFPermissionError, SamplerError
 from receivers.profiling.kernel.sampler import Sampler
 from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
+from receivers.profiling.memory.attach import MemoryProbes
+from receivers.profiling.memory.live import LiveHeap
 from receivers.profiling.processes import files as process_files
 from receivers.profiling.processes import memory as process_memory
 from receivers.profiling.processes.credentials import missing_process_access
@@ -44,6 +46,8 @@ from receivers.profiling.python.interpreters import PythonInterpreters
 from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.report import ReportBuilder
 from receivers.profiling.stall_watch import Progress, StallWatch
+from receivers.profiling.threads.go_programs import GoPrograms
+from receivers.profiling.threads.thread_stacks import ThreadStacks
 from receivers.profiling.symbols.detection import FileDetector
 from receivers.profiling.symbols.symbolizer import Symbolizer
 from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
@@ -55,6 +59,9 @@ BASE_COUNT_MAP_SIZE = 10_240
 BASE_STACK_STORAGE_SIZE = 16_384
 BASE_TARGETS_SIZE = 8192  # target_tgids entries, times 2**map_scale_factor
 BASE_OFF_CPU_THREADS = 16_384  # threads off a CPU at once whose switch can be recorded, likewise
+BASE_LIVE_ALLOCS = 65_536  # sampled allocations alive at once (live heap), likewise: 64 bytes each
+BASE_LIVE_STACKS = 8192  # their distinct stacks, likewise: 1 KiB each at 128 frames
+BASE_THREAD_STACKS = 16_384  # threads whose stacks are kept (thread_profiling), likewise: 2 KiB each at 128 frames, as used
 MAX_HELD_REPORTS = 3
 EVENT_POLL_MS = 100
 # How long shutdown waits for the threads after the last report was handed downstream; a pipeline
@@ -100,6 +107,12 @@ class ProfilingReceiver(Component):
         self.jvm_perf_maps: JvmPerfMapRequester | None = None
         self.targeting: Targeting | None = None
         self.probabilistic: ProbabilisticProfiling | None = None
+        self.memory: MemoryProbes | None = None
+        self.live_heap: LiveHeap | None = None
+        self.thread_stacks: ThreadStacks | None = None
+        self.go_programs: GoPrograms | None = None
+        self._thread_stats = telemetry.gauge("pycollector_profiling_threads", "Threads and goroutines profiles: threads counted and those whose stack was not known or out of date, kernel entries of threads gone, goroutines read and dropped, counts since start.", ("stat",))
+        self._memory_stats = telemetry.gauge("pycollector_profiling_memory", "Memory profiling (otel_memory USDT probes): files examined, probes attached and refused, processes attached, counts since start.", ("stat",))
         self._reports = 0
         self._report_progress = Progress("report", STALL_ALLOWANCE_S)
         self._events_progress = Progress("events", STALL_ALLOWANCE_S)
@@ -139,7 +152,7 @@ class ProfilingReceiver(Component):
         # helper took to start).
         self.detector = FileDetector(self.log)
         self.detector.retell = self.processes.tell_again
-        self.detector.start(runtime.DETECTION_READER for runtime in (PythonInterpreters, V8Runtimes, HotSpotRuntimes))
+        self.detector.start(runtime.DETECTION_READER for runtime in (PythonInterpreters, V8Runtimes, HotSpotRuntimes, GoPrograms))
         try:
             if (missing := missing_process_access()) is not None:
                 raise BPFPermissionError(missing)
@@ -163,6 +176,8 @@ class ProfilingReceiver(Component):
         self._start_hotspot(sampler)  # (and a JVM's code cache)
         self._start_unwinding(sampler)
         self._start_python(sampler)
+        self._start_memory(sampler)
+        self._start_threads(sampler)
         self._start_jvm_perf_maps()
         self._start_probabilistic(sampler)
         self.processes.watch(exited=self.jit.forget)
@@ -191,15 +206,28 @@ class ProfilingReceiver(Component):
         return SamplerSettings(
             frequency_hz=self.config.samples_per_second,
             stack_storage_size=BASE_STACK_STORAGE_SIZE * scale,
-            # Off-CPU keys (a thread's every distinct wait) share the count maps with CPU samples.
-            count_map_size=BASE_COUNT_MAP_SIZE * scale * (2 if self.config.off_cpu_threshold else 1),
+            # Off-CPU keys (a thread's every distinct wait) and allocations' (two a stack) share the
+            # count maps with CPU samples.
+            count_map_size=BASE_COUNT_MAP_SIZE * scale * (1 + bool(self.config.off_cpu_threshold) + self.config.allocation_profiling
+                                                          + (self.config.lock_profiling or self.config.io_profiling)),
             verifier_log_level=self.config.bpf_verifier_log_level,
             unwind=UnwindSizes(row_budget=self.config.unwind_row_budget, max_frames=self.config.unwind_max_frames),
             target_tgids_size=BASE_TARGETS_SIZE * scale if self.config.targeting() else 0,
             off_cpu_threshold=self.config.off_cpu_threshold,
+            lock_waits=self.config.lock_profiling,
+            io_waits=self.config.io_profiling,
+            waits_per_second=self.config.wait_events_per_second,
+            # (lock waits again, a row for each waiter's stacks and waker's together)
+            wake_counts_size=BASE_COUNT_MAP_SIZE * scale // 2,
+            thread_stacks=BASE_THREAD_STACKS * scale if self.config.thread_profiling else 0,
             off_cpu_threads=BASE_OFF_CPU_THREADS * scale,
             probabilistic=self.config.probabilistic_threshold < ALWAYS,
             program_cache_dir=self.config.bpf_cache_dir,
+            memory_profiling=self.config.allocation_profiling,
+            live_heap=self.config.live_heap_profiling,
+            memory_events_per_second=self.config.allocation_events_per_second,
+            live_allocs=BASE_LIVE_ALLOCS * scale,
+            live_stacks=BASE_LIVE_STACKS * scale,
         )
 
     def _start_targeting(self, sampler: Sampler) -> None:
@@ -220,6 +248,35 @@ class ProfilingReceiver(Component):
         if self.hotspot is not None:
             self.hotspot.on_found = self.unwind.register
         self.processes.watch(changed=self.unwind.register, exited=self.unwind.forget)
+
+    def _start_memory(self, sampler: Sampler) -> None:
+        """With allocation_profiling, the memory programs attached to each process's otel_memory
+        probes as the process table tells of it (memory/attach.py); without, nothing is."""
+        if sampler.memory_maps is None:
+            return
+        if sampler.memory_maps.live_allocs is not None:
+            self.live_heap = LiveHeap(sampler.memory_maps, self.log)
+        self.memory = MemoryProbes(sampler.memory_maps, self.log, on_detached=self.live_heap.forget if self.live_heap is not None else None)
+        self.memory.start()
+        self.processes.watch(changed=self.memory.changed, exited=self.memory.exited)
+
+    def _start_threads(self, sampler: Sampler) -> None:
+        """With thread_profiling, the threads profile from the stacks the kernel keeps of each thread."""
+        if sampler.thread_stacks is None:
+            return
+        self.thread_stacks = ThreadStacks(sampler.thread_stacks, logger=self.log)
+        self.go_programs = GoPrograms(self.config.reporter_interval, self.log, detector=self.detector)
+        self.processes.watch(changed=self.go_programs.register, exited=self.go_programs.forget)
+        self.go_programs.start()
+
+    def _profiled_processes(self) -> list[tuple[int, int | None, dict[int, str], str]]:
+        """(tgid, start ticks, its thread names, its name) of each process the table holds, alive and not a kernel thread."""
+        out = []
+        for tgid in self.processes.tgids():
+            info = self.processes.current(tgid)
+            if info is not None and not info.exited and not info.kernel_thread:
+                out.append((tgid, info.start_time_ticks, dict(info.threads), info.comm))
+        return out
 
     def _start_probabilistic(self, sampler: Sampler) -> None:
         if not sampler.probabilistic:
@@ -242,6 +299,13 @@ class ProfilingReceiver(Component):
         _publish(self._stats, elf_bounds, "elf_")  # what of their ELF files was past its bounds, and not read
         _publish(self._unwind_stats, self.unwind)
         _publish(self._unwind_stats, self.row_source.cache, "cache_")
+        if self.memory is not None:
+            _publish(self._memory_stats, self.memory)
+        if self.live_heap is not None:
+            _publish(self._memory_stats, self.live_heap, "live_heap_")
+        if self.thread_stacks is not None:
+            _publish(self._thread_stats, self.thread_stacks)
+            _publish(self._thread_stats, self.go_programs, "go_")
         for component, prefix in ((self.targeting, "targeting_"), (self.jvm_perf_maps, "jvm_perf_map_"), (self.probabilistic, "probabilistic_")):
             if component is not None:
                 _publish(self._stats, component, prefix)
@@ -318,7 +382,11 @@ class ProfilingReceiver(Component):
                 self.jvm_perf_maps.close()
             if self.probabilistic is not None:
                 self.probabilistic.close()
+            if self.go_programs is not None:
+                self.go_programs.close()
             self.detector.close()  # (before the process table's watchers go: it tells them again)
+            if self.memory is not None:
+                self.memory.close()  # (its uprobes before the programs they run)
             self.row_source.close()  # first: the registry's worker may be waiting on it
             self.unwind.close()
             self._sampler.close()
@@ -381,6 +449,13 @@ class ProfilingReceiver(Component):
         except Exception as error:  # keep profiling; one bad read must not stop the agent
             self.log.exception("could not read this interval's counts from the kernel", error=str(error))
             return
+        self.unwind.note_running({stack.tgid for stack in interval.stacks if stack.cpu})
+        if self.live_heap is not None:  # (what is alive now: the in-use profiles are a snapshot, not this interval's)
+            interval.stacks.extend(self.live_heap.read())
+        if self.thread_stacks is not None:  # (where each thread sits now: a reading too)
+            self._report_progress.stage("counting the threads by stack")
+            interval.stacks.extend(self.thread_stacks.read(self._profiled_processes()))
+            interval.stacks.extend(self.go_programs.stacks())  # (read on their own thread: the last reading)
         data = self.reports.build(interval, on_error=self._process_failed, final=final, on_dropped=self._samples_dropped)
         self._record_counters(interval.counters)
         self._report_progress.stage("forgetting exited processes")

@@ -6,7 +6,8 @@ one ResourceProfiles per process (``process.pid``, ``process.executable.name``,
 SDK in the process publishes: ``service.name``...), one Profile with sample type
 ``samples/count`` and period ``cpu/nanoseconds`` and, with off-CPU profiling, a second with sample
 type ``off_cpu/nanoseconds`` (no period: each value is the time a thread spent away from the CPU
-there), samples carrying ``thread.id`` and
+there), and with memory profiling ``alloc_objects/count`` and ``alloc_space/bytes`` (and
+``inuse_objects/count``, ``inuse_space/bytes`` for the live heap): SAMPLE_KINDS, samples carrying ``thread.id`` and
 ``thread.name``, locations carrying ``profile.frame.type`` and mappings carrying the file's ids
 (``process.executable.build_id.gnu``, ``.go`` and ``.htlhash``, which every file has); the
 resource and scope name the semantic conventions release these names are from. Stacks are leaf first: kernel frames (when the sample was
@@ -19,12 +20,16 @@ from __future__ import annotations
 import collections
 import socket
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
-from pycollector.pdata import CPU_SAMPLES, CPU_TIME, OFF_CPU_TIME, ProfilesBuilder
+from pycollector.pdata import (ALLOC_OBJECTS, ALLOC_SPACE, CPU_SAMPLES, CPU_TIME, GOROUTINES, INUSE_OBJECTS, INUSE_SPACE, IO_WAIT, LOCK_WAIT,
+                               LOCK_WAKE, OFF_CPU_TIME, THREADS, ProfilesBuilder, is_snapshot)
 
-from receivers.profiling.kernel.samples import Interval, StackCount
+from receivers.profiling.kernel.samples import (ORIGIN_ALLOC_OBJECTS, ORIGIN_ALLOC_SPACE, ORIGIN_CPU, ORIGIN_GOROUTINES, ORIGIN_INUSE_OBJECTS,
+                                                 ORIGIN_INUSE_SPACE, ORIGIN_IO_WAIT, ORIGIN_LOCK_WAIT, ORIGIN_LOCK_WAKE, ORIGIN_OFF_CPU, ORIGIN_THREADS,
+                                                 Interval, StackCount)
 from receivers.profiling.otel_context.contexts import ProcessContexts
 from receivers.profiling.processes.proc import ProcessInfo
 from receivers.profiling.processes.table import IncarnationGone, ProcessTable
@@ -35,6 +40,9 @@ from receivers.profiling.symbols import runtime_stacks
 from receivers.profiling.symbols.runtime_stacks import TAG as RUNTIME_TAG
 from receivers.profiling.symbols.frame import Frame
 from receivers.profiling.symbols.symbolizer import Symbolizer
+from receivers.profiling.waits.devices import DeviceNames
+from receivers.profiling.waits.lock_kinds import lock_kind
+from receivers.profiling.waits.wakers import waiter_frames, waker_attributes, woken_by
 
 SCOPE_NAME = "pycollector/receivers/profiling"
 SCOPE_VERSION = "0.1.0"
@@ -45,6 +53,44 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.34.0"
 # The scheduler's core, where every switch off a CPU happens: an off-CPU kernel stack starts
 # here; the frames above it are the tracepoint's and the BPF program's own.
 SCHEDULER_ENTRY = "__schedule"
+# An I/O wait's device (waits/devices.py: why this name).
+DEVICE_ATTRIBUTE = "system.device"
+
+
+@dataclass(frozen=True)
+class SampleKind:
+    """The profile one origin of counts (StackCount.origin) makes: its sample type and, for one
+    taken at the sampling period, the period's type (the period is the interval's)."""
+
+    sample_type: tuple[str, str]
+    period_type: tuple[str, str] = ("", "")
+    periodic: bool = False
+    # Attributes each sample of the kind carries that its frames tell (a lock wait's lock.kind).
+    frame_attributes: Callable[[list[Frame]], dict] | None = None
+    # Whether a sample is a thread's (thread.id, thread.name): not a goroutine's, which moves among threads.
+    per_thread: bool = True
+
+
+# A process's profiles, one per kind of count it has, in this order. Memory's are named as
+# OpenTelemetry's memory profiling design names them (and pprof's heap profiles): the sampled
+# allocations by count and by the bytes their weights stand for, and the live heap's alike.
+SAMPLE_KINDS = {
+    ORIGIN_CPU: SampleKind(CPU_SAMPLES, CPU_TIME, periodic=True),
+    ORIGIN_OFF_CPU: SampleKind(OFF_CPU_TIME),  # (no period: each value is the time a thread spent away)
+    ORIGIN_LOCK_WAIT: SampleKind(LOCK_WAIT, frame_attributes=lambda frames: {"lock.kind": lock_kind(frames)}),
+    # (its frames: the waker's, a marker, then the waiter's, whose lock.kind it is: waits/wakers.py)
+    ORIGIN_LOCK_WAKE: SampleKind(LOCK_WAKE, frame_attributes=lambda frames: {"lock.kind": lock_kind(waiter_frames(frames))}),
+    ORIGIN_IO_WAIT: SampleKind(IO_WAIT),
+    ORIGIN_ALLOC_OBJECTS: SampleKind(ALLOC_OBJECTS),
+    ORIGIN_ALLOC_SPACE: SampleKind(ALLOC_SPACE),
+    ORIGIN_INUSE_OBJECTS: SampleKind(INUSE_OBJECTS),
+    ORIGIN_INUSE_SPACE: SampleKind(INUSE_SPACE),
+    # Readings at the report (receivers/profiling/threads/): one sample a thread, or a goroutine.
+    ORIGIN_THREADS: SampleKind(THREADS),
+    ORIGIN_GOROUTINES: SampleKind(GOROUTINES, per_thread=False),
+}
+# Stacks taken as a thread left a CPU (waits, and where threads sit): their kernel part starts at the scheduler.
+_SWITCH_ORIGINS = frozenset((ORIGIN_OFF_CPU, ORIGIN_LOCK_WAIT, ORIGIN_IO_WAIT, ORIGIN_LOCK_WAKE, ORIGIN_THREADS))
 
 
 class ReportBuilder:
@@ -70,6 +116,7 @@ class ReportBuilder:
         self._carried: list[StackCount] = []
         self.stats = {"samples_carried": 0, "samples_of_gone_processes": 0, "samples_carried_for_names": 0}
         self._native_frames: dict[tuple[int, int | None], dict] = {}
+        self.devices = DeviceNames()  # (the names of the devices I/O waits were on)
 
     def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None,
               *, final: bool = False, on_dropped: Callable[[int, int, int, str], None] | None = None) -> profiles_pb2.ProfilesData:
@@ -98,7 +145,7 @@ class ReportBuilder:
         # (shared among the processes with frames of a runtime that knows them, CPython's, V8's or
         # HotSpot's, which the kernel tags alike: the others read nothing)
         budget.share_among([key for key, stacks in by_process.items() if any(address & RUNTIME_TAG for stack in stacks for address in stack.user_addrs)
-                            and any(runtime.knows(key[0]) for runtime in self.runtimes)])
+                            and any(runtime.knows(*key) for runtime in self.runtimes)])
         if self.contexts is not None:
             self.progress.stage("reading the processes' OpenTelemetry contexts")
             self.contexts.refresh({tgid for tgid, _ in by_process})
@@ -121,13 +168,13 @@ class ReportBuilder:
                 try:
                     info = self.processes.incarnation(tgid, started)
                 except IncarnationGone:
-                    samples = sum(stack.count for stack in stacks if not stack.off_cpu)
+                    samples = sum(stack.count for stack in stacks if stack.cpu)
                     self.stats["samples_of_gone_processes"] += samples
                     if on_dropped is not None:
                         on_dropped(tgid, samples, sum(stack.count for stack in stacks if stack.off_cpu), "pid_reused")
                     continue
                 deferred = self.symbolizer.deferred
-                attached = [runtime for runtime in self.runtimes if runtime.knows(tgid)]  # (once a process, not a stack)
+                attached = [runtime for runtime in self.runtimes if runtime.knows(tgid, started)]  # (once a process, not a stack)
                 symbolized = [(stack, self._frames(tgid, stack, info, attached)) for stack in stacks]
                 if tgid in budget.refused and not again and self.symbolizer.deferred == deferred:
                     budget.refused.discard(tgid)
@@ -138,8 +185,9 @@ class ReportBuilder:
                 waiting_for = ("samples_carried" if self.symbolizer.deferred > deferred
                                else "samples_carried_for_names" if tgid in budget.refused else None)
                 if waiting_for is not None and not final and (tgid, started) not in carried:
-                    self._carried.extend(stacks)
-                    self.stats[waiting_for] += sum(stack.count for stack in stacks if not stack.off_cpu)
+                    # (not the live heap's readings: the next report reads it again)
+                    self._carried.extend(stack for stack in stacks if not is_snapshot(SAMPLE_KINDS[stack.origin].sample_type))
+                    self.stats[waiting_for] += sum(stack.count for stack in stacks if stack.cpu)
                     continue
                 self._add_process(builder, interval, tgid, info, symbolized, locations)
             except Exception as error:  # one bad file or process must not cost the whole interval
@@ -147,7 +195,7 @@ class ReportBuilder:
                     raise
                 # What it added is taken back (its dictionary entries stay, unreferenced).
                 del builder.data.resource_profiles[built:]
-                on_error(tgid, sum(stack.count for stack in stacks if not stack.off_cpu),
+                on_error(tgid, sum(stack.count for stack in stacks if stack.cpu),
                          sum(stack.count for stack in stacks if stack.off_cpu), error)
         return builder.data
 
@@ -168,7 +216,7 @@ class ReportBuilder:
         """The stack's frames; its native ones named from ``info``, the snapshot of the process
         that took it (None: gone unknown, left unnamed), its runtimes' by ``attached``."""
         frames = self.symbolizer.symbolize_kernel(stack.kernel_addrs) if stack.kernel_addrs else []
-        if stack.off_cpu:
+        if stack.origin in _SWITCH_ORIGINS:
             frames = _from_scheduler(frames)
         if stack.user_addrs:
             memo = self._native_frames[(tgid, stack.start_ticks)]
@@ -179,26 +227,42 @@ class ReportBuilder:
                 return self.symbolizer.symbolize_user(tgid, addresses, memo, info=info)
 
             if any(address & RUNTIME_TAG for address in stack.user_addrs):  # (each runtime names the frames of its kinds)
-                frames += runtime_stacks.name_stack(tgid, stack.user_addrs, attached, native)
+                frames += runtime_stacks.name_stack(tgid, stack.user_addrs, attached, native, stack.start_ticks)
             else:
                 frames += native(stack.user_addrs)
+        if stack.waker is not None:  # (a lock wait by who woke it)
+            frames = self._waker_frames(tgid, stack, info, attached) + frames
+        if stack.note:  # (outermost: what the stack below it is, or why there is none)
+            frames.append(Frame(0, "native", name=stack.note))
         return frames
+
+    def _waker_frames(self, tgid: int, stack: StackCount, info: ProcessInfo | None, attached: list[runtime_stacks.Runtime]) -> list[Frame]:
+        """What a lock_wake sample's frames begin with (waits/wakers.py): its waker's frames, root
+        first, and the marker that joins them to the waiter's."""
+        waker = stack.waker
+        kernel = self.symbolizer.symbolize_kernel(waker.kernel_addrs) if waker.kernel_addrs else []
+        user = []
+        if waker.user_addrs and waker.tgid == tgid:  # (named as the waiter's, from the same process)
+            user = self._frames(tgid, StackCount(tgid, waker.tid, waker.comm, [], waker.user_addrs, 0, start_ticks=stack.start_ticks), info, attached)
+        return woken_by(waker, tgid, kernel, user)
 
     def _add_process(self, builder: ProfilesBuilder, interval: Interval, tgid: int, info: ProcessInfo | None, symbolized: list,
                      locations: dict) -> None:
         stacks = [stack for stack, _ in symbolized]
         resource = builder.resource_profiles(self._resource_attributes(tgid, info, stacks), schema_url=SCHEMA_URL)
         scope = builder.scope_profiles(resource, name=SCOPE_NAME, version=SCOPE_VERSION, schema_url=SCHEMA_URL)
-        # (sample type, period type) of each kind: CPU samples at the sampling period, off-CPU time without one.
-        for off_cpu, (sample_type, period_type) in ((False, (CPU_SAMPLES, CPU_TIME)), (True, (OFF_CPU_TIME, ("", "")))):
-            of_kind = [(stack, frames) for stack, frames in symbolized if stack.off_cpu == off_cpu]
+        by_origin = collections.defaultdict(list)
+        for stack, frames in symbolized:
+            by_origin[stack.origin].append((stack, frames))
+        for origin, kind in SAMPLE_KINDS.items():
+            of_kind = by_origin.get(origin)
             if not of_kind:
                 continue
             profile = builder.profile(
                 scope,
-                sample_type=sample_type,
-                period_type=period_type,
-                period=0 if off_cpu else interval.period_ns,
+                sample_type=kind.sample_type,
+                period_type=kind.period_type,
+                period=interval.period_ns if kind.periodic else 0,
                 time_unix_nano=interval.start_wall_ns,
                 duration_nano=max(0, interval.end_wall_ns - interval.start_wall_ns),
             )
@@ -208,9 +272,14 @@ class ReportBuilder:
                     builder.stack([self._location(builder, frame, locations) for frame in frames]),
                     [stack.count],
                     # The comm in the sample is the thread's name when it was sampled.
-                    attributes={**self._span_attributes.get((stack.tgid, stack.span), {}), "thread.id": stack.tid, "thread.name": stack.comm},
+                    attributes={**self._span_attributes.get((stack.tgid, stack.span), {}),
+                                **({"thread.id": stack.tid, "thread.name": stack.comm} if kind.per_thread else {}),
+                                **(kind.frame_attributes(frames) if kind.frame_attributes else {}),
+                                **(waker_attributes(stack.waker, tgid, frames) if stack.waker is not None else {}),
+                                **({DEVICE_ATTRIBUTE: self.devices.name(stack.device)} if stack.device else {})},
                     # The span it ran in, as the SDK's thread context said: a trace's slow span links to its samples.
                     link_index=builder.link(stack.span[:16], stack.span[16:]) if stack.span else 0,
+                    timestamps_unix_nano=(stack.timestamp_ns,) if stack.timestamp_ns else (),
                 )
 
     def _resource_attributes(self, tgid: int, info: ProcessInfo | None, stacks: list[StackCount]) -> dict:

@@ -1,5 +1,5 @@
 /* Which blocks were sampled: the set the heap sampler's free path looks itself up in. Included
- * by heap_sampler.c, and alone by tests/native/heap_set_test.c.
+ * by heap_sampling.h (the native and the Python samplers), and alone by tests/native/heap_set_test.c.
  *
  * Every free must tell a sampled pointer from the others, cheaply. The reference sampler puts a
  * magic header in front of each sampled block (x86-64) and hands out the address after it. We keep

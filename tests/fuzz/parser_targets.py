@@ -98,7 +98,7 @@ def perf_map(data: bytes) -> None:
         path = Path(root) / "tmp" / "perf-1.map"
         cut = len(data) // 2
         path.write_bytes(data[:cut])
-        maps = PerfMaps(max_entries=64, max_read_bytes=4096, max_line_bytes=256, max_name_chars=32, max_total_name_chars=1024)
+        maps = PerfMaps(max_entries=64, max_read_bytes=4096, max_line_bytes=256, max_name_chars=32, max_total_bytes=16384)
         for chunk in (data[:cut], data[cut:]):
             if chunk is not data[:cut]:
                 with open(path, "ab") as file:

@@ -9,7 +9,9 @@
  * With OTEL_CTX_PAYLOAD set (an encoded Resource, in hex), it first publishes that as its process
  * context (OTEP 4719), in a memfd named OTEL_CTX, as an SDK does. With OTEL_CTX_GARBAGE set (and
  * the writer linked in), the variable points into unmapped memory while spin_heavy runs. With
- * OTEL_CTX_SLEEP set, it sleeps in the heavy span instead of working. With OTEL_CTX_LIE_SIZE set,
+ * OTEL_CTX_SLEEP set, it sleeps in the heavy span instead of working. With OTEL_CTX_ALLOCATE set,
+ * it also allocates in each span, 48 KiB in the heavy one (allocate_heavy) for 16 KiB in the
+ * light one (allocate_light), freed at once: what a heap sampler sees. With OTEL_CTX_LIE_SIZE set,
  * its process context's header says the payload takes 2 GiB. With OTEL_CTX_DLOPEN_LATE
  * set (seconds), it works that long between publishing its process context and the dlopen, so
  * that the agent reads its maps before the writer is there. */
@@ -35,6 +37,20 @@ void otel_ctx_set_attrs_size(uint16_t);
 volatile uint64_t sink;
 __attribute__((noinline)) void spin_heavy(void) { for (int i = 0; i < 300000; i++) sink += i * 7; }
 __attribute__((noinline)) void spin_light(void) { for (int i = 0; i < 100000; i++) sink += i * 3; }
+__attribute__((noinline)) void allocate_heavy(void)
+{
+    for (int i = 0; i < 3; i++) {
+        volatile char *block = malloc(16384);
+        block[0] = 1;
+        free((void *)block);
+    }
+}
+__attribute__((noinline)) void allocate_light(void)
+{
+    volatile char *block = malloc(16384);
+    block[0] = 1;
+    free((void *)block);
+}
 
 static void publish_process_context(const char *hex)
 {
@@ -124,6 +140,7 @@ int main(int argc, char **argv)
         }
         return 0;
     }
+    int allocate = getenv("OTEL_CTX_ALLOCATE") != NULL;
     while (now() < end) {
         attach(trace, heavy, 1, heavy_attrs, sizeof(heavy_attrs));
 #ifndef DLOPEN_ONLY
@@ -133,8 +150,12 @@ int main(int argc, char **argv)
             otel_ctx_set_raw((void *)0x1000);
 #endif
         spin_heavy();
+        if (allocate)
+            allocate_heavy();
         attach(trace, light, 1, light_attrs, sizeof(light_attrs));
         spin_light();
+        if (allocate)
+            allocate_light();
     }
     return 0;
 }

@@ -4,7 +4,10 @@
 // (tests/test_flamegraph_diff.py); page.js draws what this computes.
 //
 // Shares are each side's own (a value over its side's total): two time ranges of different
-// lengths, or a busy and a quiet version, compare fairly. A function's self share is the part of
+// lengths, or a busy and a quiet version, compare fairly. Levels (the live heap's in-use bytes, a
+// reading at a time rather than a count over it) are compared as they are: both sides over the
+// larger side's total, so a function's change follows its change in value (a leak grows the
+// level; its share of each side's own total would hide growth that every function shares). A function's self share is the part of
 // the total spent with it as the innermost frame of the program's language (a Python process's
 // samples end in the interpreter's C code: its developer reads `spin_heavy (app.py)`, not
 // `_PyEval_EvalFrameDefault`), else the leaf; its total share, the part with it anywhere on the
@@ -115,22 +118,32 @@ var FlameCompare = (function () {
     return Math.abs(p2 - p1) <= 2 * error;
   }
 
-  // Every function of either side with both sides' shares, the largest self increase first.
-  // countsSamples: the values count samples, so the noise of the counts can be judged.
-  function changes(baseChildren, afterChildren, countsSamples) {
+  // What each side's values are divided by: its own total, or for levels the larger total.
+  function denominators(baseTotal, afterTotal, levels) {
+    return levels ? [Math.max(baseTotal, afterTotal), Math.max(baseTotal, afterTotal)] : [baseTotal, afterTotal];
+  }
+
+  // Every function of either side with both sides' shares (over denominators()) and values, the
+  // largest self increase first. countsSamples: the values count samples, so the noise of the
+  // counts can be judged (not for levels, whose shares are not proportions of a side's samples).
+  function changes(baseChildren, afterChildren, countsSamples, levels) {
     const base = tally(baseChildren);
     const after = tally(afterChildren);
-    const share = (map, name, side) => side.total ? (map.get(name) || 0) / side.total : 0;
+    const [baseOver, afterOver] = denominators(base.total, after.total, levels);
+    const value = (map, name) => map.get(name) || 0;
+    const share = (map, name, over) => over ? value(map, name) / over : 0;
     const names = new Set([...base.totals.keys(), ...after.totals.keys()]);
     const rows = [...names].map((name) => {
       const row = {
         function: name,
-        baseSelf: share(base.self, name, base), afterSelf: share(after.self, name, after),
-        baseTotal: share(base.totals, name, base), afterTotal: share(after.totals, name, after),
+        baseSelf: share(base.self, name, baseOver), afterSelf: share(after.self, name, afterOver),
+        baseTotal: share(base.totals, name, baseOver), afterTotal: share(after.totals, name, afterOver),
+        baseSelfValue: value(base.self, name), afterSelfValue: value(after.self, name),
+        baseTotalValue: value(base.totals, name), afterTotalValue: value(after.totals, name),
       };
       row.selfChange = row.afterSelf - row.baseSelf;
       row.totalChange = row.afterTotal - row.baseTotal;
-      row.noise = countsSamples && withinNoise(row.baseSelf, row.afterSelf, base.total, after.total);
+      row.noise = Boolean(countsSamples && !levels) && withinNoise(row.baseSelf, row.afterSelf, base.total, after.total);
       return row;
     });
     rows.sort((a, b) => b.selfChange - a.selfChange || b.totalChange - a.totalChange || (a.function < b.function ? -1 : 1));
@@ -149,7 +162,8 @@ var FlameCompare = (function () {
     return "rgb(" + channel(0) + "," + channel(1) + "," + channel(2) + ")";
   }
 
-  // The change of share of a node of an annotated tree, given both sides' totals.
+  // The change of share of a node of an annotated tree, given both sides' totals (for levels,
+  // denominators()).
   function nodeChange(node, baseTotal, afterTotal) {
     return (afterTotal ? node.value / afterTotal : 0) - (baseTotal ? (node.base || 0) / baseTotal : 0);
   }
@@ -167,7 +181,7 @@ var FlameCompare = (function () {
   }
 
   return { mergeTrees: mergeTrees, treeOf: treeOf, annotate: annotate, functionName: functionName, tally: tally,
-           changes: changes, withinNoise: withinNoise, colour: colour, nodeChange: nodeChange, scaleOf: scaleOf };
+           changes: changes, denominators: denominators, withinNoise: withinNoise, colour: colour, nodeChange: nodeChange, scaleOf: scaleOf };
 })();
 
 if (typeof module !== "undefined") module.exports = FlameCompare;

@@ -15,6 +15,9 @@
 // attribute (#compare=resource&key=service.version&base=1.4&after=1.5), or a pinned view and what
 // came after it (#compare=pin&pin=unix seconds; the view pinned lives in the tab's session storage). Time ranges come from
 // the window's segments, which carry no spans: the attribute and span filters do not apply to them.
+// A type whose values are a level (type.snapshot: the live heap's in-use memory, read at each
+// report) is never summed over time: a time range is each process's latest reading in it, and
+// the two sides are compared by value (FlameCompare's levels), so a leak shows as growth.
 (function () {
   "use strict";
 
@@ -191,18 +194,21 @@
   }
 
   // The selected processes' samples in the segments within [from, to] (unix seconds; a second of
-  // slack, as the options are whole seconds), as one call tree.
+  // slack, as the options are whole seconds), as one call tree; for a level, each process's
+  // latest reading there (segments come oldest first).
   function segmentsTree(from, to) {
     const type = selectedType();
     const wanted = new Set(selectedProcesses().map((process) => type.processes.indexOf(process)));
-    const pairs = [];
+    const byProcess = new Map();
     for (const segment of type.segments || []) {
       if (segment.start_unix < from - 1 || segment.end_unix > to + 1) continue;
       for (const [index, stacks] of segment.processes) {
-        if (wanted.has(index)) for (const pair of stacks) pairs.push(pair);
+        if (!wanted.has(index)) continue;
+        if (type.snapshot || !byProcess.has(index)) byProcess.set(index, []);
+        byProcess.get(index).push(...stacks);
       }
     }
-    return FlameCompare.treeOf(pairs, data.frames || [], data.stacks || []);
+    return FlameCompare.treeOf([...byProcess.values()].flat(), data.frames || [], data.stacks || []);
   }
 
   // The processes' graphs (under the span filters) as one tree with no process level: the two
@@ -269,14 +275,19 @@
     spanInput.disabled = spansApply ? false : true;
   }
 
-  // A frame's tooltip and details line: its share on each side and the change.
+  // A frame's tooltip and details line: its share on each side and the change (for a level,
+  // its value on each side and the change in value).
   function diffLabel(type, baseTotal, afterTotal) {
     return (node) => {
+      const base = node.data.base || 0;
+      if (type.snapshot) {
+        return node.data.name + " — comparison " + FlameUnits.phrase(node.data.value, type) + ", baseline " + FlameUnits.format(base, type) + ", " +
+          signed(node.data.value - base, type);
+      }
       const after = node.data.value / afterTotal;
-      const base = (node.data.base || 0) / baseTotal;
-      const change = 100 * (after - base);
+      const change = 100 * (after - base / baseTotal);
       return node.data.name + " — comparison " + (100 * after).toFixed(1) + "% (" + FlameUnits.phrase(node.data.value, type) + "), baseline " +
-        (100 * base).toFixed(1) + "%, " + (change >= 0 ? "+" : "") + change.toFixed(1) + " pts";
+        (100 * base / baseTotal).toFixed(1) + "%, " + (change >= 0 ? "+" : "") + change.toFixed(1) + " pts";
     };
   }
 
@@ -285,14 +296,25 @@
     return (signed && fraction > 0 ? "+" : "") + text + (signed ? " pts" : "%");
   }
 
-  function diffRow(row) {
+  // A change of value in the type's unit, with its sign: "+5.00 MiB", "−1.00 MiB", "0 B".
+  function signed(value, type) {
+    return (value > 0 ? "+" : value < 0 ? "−" : "") + FlameUnits.format(Math.abs(value), type);
+  }
+
+  function diffRow(row, type) {
     const element = document.createElement("tr");
     element.dataset.function = row.function;
     element.dataset.selfChange = row.selfChange;
     const direction = row.noise ? "noise" : row.selfChange > 0 ? "more" : "less";
-    const cells = [[row.function, ""], [points(row.selfChange, true) + (row.noise ? " ~" : ""), "value " + direction],
-                   [points(row.baseSelf), "value"], [points(row.afterSelf), "value"], [points(row.totalChange, true), "value"],
-                   [points(row.baseTotal), "value"], [points(row.afterTotal), "value"]];
+    // A level's rows in its unit (a leak's growth in bytes), others in shares of each side's total.
+    const cells = type.snapshot
+      ? [[row.function, ""], [signed(row.afterSelfValue - row.baseSelfValue, type), "value " + direction],
+         [FlameUnits.format(row.baseSelfValue, type), "value"], [FlameUnits.format(row.afterSelfValue, type), "value"],
+         [signed(row.afterTotalValue - row.baseTotalValue, type), "value"], [FlameUnits.format(row.baseTotalValue, type), "value"],
+         [FlameUnits.format(row.afterTotalValue, type), "value"]]
+      : [[row.function, ""], [points(row.selfChange, true) + (row.noise ? " ~" : ""), "value " + direction],
+         [points(row.baseSelf), "value"], [points(row.afterSelf), "value"], [points(row.totalChange, true), "value"],
+         [points(row.baseTotal), "value"], [points(row.afterTotal), "value"]];
     for (const [text, kind] of cells) {
       const cell = document.createElement("td");
       cell.textContent = text;
@@ -312,11 +334,12 @@
     return row;
   }
 
-  function renderDiffTable(result) {
+  function renderDiffTable(result, type) {
     const more = result.rows.filter((row) => row.selfChange > 0).slice(0, DIFF_ROWS);
     const less = result.rows.filter((row) => row.selfChange < 0).reverse().slice(0, DIFF_ROWS);
-    document.getElementById("diff-more").replaceChildren(heading("Costs more"), ...more.map(diffRow));
-    document.getElementById("diff-less").replaceChildren(heading("Costs less"), ...less.map(diffRow));
+    const described = FlameUnits.describe(type);
+    document.getElementById("diff-more").replaceChildren(heading(described.more), ...more.map((row) => diffRow(row, type)));
+    document.getElementById("diff-less").replaceChildren(heading(described.less), ...less.map((row) => diffRow(row, type)));
   }
 
   // The diff flame graph: drawn on the comparison's shape, coloured by the change of each frame's
@@ -330,16 +353,17 @@
       note.textContent = "";
       empty.textContent = "Pin a view first: it becomes the baseline, and what comes later the comparison.";
       empty.hidden = false;
-      renderDiffTable({ rows: [] });
+      renderDiffTable({ rows: [] }, type);
       return;
     }
     const baseTotal = treeTotal(base.tree);
     const afterTotal = treeTotal(after.tree);
-    const counts = type.unit === "count";
+    const counts = type.unit === "count" && !type.snapshot;
+    const compared = type.snapshot ? " · each process's latest reading on each side, compared by value" : " · shares of each side's own total";
     note.textContent = "(baseline " + base.label + ": " + FlameUnits.phrase(baseTotal, type) + " · comparison " + after.label + ": " +
-      FlameUnits.phrase(afterTotal, type) + " · shares of each side's own total" + (counts ? " · ~ within the sampling noise of these counts" : "") + ")";
+      FlameUnits.phrase(afterTotal, type) + compared + (counts ? " · ~ within the sampling noise of these counts" : "") + ")";
     document.getElementById("summary").textContent = data.host + " · diff · " + FlameUnits.phrase(afterTotal, type) + " against " + FlameUnits.phrase(baseTotal, type);
-    renderDiffTable(FlameCompare.changes(base.tree, after.tree, counts));
+    renderDiffTable(FlameCompare.changes(base.tree, after.tree, counts, type.snapshot), type);
     if (!baseTotal || !afterTotal) {
       empty.textContent = (baseTotal ? "The comparison" : "The baseline") + " has no " + FlameUnits.describe(type).noun + " (yet).";
       empty.hidden = false;
@@ -347,12 +371,15 @@
     }
     empty.hidden = true;
     const children = FlameCompare.annotate(FlameCompare.mergeTrees([[], after.tree]), base.tree);
-    const scale = FlameCompare.scaleOf(children, baseTotal, afterTotal);
+    const [baseOver, afterOver] = FlameCompare.denominators(baseTotal, afterTotal, type.snapshot);
+    const scale = FlameCompare.scaleOf(children, baseOver, afterOver);
     document.getElementById("diff-legend").hidden = false;
-    document.getElementById("diff-scale-text").textContent = "(−" + (100 * scale).toFixed(1) + " to +" + (100 * scale).toFixed(1) + " pts of the total)";
+    document.getElementById("diff-scale-text").textContent = type.snapshot
+      ? "(" + signed(-scale * baseOver, type) + " to " + signed(scale * baseOver, type) + ")"
+      : "(−" + (100 * scale).toFixed(1) + " to +" + (100 * scale).toFixed(1) + " pts of the total)";
     const root = { name: "comparison", value: afterTotal, base: baseTotal, libtype: "", children: children };
     chart = newChart(type)
-      .setColorMapper((node) => FlameCompare.colour(FlameCompare.nodeChange(node.data, baseTotal, afterTotal), scale))
+      .setColorMapper((node) => FlameCompare.colour(FlameCompare.nodeChange(node.data, baseOver, afterOver), scale))
       .setLabelHandler(diffLabel(type, baseTotal, afterTotal));
     d3.select(chartElement).datum(root).call(chart);
     search();
@@ -460,7 +487,8 @@
     const minutes = data.window_seconds / 60;
     const window = minutes >= 1 ? minutes.toFixed(minutes % 1 ? 1 : 0) + " min" : data.window_seconds + " s";
     const when = new Date(data.generated_unix * 1000).toLocaleTimeString();
-    return data.host + " · last " + window + " up to " + when + " · " + FlameUnits.phrase(total, type);
+    const span = type.snapshot ? "each process's latest reading in the last " : "last ";
+    return data.host + " · " + span + window + " up to " + when + " · " + FlameUnits.phrase(total, type);
   }
 
   // d3-flame-graph's own texts count "samples"; these say the value in the type's unit.

@@ -190,9 +190,10 @@ class HotSpotRuntimes:
 
     # -- reports ----------------------------------------------------------------------------------
 
-    def knows(self, tgid: int) -> bool:
-        """Whether this runtime names ``tgid``'s frames (reads its memory in reports)."""
-        return self._processes.get(tgid) is not None
+    def knows(self, tgid: int, started: int | None = None) -> bool:
+        """Whether this runtime names the frames of ``tgid``'s process started at ``started``
+        (reads its memory in reports)."""
+        return self._processes.get(tgid, started) is not None
 
     def new_report(self, budget: ReportBudget) -> None:
         """Called once per report: a few starting JVMs are looked at again, names read before are
@@ -234,10 +235,10 @@ class HotSpotRuntimes:
     def has_next(self, kind: int) -> bool:
         return kind in (INTERPRETED, COMPILED)
 
-    def name(self, tgid: int, stack: runtime_stacks.Stack) -> runtime_stacks.Stack:
+    def name(self, tgid: int, stack: runtime_stacks.Stack, started: int | None = None) -> runtime_stacks.Stack:
         """``stack`` with each Java frame the kernel recorded named, and each unnamed native frame
         in the code cache named by its CodeBlob (runtime_stacks.Runtime)."""
-        process = self._processes.get(tgid)
+        process = self._processes.get(tgid, started)  # (another process's, of a pid reused since, names nothing)
         if process is None:
             return stack
 

@@ -17,6 +17,10 @@ through a path a container controls. Paths are as the JVM sees them: its pid in 
 
 A JVM run with -Xrs (ReduceSignalUsage) has no SIGQUIT handler, and the signal would end it:
 SIGQUIT is sent only to a process whose /proc status shows it caught.
+
+A JVM killed (SIGKILL, the OOM killer) leaves its socket file behind, and a later JVM given the
+same pid finds it there with nobody listening: a connection it refuses is such a leftover, and
+the listener is started as if there were none (the JVM unlinks the path before it binds its own).
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ _FAILED, _NO_LISTENER = 2, 3
 
 class AttachError(Exception):
     """The command did not run: why, in words for a log line."""
+
+
+class _NobodyListens(AttachError):
+    """No socket at the path, or one no process listens on (a killed JVM's)."""
 
 
 class NoListener(AttachError):
@@ -76,9 +84,15 @@ def exchange(pid: int, command: str, timeout_s: float) -> str:
     namespace_pid = int(status["NSpid"].split()[-1])
     root = f"/proc/{pid}/root"
     socket_path = f"{root}/tmp/.java_pid{namespace_pid}"
-    if not _is_socket(socket_path):
-        _start_listener(pid, status, f"{root}/tmp/.attach_pid{namespace_pid}", socket_path, deadline)
-    reply = _send(socket_path, b"\0".join([PROTOCOL_VERSION, b"jcmd", command.encode(), b"", b""]) + b"\0", deadline)
+    request = b"\0".join([PROTOCOL_VERSION, b"jcmd", command.encode(), b"", b""]) + b"\0"
+    left = _socket_inode(socket_path)
+    try:
+        if left is None:
+            raise _NobodyListens(socket_path)
+        reply = _send(socket_path, request, deadline)
+    except _NobodyListens:
+        _start_listener(pid, status, f"{root}/tmp/.attach_pid{namespace_pid}", socket_path, left, deadline)
+        reply = _send(socket_path, request, deadline)
     result, _, output = reply.partition(b"\n")
     text = output.decode("utf-8", "replace").strip()
     if result.strip() != b"0":
@@ -94,14 +108,18 @@ def _status(pid: int) -> dict[str, str]:
         raise AttachError(f"no process {pid}: {error}") from error
 
 
-def _is_socket(path: str) -> bool:
+def _socket_inode(path: str) -> int | None:
+    """The inode of the socket at ``path``; None if there is none."""
     try:
-        return stat.S_ISSOCK(os.stat(path).st_mode)
+        found = os.stat(path)
     except OSError:
-        return False
+        return None
+    return found.st_ino if stat.S_ISSOCK(found.st_mode) else None
 
 
-def _start_listener(pid: int, status: dict[str, str], trigger: str, socket_path: str, deadline: float) -> None:
+def _start_listener(pid: int, status: dict[str, str], trigger: str, socket_path: str, left: int | None, deadline: float) -> None:
+    """Have the JVM open its socket at ``socket_path``: a socket other than ``left`` (the inode of
+    one a killed JVM left there, or None)."""
     if not int(status.get("SigCgt", "0"), 16) >> (signal.SIGQUIT - 1) & 1:
         raise NoListener("the JVM does not catch SIGQUIT (run with -Xrs, or still starting): "
                          "the signal that starts its attach listener would end it")
@@ -113,7 +131,7 @@ def _start_listener(pid: int, status: dict[str, str], trigger: str, socket_path:
         raise AttachError(f"cannot create the attach trigger {trigger}: {error}") from error
     try:
         os.kill(pid, signal.SIGQUIT)
-        while not _is_socket(socket_path):
+        while _socket_inode(socket_path) in (None, left):
             if time.monotonic() >= deadline:
                 raise NoListener(f"the JVM did not open {socket_path} after SIGQUIT (-XX:+DisableAttachMechanism?)")
             time.sleep(LISTENER_POLL_S)
@@ -136,7 +154,9 @@ def _send(socket_path: str, request: bytes, deadline: float) -> bytes:
             while chunk := connection.recv(65536):
                 chunks.append(chunk)
                 connection.settimeout(max(0.1, deadline - time.monotonic()))
-    except OSError as error:  # refused (the peer check), timed out, reset
+    except ConnectionRefusedError as error:  # (at connect: no process listens on the path)
+        raise _NobodyListens(f"{socket_path}: {error}") from error
+    except OSError as error:  # refused by the peer check (it closes), timed out, reset
         raise AttachError(f"{socket_path}: {error}") from error
     return b"".join(chunks)
 

@@ -41,6 +41,9 @@ class JitNames:
             return None
         return self.perf_maps.lookup_process(info, addr)
 
+    def new_report(self) -> None:
+        self.perf_maps.new_report()
+
     def forget(self, pid: int) -> None:
         with self._lock:
             self._runtime_of.pop(pid, None)

@@ -35,10 +35,12 @@ last check is ``max_age_s`` old (code replaced in place hits under its old name 
 check is one stat() when nothing changed.  Lookups are a bisect over sorted, non-overlapping
 ranges; lines read in one check are merged in one batch (see `_merge`).
 
-Memory: at most ``max_entries`` ranges per process (about 180 bytes a range with Node's names:
-18 MB at the default 100,000; a read holds at most twice that).  When full, new ranges are
-dropped (counted in stats["entries_dropped"]), but the older ranges they overlap are removed all
-the same: a name may be missing, never stale.  `forget(pid)` drops a process.
+Memory: at most ``max_entries`` ranges per process, and what the ranges of one map and of all
+maps hold, in bytes of the objects that hold them (`entry_bytes`: about 180 bytes a range with
+Node's names), at most ``max_map_bytes`` and ``max_total_bytes``; a read holds at most
+_BATCH ranges more before it merges them.  Past a cap new ranges are dropped (counted in
+stats["entries_dropped"]), but the older ranges they overlap are removed all the same: a name
+may be missing, never stale.  `forget(pid)` drops a process.
 """
 
 from __future__ import annotations
@@ -48,9 +50,12 @@ import errno
 import heapq
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+
+from pycollector.token_bucket import TokenBucket
 
 from ..processes.files import open_checked, path_in_root
 from ..processes.proc import Credentials, ProcessInfo, parse_status
@@ -59,19 +64,25 @@ DEFAULT_MAX_ENTRIES = 100_000
 DEFAULT_REFRESH_INTERVAL_S = 1.0
 DEFAULT_MAX_AGE_S = 10.0
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # Node's map of a large service after hours: tens of MB
-DEFAULT_MAX_READ_BYTES = 8 << 20  # about 0.1 s of parsing
+DEFAULT_MAX_READ_BYTES = 8 << 20  # about 0.1 s of parsing of Node's lines
+DEFAULT_MAX_READ_LINES = 10_000  # about 0.05 s of parsing and merging (on the report thread), however short the lines
 DEFAULT_MAX_LINE_BYTES = 8192
 DEFAULT_MAX_NAME_CHARS = 1024  # a JVM signature with generics, a JS function with a long path
-DEFAULT_MAX_TOTAL_NAME_CHARS = 64 << 20
-DEFAULT_MAX_MAP_NAME_CHARS = 16 << 20  # one process's share of that
+DEFAULT_MAX_TOTAL_BYTES = 32 << 20  # all maps' ranges together (half the agent's allowance for hostile input)
+DEFAULT_MAX_MAP_BYTES = 24 << 20  # one process's share of that: a large Node service's 100,000 ranges
 DEFAULT_MAX_READ_BYTES_PER_SECOND = 32 << 20  # all maps together: a fraction of a second of parsing
+DEFAULT_MAX_READ_LINES_PER_REPORT = 20_000  # all maps together (on the report thread: ~0.1 s, more on a loaded host)
 TRUNCATED = "…[truncated]"
 
-_READ_CHUNK = 4 << 20
+_READ_CHUNK = 256 << 10  # (a chunk of the shortest lines parses to ~40,000 ranges: what a read holds unmerged)
 _TAIL = 64  # bytes before the read offset kept to tell an append from a rewrite
 # A batch up to this long is merged range by range: each costs a list insert, a memmove of the
 # index (~30 us at 100k ranges, less at the end); a longer one by one sweep (~0.4 us a range).
 _FEW = 1000
+_BATCH = 16_384  # ranges parsed before they are merged: what a read holds beside the index (~3 MB)
+# What a range costs beside its name's str: two int objects (32 bytes each) and three list slots,
+# with the lists' spare capacity (measured: 181 bytes a range with a 36-character name).
+_RANGE_BYTES = 104
 # A process's start time comes from btime (whole seconds) and clock ticks: allow for that.
 _START_SLACK_NS = 2_000_000_000
 
@@ -125,7 +136,7 @@ class _Map:
     """One process's perf map: the file as last seen, and the ranges read from it."""
 
     __slots__ = ("root", "path", "credentials", "started_ns", "checked_at", "file", "read_to", "mtime_ns",
-                 "offset", "tail", "skipping", "name_bytes", "starts", "ends", "names")
+                 "offset", "tail", "skipping", "held_bytes", "starts", "ends", "names")
 
     def __init__(self, root: str, path: str, credentials: Credentials | None, started_ns: int | None) -> None:
         self.root, self.path = root, path  # the file is `path` inside the directory `root`
@@ -141,7 +152,7 @@ class _Map:
         self.offset = 0  # end of the last complete line read
         self.tail = b""  # the bytes just before offset
         self.skipping = False  # in a line longer than max_line_bytes: dropped up to its newline
-        self.name_bytes = 0  # characters of the names held (the memory they cost)
+        self.held_bytes = 0  # what its ranges hold (entry_bytes)
         self.starts: list[int] = []  # sorted, non-overlapping [start, end) ranges
         self.ends: list[int] = []
         self.names: list[str] = []
@@ -163,14 +174,19 @@ class PerfMaps:
     Budgets (a perf map is written by whoever runs the process; each overflow is counted):
     max_file_bytes:      bytes of one file read, in all; the rest is left unread
                          (stats["files_over_budget"]) until the file is replaced.
-    max_read_bytes:      bytes read in one check; the next check reads on.  This bounds the
-                         time a lookup (on the report thread) spends in one process's map.
+    max_read_bytes:      bytes read in one check, max_read_lines lines; the next check reads on.
+                         This bounds the time a lookup (on the report thread) spends in one
+                         process's map (short lines cost as much each as long ones).
     max_line_bytes:      a longer line is dropped whole (stats["long_lines"]).
     max_name_chars:      a longer name is cut and ends with TRUNCATED (stats["names_truncated"]).
-    max_total_name_chars: the names of all maps together, max_map_name_chars one map's; past
-                         them new ranges keep their place, unnamed (stats["entries_dropped"]):
+    max_total_bytes:     what the ranges of all maps hold together (`entry_bytes`), max_map_bytes
+                         one map's; past them new ranges are dropped (stats["entries_dropped"]):
                          the older ranges they overlap still go, so no name is ever stale.
     max_read_bytes_per_second: what all maps together may read (stats["reads_deferred"]).
+    max_read_lines_per_report: the lines all maps together may read between two new_report()s
+                         (a line costs the same however short, and the report thread reads them:
+                         a rate per second let six maps of a million lines take a report of 7 s,
+                         the time it took refilling the rate).
     """
 
     def __init__(
@@ -181,24 +197,29 @@ class PerfMaps:
         max_age_s: float = DEFAULT_MAX_AGE_S,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+        max_read_lines: int = DEFAULT_MAX_READ_LINES,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         max_name_chars: int = DEFAULT_MAX_NAME_CHARS,
-        max_total_name_chars: int = DEFAULT_MAX_TOTAL_NAME_CHARS,
-        max_map_name_chars: int = DEFAULT_MAX_MAP_NAME_CHARS,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+        max_map_bytes: int = DEFAULT_MAX_MAP_BYTES,
         max_read_bytes_per_second: int = DEFAULT_MAX_READ_BYTES_PER_SECOND,
+        max_read_lines_per_report: int = DEFAULT_MAX_READ_LINES_PER_REPORT,
         proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_entries = max_entries
         self.max_file_bytes = max_file_bytes
         self.max_read_bytes = max_read_bytes
+        self.max_read_lines = max_read_lines
         self.max_line_bytes = max_line_bytes
         self.max_name_chars = max_name_chars
-        self.max_total_name_chars = max_total_name_chars
-        self.max_map_name_chars = max_map_name_chars
+        self.max_total_bytes = max_total_bytes
+        self.max_map_bytes = max_map_bytes
         self.max_read_bytes_per_second = max_read_bytes_per_second
-        self._total_name_chars = 0
-        self._bucket, self._bucket_at = float(max_read_bytes_per_second), clock()
+        self._total_bytes = 0
+        # (Many processes sharing one giant map, hard links, cost a bounded read a second, not a full check's each.)
+        self._read_allowance = TokenBucket(max_read_bytes_per_second, clock)
+        self.max_read_lines_per_report = self._lines_left = max_read_lines_per_report
         self.refresh_interval_s = refresh_interval_s
         self.max_age_s = max_age_s
         self.proc = proc_root
@@ -244,7 +265,17 @@ class PerfMaps:
         with self._lock:
             m = self._maps.pop(pid, None)
             if m is not None:
-                self._total_name_chars -= m.name_bytes
+                self._total_bytes -= m.held_bytes
+
+    def new_report(self) -> None:
+        """A report starts: its lines to read (max_read_lines_per_report, all maps together)."""
+        with self._lock:
+            self._lines_left = self.max_read_lines_per_report
+
+    def held_bytes(self) -> int:
+        """What all maps' ranges hold now (entry_bytes)."""
+        with self._lock:
+            return self._total_bytes
 
     def entries(self, pid: int) -> int:
         with self._lock:
@@ -312,7 +343,7 @@ class PerfMaps:
             os.close(fd)
 
     def _clear(self, m: _Map, file: tuple[int, int] | None) -> None:
-        self._total_name_chars -= m.name_bytes
+        self._total_bytes -= m.held_bytes
         m.reset(file)
 
     def _refuse(self, m: _Map) -> None:
@@ -331,11 +362,15 @@ class PerfMaps:
         """Read on from the last complete line, within this check's and the file's budgets;
         merge the complete lines read."""
         before, first, pos, rest, batch = m.read_to, m.offset, m.offset, b"", []
-        stop = min(m.offset + self.max_read_bytes, self.max_file_bytes, m.offset + self._allowance())
+        stop = min(m.offset + self.max_read_bytes, self.max_file_bytes, m.offset + self._read_allowance.available())
         if stop <= m.offset:
             self.stats["reads_deferred"] += 1
-        at_end = False
-        while pos < stop:
+        at_end = spent = False
+        lines_left = allowed_lines = min(self.max_read_lines, self._lines_left)
+        if lines_left <= 0 and stop > m.offset:
+            self.stats["reads_deferred"] += 1
+            stop = m.offset
+        while pos < stop and not spent:
             chunk = os.pread(fd, min(_READ_CHUNK, stop - pos), pos)
             if not chunk:
                 at_end = True
@@ -349,35 +384,34 @@ class PerfMaps:
                 done = len(data) if m.skipping else newline + 1
             if not m.skipping:
                 cut = data.rfind(b"\n", done) + 1  # a line still being written waits for the next read
+                lines = data.count(b"\n", done, cut)
+                if lines > lines_left:  # this check's lines are spent: the rest waits for the next check
+                    segment = data[done:cut]
+                    cut -= len(segment.split(b"\n", lines_left)[-1])
+                    lines, spent = lines_left, True
+                    self.stats["reads_deferred"] += 1
                 if cut > done:
                     self._take_lines(data[done:cut], batch)
+                    lines_left -= lines
                     done = cut
-                if len(data) - done > self.max_line_bytes:  # bound what a line without end holds
+                if not spent and len(data) - done > self.max_line_bytes:  # bound what a line without end holds
                     self.stats["long_lines"] += 1
                     m.skipping, done = True, len(data)
             rest = data[done:]
             if done:
                 m.tail = (m.tail + data[max(0, done - _TAIL):done])[-_TAIL:]
                 m.offset = pos - len(rest)
-            if len(batch) >= self.max_entries:  # bound what a huge file holds in memory
+            if len(batch) >= _BATCH:  # bound what a huge file holds in memory
                 self._merge(m, batch)
                 batch = []
         self._merge(m, batch)
-        self._bucket -= pos - first
+        self._read_allowance.spend(pos - first)
+        self._lines_left -= allowed_lines - lines_left
         m.read_to = pos if at_end else m.offset
         if pos >= self.max_file_bytes and not at_end:
             if before < self.max_file_bytes:
                 self.stats["files_over_budget"] += 1
             m.read_to = os.fstat(fd).st_size  # read no more of it until it is replaced or grows
-
-    def _allowance(self) -> int:
-        """Bytes all maps together may still read now: max_read_bytes_per_second, saved up for
-        at most a second (a token bucket). Many processes sharing one giant map (hard links) then
-        cost a bounded read a second, not a full check's each."""
-        now = self._clock()
-        self._bucket = min(self.max_read_bytes_per_second, self._bucket + (now - self._bucket_at) * self.max_read_bytes_per_second)
-        self._bucket_at = now
-        return max(0, int(self._bucket))
 
     def _take_lines(self, data: bytes, batch: list) -> None:
         lines = data.splitlines()
@@ -402,18 +436,21 @@ class PerfMaps:
         """Add the ranges read, in file order, to m's index: replaying them one by one, each
         removing the older ranges it overlaps.  Up to _FEW are inserted in place (a bisect and
         a list insert each); a longer batch (a file's first read) is merged by one sweep.
-        What the names of all maps may hold together bounds the batch first."""
-        batch = self._within_name_budget(m, batch)
+        What all maps may hold together bounds the batch first."""
+        batch = self._within_budget(m, batch)
         self._insert(m, batch)
-        self._total_name_chars += (held := sum(map(len, m.names))) - m.name_bytes
-        m.name_bytes = held
+        self._total_bytes += (held := sum(map(sys.getsizeof, m.names)) + _RANGE_BYTES * len(m.names)) - m.held_bytes
+        m.held_bytes = held
 
-    def _within_name_budget(self, m: _Map, batch: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
-        """The batch, the names past the budgets emptied (a range with no name: a lookup misses)."""
-        room = min(self.max_total_name_chars - self._total_name_chars, self.max_map_name_chars - m.name_bytes)
+    def _within_budget(self, m: _Map, batch: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+        """The batch, the names of the ranges past the budgets emptied: such a range only removes
+        the older ranges it overlaps, and is not kept (a lookup misses)."""
+        room = min(self.max_total_bytes - self._total_bytes, self.max_map_bytes - m.held_bytes)
+        if sum(sys.getsizeof(name) for _start, _end, name in batch) + _RANGE_BYTES * len(batch) <= room:
+            return batch
         out = []
         for start, end, name in batch:
-            room -= len(name)
+            room -= entry_bytes(name)
             if room < 0 and name:
                 self.stats["entries_dropped"] += 1
                 name = ""
@@ -429,29 +466,67 @@ class PerfMaps:
                 if hi > lo:
                     del starts[lo:hi], ends[lo:hi], names[lo:hi]
                     self.stats["entries_replaced"] += hi - lo
-                elif len(starts) >= self.max_entries:
+                if not name:  # (past the budget: what it replaced is gone, it is not kept)
+                    continue
+                if hi == lo and len(starts) >= self.max_entries:
                     self.stats["entries_dropped"] += 1
                     continue
                 starts.insert(lo, start)
                 ends.insert(lo, end)
                 names.insert(lo, name)
             return
-        kept = list(zip(m.starts, m.ends, m.names))  # all older than the batch, disjoint
-        before = len(kept) + len(batch)
-        kept = _survivors(kept + batch)
-        self.stats["entries_replaced"] += before - len(kept)
-        if len(kept) > self.max_entries:  # full: the newest ranges go
-            cut = sorted(seq for _s, seq, _e, _n in kept)[self.max_entries]
-            self.stats["entries_dropped"] += len(kept) - self.max_entries
-            kept = [k for k in kept if k[1] < cut]
-        m.starts = [k[0] for k in kept]
-        m.ends = [k[2] for k in kept]
-        m.names = [k[3] for k in kept]
+        # Every range of the batch removes the older ranges of the index it overlaps (those a later
+        # range of the batch removes too: the replay's order); then the batch's survivors go in.
+        # Runs of the index are copied by slices, never one by one or as tuples.
+        fresh, covered = _survivors(batch)
+        kept, gone = _without(m.starts, m.ends, m.names, covered)
+        self.stats["entries_replaced"] += gone + len(batch) - len(fresh)
+        fresh = [entry for entry in fresh if entry[3]]  # (nameless: past the budget; what it replaced is gone, it is not kept)
+        if not fresh and not gone:  # (a full index, or a spent budget, and nothing replaced: as it was)
+            return
+        excess = len(kept[0]) + len(fresh) - self.max_entries
+        if excess > 0:  # full: the newest ranges go
+            cut = sorted(seq for _s, seq, _e, _n in fresh)[-excess]
+            self.stats["entries_dropped"] += excess
+            fresh = [entry for entry in fresh if entry[1] < cut]
+        m.starts, m.ends, m.names = _with(*kept, fresh)
 
 
-def _survivors(entries: list[tuple[int, int, str]]) -> list[tuple[int, int, int, str]]:
+def _without(starts: list[int], ends: list[int], names: list[str], runs: list[tuple[int, int]]) -> tuple[tuple[list, list, list], int]:
+    """The index (sorted, disjoint) without the ranges that overlap ``runs`` (sorted, disjoint),
+    and how many those were."""
+    kept: tuple[list, list, list] = ([], [], [])
+    at = gone = 0
+    for start, end in runs:
+        lo = bisect.bisect_right(ends, start, at)  # the first range that ends after start
+        hi = bisect.bisect_left(starts, end, lo)  # the first that starts at or after end
+        if hi > lo:
+            for column, source in zip(kept, (starts, ends, names)):
+                column += source[at:lo]
+            gone, at = gone + hi - lo, hi
+    for column, source in zip(kept, (starts, ends, names)):
+        column += source[at:]
+    return kept, gone
+
+
+def _with(starts: list[int], ends: list[int], names: list[str], fresh: list[tuple[int, int, int, str]]) -> tuple[list, list, list]:
+    """The index (sorted, disjoint) with ``fresh``'s (start, seq, end, name) ranges (sorted, and
+    overlapping none of it) in place: two sorted runs, which one sort merges in linear time."""
+    starts = starts + [entry[0] for entry in fresh]
+    ends = ends + [entry[2] for entry in fresh]
+    names = names + [entry[3] for entry in fresh]
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    return [starts[i] for i in order], [ends[i] for i in order], [names[i] for i in order]
+
+
+def entry_bytes(name: str) -> int:
+    """What one range of an index holds in memory: its name's str and the rest of it."""
+    return sys.getsizeof(name) + _RANGE_BYTES
+
+
+def _survivors(entries: list[tuple[int, int, str]]) -> tuple[list[tuple[int, int, int, str]], list[tuple[int, int]]]:
     """The entries (in file order) that no later entry overlaps, as (start, seq, end, name)
-    sorted by start.
+    sorted by start; and the addresses all entries cover, as sorted, disjoint [start, end) runs.
 
     One sweep by start: every range active at a start point contains that point, so any two of
     them overlap and, of all the ranges active there, only the newest can still be alive.  A
@@ -462,9 +537,13 @@ def _survivors(entries: list[tuple[int, int, str]]) -> list[tuple[int, int, int,
     dead = bytearray(len(entries))
     heap: list[tuple[int, int]] = []  # (-seq, end) of the ranges active at the current start
     reach = -1  # the largest end so far
+    covered: list[tuple[int, int]] = []
+    run_start = None  # where the run that reaches `reach` starts
     for start, seq, end, _name in order:
         if start >= reach:
-            heap = [(-seq, end)]
+            if run_start is not None:
+                covered.append((run_start, reach))
+            heap, run_start = [(-seq, end)], start
         else:
             while heap[0][1] <= start:  # never empties: the range that reaches `reach` stays
                 heapq.heappop(heap)
@@ -472,4 +551,6 @@ def _survivors(entries: list[tuple[int, int, str]]) -> list[tuple[int, int, int,
             dead[seq if newest > seq else newest] = 1
             heapq.heappush(heap, (-seq, end))
         reach = max(reach, end)
-    return [o for o in order if not dead[o[1]]]
+    if run_start is not None:
+        covered.append((run_start, reach))
+    return [o for o in order if not dead[o[1]]], covered

@@ -9,6 +9,7 @@ records whose size depends on their kind, then the strings.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
@@ -104,23 +105,75 @@ class Btf:
         return None
 
 
+# The members an I/O wait's device is read through (bpf/off_cpu.bpf.c io_device), as the cflag
+# that carries each offset: the thread's file table, a descriptor's file, its inode, its file
+# system's device (or a device file's own).
+FILE_DEVICE_MEMBERS = (
+    ("TASK_FILES_OFFSET", "task_struct", "files"),
+    ("FILES_FDT_OFFSET", "files_struct", "fdt"),
+    ("FDTABLE_MAX_FDS_OFFSET", "fdtable", "max_fds"),
+    ("FDTABLE_FD_OFFSET", "fdtable", "fd"),
+    ("FILE_INODE_OFFSET", "file", "f_inode"),
+    ("INODE_MODE_OFFSET", "inode", "i_mode"),
+    ("INODE_RDEV_OFFSET", "inode", "i_rdev"),
+    ("INODE_SB_OFFSET", "inode", "i_sb"),
+    ("SB_DEV_OFFSET", "super_block", "s_dev"),
+)
+# Every (struct, member) the BPF programs reach by offset (see the functions below).
+_MEMBERS = (*(("task_struct", member) for member in ("thread.fsbase", "tgid", "pid", "group_leader", "start_boottime")),
+            *((struct_name, member) for _, struct_name, member in FILE_DEVICE_MEMBERS))
+
+
+@functools.lru_cache(maxsize=4)
+def _kernel_offsets(path: str) -> dict[tuple[str, str], int | str]:
+    """Each of _MEMBERS's offsets, or why the BTF does not give it, from one parse. A parse costs
+    0.3 s, and a receiver asked for three or four at each start; the running kernel's BTF does not
+    change under it, and the result is a few numbers (the parse itself is megabytes, not kept)."""
+    try:
+        btf = Btf.of_running_kernel(path)
+    except BtfError as error:
+        return dict.fromkeys(_MEMBERS, str(error))
+    found: dict[tuple[str, str], int | str] = {}
+    for struct_name, member in _MEMBERS:
+        try:
+            found[(struct_name, member)] = btf.member_offset(struct_name, member)
+        except BtfError as error:
+            found[(struct_name, member)] = str(error)
+    return found
+
+
+def _member(path: str, struct_name: str, member: str) -> int:
+    offset = _kernel_offsets(path)[(struct_name, member)]
+    if isinstance(offset, str):
+        raise BtfError(offset)
+    return offset
+
+
+def _task_member(path: str, member: str) -> int:
+    return _member(path, "task_struct", member)
+
+
 def task_fsbase_offset(path: str = VMLINUX_BTF) -> int:
     """Where task_struct keeps the thread's TLS base (x86-64: thread.fsbase)."""
-    return Btf.of_running_kernel(path).member_offset("task_struct", "thread.fsbase")
+    return _task_member(path, "thread.fsbase")
 
 
 def task_tgid_offset(path: str = VMLINUX_BTF) -> int:
     """Where task_struct keeps its process's id (the BPF program reads a forked child's)."""
-    return Btf.of_running_kernel(path).member_offset("task_struct", "tgid")
+    return _task_member(path, "tgid")
 
 
 def task_pid_offset(path: str = VMLINUX_BTF) -> int:
     """Where task_struct keeps the thread's id (off-CPU profiling reads the next thread's)."""
-    return Btf.of_running_kernel(path).member_offset("task_struct", "pid")
+    return _task_member(path, "pid")
 
 
 def task_start_offsets(path: str = VMLINUX_BTF) -> tuple[int, int]:
     """Where task_struct keeps its thread group leader and its start_boottime: the BPF program
     dates each sample's process by its leader's (what /proc/PID/stat's starttime shows)."""
-    btf = Btf.of_running_kernel(path)
-    return btf.member_offset("task_struct", "group_leader"), btf.member_offset("task_struct", "start_boottime")
+    return _task_member(path, "group_leader"), _task_member(path, "start_boottime")
+
+
+def file_device_offsets(path: str = VMLINUX_BTF) -> dict[str, int]:
+    """{cflag: offset} of FILE_DEVICE_MEMBERS in the running kernel."""
+    return {flag: _member(path, struct_name, member) for flag, struct_name, member in FILE_DEVICE_MEMBERS}

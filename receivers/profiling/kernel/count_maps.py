@@ -9,7 +9,7 @@ import errno
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from receivers.profiling.kernel.samples import StackCount, stack_count
+from receivers.profiling.kernel.samples import StackCount, Waker, stack_count
 
 STACK_HASHED = -61  # profile.h: the stack id of a stack stored by its hash in user_stacks_N
 USER_ADDRESS_END = 1 << 56  # profile.h: no user address is at or above it (x86-64 with 5-level paging)
@@ -37,13 +37,14 @@ class CountRow(NamedTuple):
     kernel_stack_hash: int
     span: bytes  # trace id and span id (24 bytes), or b"" outside any span
     process_start: int  # the process's start_boottime (ns), or 0 unknown
+    device: int  # an I/O wait's device (kernel dev_t), or 0
 
     @classmethod
     def of(cls, key, value) -> CountRow:
         span = bytes(key.trace_id) + bytes(key.span_id)
         return cls(key.tgid, key.pid, key.comm, key.kernel_stack_id, key.user_stack_id, key.user_leaf_return,
                    map_int(value), key.user_stack_hash, key.origin, key.kernel_stack_hash, span if any(span) else b"",
-                   key.process_start)
+                   key.process_start, key.device)
 
 
 @dataclass
@@ -64,17 +65,21 @@ class SlotReader:
         self.log = log
         self.batch_ok = True  # BPF_MAP_LOOKUP_AND_DELETE_BATCH works (kernel 5.6+)
 
-    def read(self, count_map, stack_map, user_stack_map) -> SlotContents:
-        """Read and empty one retired slot (user_stack_map: the stacks stored by their hash)."""
-        rows = self._drain_counts(count_map)
-        used = {sid for row in rows for sid in (row.kernel_stack_id, row.user_stack_id) if sid >= 0}
+    def read(self, count_map, stack_map, user_stack_map, wake_map=None) -> SlotContents:
+        """Read and empty one retired slot (user_stack_map: the stacks stored by their hash;
+        wake_map: lock waits by who woke them, with lock_profiling)."""
+        rows: list[tuple[CountRow, object]] = [(row, None) for row in self._drain_counts(count_map)]
+        # Lock waits by who woke them: the waiter's row, and the waker's key, whose stacks are in this slot too.
+        if wake_map is not None:
+            rows += self._drain_counts(wake_map, _wake_row)
+        used = {sid for row, _ in rows for sid in (row.kernel_stack_id, row.user_stack_id) if sid >= 0}
         stacks = {sid: _read_stack(stack_map, sid) for sid in used}
         # Every id in this map belongs to the interval just drained (see Sampler's docstring).
         freed = _empty_stack_map(stack_map, used)
         walked = self._drain_user_stacks(user_stack_map)
         missing = raced = 0
         out = []
-        for row in rows:
+        for row, waker_key in rows:
             kid, uid = row.kernel_stack_id, row.user_stack_id
             kaddrs = uaddrs = None
             kerr = kid if kid < 0 else 0
@@ -108,11 +113,14 @@ class SlotReader:
                 else:
                     uaddrs = _within_user_space(uaddrs)
             out.append(stack_count(row.tgid, row.pid, row.comm, kaddrs, uaddrs, row.user_leaf_return, row.count,
-                                   kerr, uerr, row.origin, row.span, row.process_start))
+                                   kerr, uerr, row.origin, row.span, row.process_start, row.device))
+            if waker_key is not None:
+                out[-1].waker, lost = _waker(waker_key, walked)
+                missing += lost
         return SlotContents(out, missing, freed, raced)
 
-    def _drain_counts(self, table) -> list[CountRow]:
-        """Read and delete every entry of a retired count map."""
+    def _drain_counts(self, table, row=CountRow.of) -> list:
+        """Read and delete every entry of a retired count map, each made a row by ``row(key, value)``."""
         if self.batch_ok:
             try:
                 entries = list(table.items_lookup_and_delete_batch())
@@ -120,11 +128,11 @@ class SlotReader:
                 self.batch_ok = False
                 self.log.info("batch map operations unavailable, using per-key delete", error=str(e))
             else:
-                return [CountRow.of(key, value) for key, value in entries]
+                return [row(key, value) for key, value in entries]
         # Fallback: a late increment between the read and the delete of a key is lost.
         out = []
         for key, value in table.items():
-            out.append(CountRow.of(key, value))
+            out.append(row(key, value))
             with contextlib.suppress(KeyError):
                 del table[key]
         return out
@@ -144,6 +152,30 @@ class SlotReader:
             with contextlib.suppress(KeyError):
                 del table[key]
         return out
+
+
+def _wake_row(key, value) -> tuple[CountRow, object]:
+    """A wake_counts_N entry (struct wake_key): the waiter's row, and the waker's key."""
+    return CountRow.of(key.waiter, value), key.waker
+
+
+def _waker(key, walked: dict[int, list[int]]) -> tuple[Waker, int]:
+    """The waker a wake_key names, its stacks from the slot's stored ones (``walked``), and how
+    many of those were missing."""
+    missing = 0
+    resolved = []
+    for stack_id, stack_hash in ((key.kernel_stack_id, key.kernel_stack_hash), (key.user_stack_id, key.user_stack_hash)):
+        if stack_id != STACK_HASHED:
+            resolved.append(([], stack_id if stack_id < 0 else 0))
+            continue
+        addresses = walked.get(stack_hash)
+        if addresses is None:
+            missing += 1
+            resolved.append(([], -errno.ENOENT))
+        else:
+            resolved.append((addresses, 0))
+    (kaddrs, kerr), (uaddrs, uerr) = resolved
+    return Waker(key.tgid, key.pid, key.comm.decode("utf-8", "replace"), kaddrs, _within_user_space(uaddrs), kerr, uerr), missing
 
 
 def _read_stack(table, stack_id: int) -> list[int] | None:

@@ -15,13 +15,16 @@ import ctypes as ct
 import errno
 import os
 
-from receivers.profiling.kernel import bcc_bpf
+from receivers.profiling.kernel import bcc_bpf, uprobes
 from receivers.profiling.kernel.compiled import CompiledProgram, FunctionSpec, with_immediates
 from receivers.profiling.kernel.maps import BpfMap, map_over
 from receivers.profiling.kernel.program import (BPFAttachError, BPFLoadError, BPFPermissionError, SamplerError,
                                                 capture_stderr_fd, tail)
 
-PROGRAM_TYPES = {"PERF_EVENT": 7, "RAW_TRACEPOINT": 17}
+PROGRAM_TYPES = {"KPROBE": 2, "PERF_EVENT": 7, "RAW_TRACEPOINT": 17}  # (a uprobe runs a KPROBE program)
+# A KPROBE program that uprobe_multi links run (kernel/uprobes.py): loaded with that expected
+# attach type, which bcc_prog_load cannot set.
+UPROBE_MULTI = "UPROBE_MULTI"
 RAW_TRACEPOINT_PREFIX = "raw_tracepoint__"
 # BCC attaches these by name at load; a program using one needs the loader to learn it first.
 _OTHER_AUTOLOAD_PREFIXES = ("kprobe__", "kretprobe__", "tracepoint__", "kfunc__", "kretfunc__", "lsm__")
@@ -56,7 +59,8 @@ class LoadedProgram:
                     function = compiled.function(name.decode())
                 except KeyError as error:
                     raise BPFLoadError(str(error)) from None
-                loaded._load_function(function, PROGRAM_TYPES[program_type], log_level)
+                loaded._load_function(function, PROGRAM_TYPES.get(program_type, PROGRAM_TYPES["KPROBE"]), log_level,
+                                      uprobe_multi=program_type == UPROBE_MULTI)
             loaded._autoload(log_level)
         except BaseException:
             loaded.cleanup()
@@ -73,14 +77,19 @@ class LoadedProgram:
                 raise kind(f"the kernel refused to create map {spec.name}: {os.strerror(code)}")
             self._map_fds[spec.name] = fd
 
-    def _load_function(self, function: FunctionSpec, program_type: int, log_level: int) -> int:
+    def _load_function(self, function: FunctionSpec, program_type: int, log_level: int, uprobe_multi: bool = False) -> int:
         descriptors = {index: self._map_fds[self.compiled.maps[map_index].name] for index, map_index in function.map_references}
         instructions = with_immediates(function.instructions, descriptors)
-        with capture_stderr_fd() as out:  # (BCC's loader prints the verifier's log to fd 2)
-            fd = self._lib.bcc_prog_load(program_type, function.name.encode(), instructions, len(instructions),
-                                         self.compiled.license.encode(), self.compiled.kern_version, log_level, None, 0)
-            code = ct.get_errno()
-        self.log += "".join(out)
+        if uprobe_multi:
+            fd, printed = uprobes.load_program(instructions, self.compiled.license, self.compiled.kern_version, function.name, log_level)
+            code = -fd if fd < 0 else 0
+            self.log += printed
+        else:
+            with capture_stderr_fd() as out:  # (BCC's loader prints the verifier's log to fd 2)
+                fd = self._lib.bcc_prog_load(program_type, function.name.encode(), instructions, len(instructions),
+                                             self.compiled.license.encode(), self.compiled.kern_version, log_level, None, 0)
+                code = ct.get_errno()
+            self.log += "".join(out)
         if fd < 0:
             if code == errno.EPERM and "invalid" not in self.log.lower():
                 raise BPFPermissionError(f"the kernel refused to load BPF: {os.strerror(code)}", self.log)

@@ -150,7 +150,7 @@ def program_text(source: Path) -> str:
 def load(source: Path, cflags: list[str], verifier_log_level: int, functions: dict[bytes, str],
          cache: ProgramCache | None = None) -> tuple[LoadedProgram, str]:
     """``source`` compiled (or read from ``cache``) and each of ``functions`` (name -> program type
-    name, "PERF_EVENT" or "RAW_TRACEPOINT") loaded; the loaded program and what the compiler and
+    name, "PERF_EVENT", "RAW_TRACEPOINT" or "KPROBE") loaded; the loaded program and what the compiler and
     verifier printed. Raises a SamplerError subclass; nothing stays loaded when it does."""
     from receivers.profiling.kernel.compiler import compile_in_child
     from receivers.profiling.kernel.loader import LoadedProgram

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import structlog
 
-from receivers.profiling.kernel import btf as kernel_btf, program as bpf_program
+from receivers.profiling.kernel import btf as kernel_btf, program as bpf_program, uprobes
+from receivers.profiling.kernel.loader import UPROBE_MULTI
 from receivers.profiling.kernel.count_maps import SlotReader
 from receivers.profiling.kernel.counters import USER_COUNTERS, read_counter_names
 from receivers.profiling.kernel.program import SamplerError
@@ -60,6 +61,14 @@ PYTHON_WALK_NAME = b"python_walk"  # tail-called before it for a Python process 
 # copies of the two programs above, in the same order (a program tail-calls only its own type).
 OFF_CPU_PROGRAM_NAME = b"off_cpu_switch"
 OFF_CPU_WALK_NAMES = (b"unwind_step_off_cpu", b"python_walk_off_cpu")
+# With lock waits, the program on sched_waking that records who woke a lock waiter (it walks
+# through the same copies).
+OFF_CPU_WAKING_NAME = b"off_cpu_waking"
+# Memory profiling (bpf/memory.bpf.c): the programs user space attaches to each process's
+# otel_memory:alloc and :free probes (uprobes), and their copies of the walk's programs.
+MEMORY_ALLOC_NAME = b"memory_alloc"
+MEMORY_FREE_NAME = b"memory_free"
+MEMORY_WALK_NAMES = (b"unwind_step_memory", b"python_walk_memory")
 
 # How long collect() waits after flipping the active slot before draining the old one.  The BPF
 # programs (the cpu-clock one in its hrtimer interrupt, the off-CPU one in the scheduler, their
@@ -98,6 +107,20 @@ class UnwindMaps:
     hotspot: object  # hotspot_processes: tgid -> a JVM's code cache and how its CodeBlobs are laid out
 
 
+@dataclass(frozen=True)
+class MemoryMaps:
+    """What user space needs to attach the memory programs and read the live heap (memory.bpf.c)."""
+
+    alloc_program: int  # the descriptor of memory_alloc, for otel_memory:alloc's uprobes
+    free_program: int | None  # memory_free's, with the live heap (else free is not attached)
+    probes: object  # memory_probes: (tgid, probe address) -> where its arguments are
+    live_allocs: object | None  # (tgid, ptr) -> a sampled allocation not freed yet
+    live_stacks: object | None  # stack hash -> the stack of live allocations
+    live_counts: object | None  # tgid -> its entries in live_allocs (each process's share)
+    budgets: object  # memory_budgets: tgid -> its allocations walked this second, and what it owes
+    multi: bool  # the programs are attached by uprobe_multi links (else by the uprobe PMU: kernel/uprobes.py)
+
+
 class Sampler:
     """Loads the profiler into the kernel and reads its double-buffered counts.
 
@@ -133,6 +156,7 @@ class Sampler:
         self.target_tgids = None
         self._profiling_on = None
         self._off_cpu_waits = None
+        self.thread_stacks = None  # thread_stacks (settings.thread_stacks): tid -> its stacks where it last left a CPU
         self.source = Path(source)
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
         self.counter_names = read_counter_names(self.source.parent / "profile.h")
@@ -155,6 +179,15 @@ class Sampler:
             self.log.warning("samples are attributed to processes by pid alone: the kernel's BTF does not say where a process's start time is kept",
                              reason=str(error))
 
+        # Where the kernel keeps what an I/O wait's device is read through (off_cpu.bpf.c
+        # io_device); None: I/O waits carry no device.
+        self.file_device_offsets: dict[str, int] | None = None
+        if settings.io_waits:
+            try:
+                self.file_device_offsets = kernel_btf.file_device_offsets()
+            except kernel_btf.BtfError as error:
+                self.log.warning("I/O waits carry no device: the kernel's BTF does not say where a file's device is kept", reason=str(error))
+
         self.program_cache = ProgramCache(settings.program_cache_dir, self.log)
         self._bpf = None
         self._closed = False
@@ -162,7 +195,10 @@ class Sampler:
         self._count_maps: list = []
         self._stack_maps: list = []  # stack_traces_N, indexed like _count_maps
         self._user_stack_maps: list = []  # user_stacks_N: stacks the unwinder walked
+        self._wake_maps: list = []  # wake_counts_N: lock waits by who woke them (with lock_waits)
         self.unwind_maps: UnwindMaps | None = None
+        self.memory_maps: MemoryMaps | None = None
+        self._memory_multi = False  # (start() finds whether the kernel has uprobe_multi links)
         self._counters_map = None
         self._known = None
         self._user = dict.fromkeys(USER_COUNTERS, 0)
@@ -213,7 +249,9 @@ class Sampler:
             *([f"-DTASK_GROUP_LEADER_OFFSET={self.task_start_offsets[0]}", f"-DTASK_START_BOOTTIME_OFFSET={self.task_start_offsets[1]}"]
               if self.task_start_offsets is not None else []),
             *([f"-DTASK_TGID_OFFSET={kernel_btf.task_tgid_offset()}"] if settings.target_tgids_size else []),
-            *([f"-DTASK_PID_OFFSET={kernel_btf.task_pid_offset()}"] if settings.off_cpu_threshold else []),
+            *([f"-DTASK_PID_OFFSET={kernel_btf.task_pid_offset()}"] if settings.records_waits else []),
+            *(["-DIO_DEVICE=1", *(f"-D{flag}={offset}" for flag, offset in self.file_device_offsets.items())]
+              if settings.io_waits and self.file_device_offsets else []),
         ]
 
     def describe_program(self) -> str:
@@ -228,8 +266,16 @@ class Sampler:
             raise SamplerError("Sampler already started")
         settings = self.settings
         programs = {PROGRAM_NAME: "PERF_EVENT", UNWIND_STEP_NAME: "PERF_EVENT", PYTHON_WALK_NAME: "PERF_EVENT"}
-        if settings.off_cpu_threshold:
+        if settings.records_waits:
             programs.update(dict.fromkeys((OFF_CPU_PROGRAM_NAME, *OFF_CPU_WALK_NAMES), "RAW_TRACEPOINT"))
+        if settings.lock_waits:
+            programs[OFF_CPU_WAKING_NAME] = "RAW_TRACEPOINT"
+        if settings.memory_profiling:  # (attached later, to each process's probes: receivers/profiling/memory/)
+            # uprobe_multi links where the kernel has them (what the deployments' capabilities allow),
+            # else the uprobe PMU; the walk's copies alike, as a tail call needs the same attach type.
+            self._memory_multi = uprobes.multi_supported()
+            programs.update(dict.fromkeys((MEMORY_ALLOC_NAME, *MEMORY_WALK_NAMES, *((MEMORY_FREE_NAME,) if settings.live_heap else ())),
+                                          UPROBE_MULTI if self._memory_multi else "KPROBE"))
         bpf, self.compile_log = bpf_program.load(self.source, self.cflags(), settings.verifier_log_level, programs, self.program_cache)
         try:
             self._fill_tail_call_arrays(bpf)
@@ -237,9 +283,11 @@ class Sampler:
             self._open_event_readers(bpf)
             # Attached last, once every perf buffer is open: an event sent to a CPU's buffer
             # before its reader exists fails (the first process announced was lost that way).
-            if settings.off_cpu_threshold:
+            if settings.records_waits:
                 bpf_program.attach_raw_tracepoint(bpf, b"sched_switch", OFF_CPU_PROGRAM_NAME,
                                                   hint="off-CPU profiling reads its prev_state argument: Linux 5.18 or later")
+            if settings.lock_waits:
+                bpf_program.attach_raw_tracepoint(bpf, b"sched_waking", OFF_CPU_WAKING_NAME, hint="who woke a lock waiter")
             bpf_program.attach_cpu_clock(bpf, PROGRAM_NAME, settings.frequency_hz)
         except OSError as error:  # (a map the kernel refused to fill: a perf buffer, a program array)
             with contextlib.suppress(Exception):
@@ -263,15 +311,19 @@ class Sampler:
         UNWIND_STEP_PROGRAM and PYTHON_WALK_PROGRAM (load() loaded them)."""
         for index, name in enumerate((UNWIND_STEP_NAME, PYTHON_WALK_NAME)):
             bpf[b"unwind_programs"][ct.c_int(index)] = ct.c_int(bpf.function_fd(name))
-        if self.settings.off_cpu_threshold:
+        if self.settings.records_waits:
             for index, name in enumerate(OFF_CPU_WALK_NAMES):
                 bpf[b"off_cpu_programs"][ct.c_int(index)] = ct.c_int(bpf.function_fd(name))
+        if self.settings.memory_profiling:
+            for index, name in enumerate(MEMORY_WALK_NAMES):
+                bpf[b"memory_programs"][ct.c_int(index)] = ct.c_int(bpf.function_fd(name))
 
     def _find_maps(self, bpf) -> None:
         """The maps user space reads and fills, and the switches it sets before the first sample."""
         self._count_maps = [bpf[b"counts_0"], bpf[b"counts_1"]]
         self._stack_maps = [bpf[b"stack_traces_0"], bpf[b"stack_traces_1"]]
         self._user_stack_maps = [bpf[b"user_stacks_0"], bpf[b"user_stacks_1"]]
+        self._wake_maps = [bpf[b"wake_counts_0"], bpf[b"wake_counts_1"]] if self.settings.lock_waits else []
         self.unwind_maps = UnwindMaps(bpf[b"unwind_rows"], bpf[b"unwind_files"], bpf[b"unwind_processes"],
                                       bpf[b"unwind_demand"], bpf[b"unwind_used"], bpf[b"python_processes"],
                                       bpf[b"v8_processes"], bpf[b"hotspot_processes"])
@@ -287,8 +339,15 @@ class Sampler:
             self._profiling_on[ct.c_int(0)] = ct.c_uint32(1)  # until the first draw
         if self.settings.target_tgids_size:
             self.target_tgids = bpf[b"target_tgids"]
-        if self.settings.off_cpu_threshold:
+        if self.settings.records_waits:
             self._off_cpu_waits = bpf[b"off_cpu_waits"]
+        if self.settings.thread_stacks:
+            self.thread_stacks = bpf[b"thread_stacks"]
+        if self.settings.memory_profiling:
+            live = self.settings.live_heap
+            self.memory_maps = MemoryMaps(bpf.function_fd(MEMORY_ALLOC_NAME), bpf.function_fd(MEMORY_FREE_NAME) if live else None,
+                                          bpf[b"memory_probes"], bpf[b"live_allocs"] if live else None, bpf[b"live_stacks"] if live else None,
+                                          bpf[b"live_counts"] if live else None, bpf[b"memory_budgets"], self._memory_multi)
 
     def _open_event_readers(self, bpf) -> None:
         """A reader on each perf buffer, each event decoded with the struct BCC derived from
@@ -358,7 +417,7 @@ class Sampler:
         uaddrs = tuple((ct.c_uint64 * ulen).from_address(data + self._overflow_header))
         span = bytes(event.trace_id) + bytes(event.span_id)
         key = (event.tgid, event.pid, event.comm, kaddrs, uaddrs, event.user_leaf_return,
-               event.kernel_error, event.user_error, event.origin, span if any(span) else b"", event.process_start)
+               event.kernel_error, event.user_error, event.origin, span if any(span) else b"", event.process_start, event.device)
         with self._overflow_lock:
             self._overflow[key] = self._overflow.get(key, 0) + event.value
         with self._user_lock:
@@ -483,10 +542,10 @@ class Sampler:
             overflow, self._overflow = self._overflow, {}
 
         slot = self._slots.read(self._count_maps[drained_slot], self._stack_maps[drained_slot],
-                                self._user_stack_maps[drained_slot])
+                                self._user_stack_maps[drained_slot], self._wake_maps[drained_slot] if self._wake_maps else None)
         out = slot.stacks
-        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr, origin, span, started), count in overflow.items():
-            out.append(stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count, kerr, uerr, origin, span, started))
+        for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr, origin, span, started, device), count in overflow.items():
+            out.append(stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count, kerr, uerr, origin, span, started, device))
 
         with self._user_lock:
             self._user["missing_stacks"] += slot.missing
@@ -525,8 +584,10 @@ class Sampler:
         self._count_maps = []
         self._stack_maps = []
         self._user_stack_maps = []
+        self._wake_maps = []
         self.unwind_maps = None
-        self._counters_map = self._known = self.target_tgids = self._profiling_on = self._off_cpu_waits = None
+        self.memory_maps = None
+        self._counters_map = self._known = self.target_tgids = self._profiling_on = self._off_cpu_waits = self.thread_stacks = None
 
     def _require_started(self) -> None:
         if self._bpf is None:

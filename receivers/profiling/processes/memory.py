@@ -31,6 +31,7 @@ MAX_READ_BYTES = 1 << 20  # the largest structure read: a code object's line tab
 
 _PAGE_SHIFT = os.sysconf("SC_PAGE_SIZE").bit_length() - 1
 _IN_MEMORY_OR_SWAP = 3 << 62  # pagemap: bit 63 present, bit 62 swapped
+_PRESENT = 1 << 63
 _MAX_MOUNTINFO_BYTES = 4 << 20
 # The slow check (the process's maps, then the mount tables) reads what the process controls: its
 # maps at most this much (about 40,000 mappings; a process with more has its pages that are not
@@ -78,6 +79,9 @@ class ProcessMemory:
             self.close()
             raise MemoryReadError(pid, 0, 0, f"cannot open its memory: {e.strerror}", e.errno) from e
         self.exited = False
+        # Whether the last read touched a page not in memory (in swap, or not faulted in yet):
+        # it may have waited for a disk.
+        self.waited = False
         # Slow checks it may still make (a bucket refilled at SLOW_CHECKS_PER_S), and when it was.
         self._slow_checks, self._slow_checks_at = SLOW_CHECKS_PER_S, time.monotonic()
 
@@ -91,6 +95,7 @@ class ProcessMemory:
             raise MemoryReadError(self.pid, address, size, f"larger than one read may be ({MAX_READ_BYTES} bytes)")
         if self.exited:
             raise ProcessExited(self.pid, address, size)
+        self.waited = False
         if size and not self._safe_to_fault(address, size):
             raise MemoryReadError(self.pid, address, size, "a page of a FUSE file that is not in memory: reading it "
                                   "would wait for that file system's daemon")
@@ -113,7 +118,9 @@ class ProcessMemory:
             return False
         if not entries and self._gone():
             raise ProcessExited(self.pid, address, size)
-        if len(entries) == 8 * (last - first + 1) and all(entry & _IN_MEMORY_OR_SWAP for (entry,) in _U64.iter_unpack(entries)):
+        pages = [entry for (entry,) in _U64.iter_unpack(entries)]
+        self.waited = not all(entry & _PRESENT for entry in pages)
+        if len(pages) == last - first + 1 and all(entry & _IN_MEMORY_OR_SWAP for entry in pages):
             return True  # (the common case: what a process uses is in memory)
         if not self._take_slow_check():
             return False

@@ -12,6 +12,16 @@ from dataclasses import dataclass, field
 DELETED_SUFFIX = " (deleted)"
 MAX_CMDLINE_BYTES = 16 << 10  # a JVM's class path runs to kilobytes; targeting matches this much
 MAX_ENVIRON_BYTES = 1 << 20
+# /proc/PID/maps is as long as the process makes it (65,530 mappings of a 4 KiB path: 270 MB).
+# A large JVM's or browser's is well under a megabyte; past the cap the rest is left out (counted).
+MAX_MAPS_BYTES = 8 << 20
+MAX_EXECUTABLE_MAPPINGS = 16_384  # kept per process (each ~250 bytes in a snapshot)
+# Maps this long or shorter are read whole whenever they are read, and again at once when the
+# kernel's unwinder misses (a 100 ms process cannot wait a second for its dlopen()ed library).
+# Longer ones cost a parse and every watcher's look at each mapping: they wait the table's
+# refresh interval, and all processes' reads together are MAPS_BYTES_PER_SECOND, however many.
+MAX_PROMPT_REFRESH_BYTES = 1 << 20
+MAPS_BYTES_PER_SECOND = 16 << 20
 PF_KTHREAD = 0x00200000
 
 
@@ -131,6 +141,10 @@ class ProcessInfo:
     errors: list[str] = field(default_factory=list)  # what the snapshot could not read
     exited: bool = False
     maps_read_at: float = 0.0  # monotonic seconds
+    maps_bytes: int = 0  # how long its maps text was (what reading it again costs)
+    # Long maps read again and found unchanged in a row: each doubles the wait before the next
+    # read (processes/table.py refresh_maps).
+    maps_unchanged_reads: int = 0
     # Which program it runs: a new number for each snapshot of a new process or an exec, kept by
     # the snapshots of its mappings read again (watchers tell an exec from a dlopen() by it).
     program: int = 0
@@ -160,6 +174,12 @@ class ProcessInfo:
         return None
 
 
+def same_incarnation(info: ProcessInfo, started: int | None) -> bool:
+    """Whether ``info`` (a snapshot someone kept of a process: a runtime's, say) is of the process
+    that started at tick ``started`` (None, or a snapshot without a start: as far as can be told)."""
+    return started is None or info.start_time_ticks is None or info.start_time_ticks == started
+
+
 # --------------------------------------------------------------------------------------------
 # /proc readers (each raises OSError when the process is gone)
 
@@ -178,9 +198,13 @@ def _split_deleted(path: str) -> tuple[str, bool]:
     return path, False
 
 
-def parse_maps(text: str, executable_only: bool = True) -> list[Mapping]:
-    out = []
+def parse_maps(text: str, executable_only: bool = True, limit: int | None = None) -> list[Mapping]:
+    """The mappings of a /proc/PID/maps text: its first ``limit`` (None: all)."""
+    out: list[Mapping] = []
+    paths: dict[str, str] = {}  # one str a path, however many mappings of it (a process may map one a thousand times)
     for line in text.splitlines():
+        if limit is not None and len(out) >= limit:
+            break
         parts = line.split(None, 5)
         if len(parts) < 5:
             continue
@@ -189,6 +213,7 @@ def parse_maps(text: str, executable_only: bool = True) -> list[Mapping]:
             continue
         start, _, end = parts[0].partition("-")
         path, deleted = _split_deleted(parts[5]) if len(parts) == 6 else ("", False)
+        path = paths.setdefault(path, path)
         out.append(Mapping(start=int(start, 16), end=int(end, 16), offset=int(parts[2], 16),
                            perms=perms, dev=parts[3], inode=int(parts[4]), path=path,
                            deleted=deleted))
@@ -226,6 +251,17 @@ def _boot_time_s(proc: str) -> int:
             if line.startswith("btime "):
                 return int(line.split()[1])
     return 0
+
+
+def read_maps(base: str, limit: int) -> tuple[str, bool]:
+    """The text of /proc/PID/maps (``base``: /proc/PID) to its last line within ``limit`` bytes,
+    and whether there was more."""
+    with open(f"{base}/maps", "rb") as f:
+        raw = f.read(limit + 1)
+    cut = len(raw) > limit
+    if cut:
+        raw = raw[: raw.rfind(b"\n", 0, limit) + 1]
+    return raw.decode("utf-8", "replace"), cut
 
 
 def _read(path: str, limit: int = -1) -> str:

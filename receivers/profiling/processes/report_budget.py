@@ -11,11 +11,13 @@ the time it took (a page in swap is read from the disk). The bytes are shared am
 processes that a runtime names, in the order the report names them: each may spend its share
 (the bytes divided among them), and past it only what is not kept for the processes still to
 come. However many processes overspend, the report's reads stay within the budget, and a process
-within its share is named. The seconds are a bound for all together, not shared out: a read's
-time is the report thread's, its wait for the interpreter lock among it (a JVM starting while
-the agent's own threads parse its files: 90 to 300 us a read, where 8 is usual), so a share of
-them starved a process that only the agent's own work made slow; a process that read slowly
-when they ran out goes last the next report. A read refused raises NamingBudgetSpent, a MemoryReadError
+within its share is named. The seconds are a bound for all together, not shared out, and count
+the report thread's own time (CPU time: user and system), not its waits for the interpreter
+lock, which the agent's other threads hold (a JVM starting while they parse its files: 90 to
+300 us a read, where 8 is usual; on a loaded host milliseconds), save for a read of a page not
+in memory, which may wait for a disk: its time by the clock. Those reads take half the seconds at
+most (WAITED_SHARE), so that a report whose reads all wait still ends within its interval. A
+process that read slowly when they ran out goes last the next report. A read refused raises NamingBudgetSpent, a MemoryReadError
 (every namer leaves a frame it cannot read unnamed), counted in its runtime's
 ``report_budget_refused``; the report carries the stacks of a process refused to the next report,
 once, where what was read now is cached, and names the processes refused last report after the
@@ -40,6 +42,12 @@ READ_COST = 256
 # Seconds of reads, all together: the receiver gives its reporter interval. A bound for slow
 # reads: the bytes' comes first at 8 us a read.
 DEFAULT_READ_SECONDS = 1.0
+# Of the seconds, what reads of pages not in memory may take, by the clock: they wait for a disk,
+# and before one the process's maps (up to 4 MiB) and mount tables are read (memory.py's slow
+# check). With all of the interval, a process whose code objects point at such pages, its maps
+# 3.9 MB, made every report 1.12-1.23 s long, due every 1: reads took the interval, the rest of
+# the report came after it (tests/test_hostile_runtimes.py).
+WAITED_SHARE = 0.5
 REFUSED_STAT = "report_budget_refused"  # in each runtime's stats: reads the budget refused
 
 
@@ -84,12 +92,14 @@ class _Shared:
 
 class ReportBudget:
     """One report's reads for naming frames: ``read_bytes`` (with READ_COST a read), shared among
-    the processes given to share_among, begun one at a time; ``read_seconds`` in all."""
+    the processes given to share_among, begun one at a time; ``read_seconds`` in all, of which
+    reads of pages not in memory take WAITED_SHARE at most."""
 
     def __init__(self, read_bytes: float = DEFAULT_READ_BYTES, read_seconds: float = DEFAULT_READ_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._bytes, self._clock = _Shared(read_bytes), clock
+                 clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.thread_time) -> None:
+        self._bytes, self._clock, self._cpu_clock = _Shared(read_bytes), clock, cpu_clock
         self.read_seconds, self._seconds = read_seconds, 0.0
+        self._waited = 0.0  # (of the seconds, the reads of pages not in memory's)
         self._counted: set[Hashable] = set()
         self.refused: set[int] = set()  # pids a read was refused for
         self.reads = 0  # made
@@ -112,22 +122,34 @@ class ReportBudget:
         """(bytes, seconds) spent: the bytes with READ_COST a read."""
         return self._bytes.spent, self._seconds
 
+    @property
+    def waited(self) -> float:
+        """Of the seconds spent, those of reads of pages not in memory (by the clock)."""
+        return self._waited
+
     def read(self, memory: ProcessMemory, address: int, size: int, stats: dict | None = None) -> bytes:
         """``memory.read(address, size)``, if the budget allows it; else NamingBudgetSpent,
         counted in ``stats``."""
         cost = size + READ_COST
-        if not (self._bytes.allows(cost) and self._seconds < self.read_seconds):
+        # (whether a read will wait is known only as it is made: once the waits' share is spent,
+        # every read is refused, and the report goes on)
+        if not (self._bytes.allows(cost) and self._seconds < self.read_seconds and self._waited < self.read_seconds * WAITED_SHARE):
             self.refused.add(memory.pid)
             if stats is not None:
                 stats[REFUSED_STAT] = stats.get(REFUSED_STAT, 0) + 1
             raise NamingBudgetSpent(memory.pid, address, size)
-        started = self._clock()
+        started, worked = self._clock(), self._cpu_clock()
         try:
             return memory.read(address, size)
         finally:
             self.reads += 1
             self._bytes.spend(cost)
-            self._seconds += self._clock() - started
+            if memory.waited:
+                took = self._clock() - started
+                self._waited += took
+            else:
+                took = self._cpu_clock() - worked
+            self._seconds += took
 
 
 class Unbudgeted:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from .proc import ProcessInfo
+from .proc import ProcessInfo, same_incarnation
 
 
 class _Known(Protocol):
@@ -66,9 +66,12 @@ class RuntimeProcesses(Generic[P]):
             if process is not None:
                 self._table.pop(self._table.Key(tgid), None)
 
-    def get(self, tgid: int) -> P | None:
+    def get(self, tgid: int, started: int | None = None) -> P | None:
+        """tgid's state; None when none is known, or it is of another process than the one that
+        started at tick ``started`` (a pid reused)."""
         with self._lock:
-            return self._processes.get(tgid)
+            process = self._processes.get(tgid)
+        return process if process is not None and same_incarnation(process.info, started) else None
 
     def known(self) -> list[P]:
         """The processes registered now."""

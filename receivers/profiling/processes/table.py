@@ -42,7 +42,9 @@ from typing import Any
 
 import structlog
 
-from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, container_id_from_cgroup, exe_link, find_process_context, parse_maps, parse_stat, parse_status, status_tgid
+from pycollector.token_bucket import TokenBucket
+
+from .proc import MAX_CMDLINE_BYTES, MAX_ENVIRON_BYTES, MAPS_BYTES_PER_SECOND, MAX_EXECUTABLE_MAPPINGS, MAX_MAPS_BYTES, MAX_PROMPT_REFRESH_BYTES, PF_KTHREAD, Mapping, ProcessInfo, _boot_time_s, _read, container_id_from_cgroup, exe_link, find_process_context, parse_maps, parse_stat, read_maps, parse_status, status_tgid
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -50,6 +52,12 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Registrations of one announcement: a process that execs while registered is registered again,
 # and one that keeps exec'ing (a chain of wrappers) is left to its next sample.
 MAX_REGISTRATIONS = 3
+
+# Threads whose names a snapshot reads: a process of 10,000 threads cost 10,000 reads on the
+# events thread, at each of its snapshots, while every other process's events waited.
+MAX_THREADS_NAMED = 512
+# Long maps found unchanged this many times in a row wait at most 2^this refresh intervals (32 s).
+MAX_REFRESH_BACKOFF_DOUBLINGS = 5
 
 
 class IncarnationGone(LookupError):
@@ -97,9 +105,11 @@ class ProcessTable:
         # receiver sets it to targeting's decision when only some processes are profiled).
         self.admits: Callable[[int], bool] = lambda _tgid: True
         self._boot_time_s = _boot_time_s(proc_root)
+        self._maps_reads = TokenBucket(MAPS_BYTES_PER_SECOND, clock)  # (under _lock)
         self.stats = {"snapshots": 0, "partial_snapshots": 0, "maps_refreshes": 0, "expired": 0, "successors": 0, "watcher_errors": 0,
                       "execs_while_registering": 0, "predecessors": 0, "incarnations_read": 0, "incarnations_gone": 0,
-                      "told_again": 0}
+                      "told_again": 0, "maps_cut": 0, "maps_unchanged": 0, "thread_names_cut": 0,
+                      "maps_refreshes_deferred": 0}
 
     # ----------------------------------------------------------------------- snapshots
 
@@ -240,8 +250,18 @@ class ProcessTable:
     def _read_maps(self, info: ProcessInfo, base: str) -> bool:
         info.maps_read_at = self._clock()
         try:
-            text = _read(f"{base}/maps")
-            info.set_mappings(parse_maps(text))
+            with self._lock:  # (long maps read as far as all processes' reads of them may go now)
+                limit = min(MAX_MAPS_BYTES, max(MAX_PROMPT_REFRESH_BYTES, self._maps_reads.available()))
+            text, cut = read_maps(base, limit)
+            info.maps_bytes = len(text)
+            with self._lock:
+                self._maps_reads.spend(len(text))
+            mappings = parse_maps(text, limit=MAX_EXECUTABLE_MAPPINGS + 1)
+            if cut or len(mappings) > MAX_EXECUTABLE_MAPPINGS:  # (its code past them goes unnamed)
+                self.stats["maps_cut"] += 1
+                info.errors.append(f"maps: more than {limit >> 10} KiB or {MAX_EXECUTABLE_MAPPINGS} executable mappings: the rest left out")
+                del mappings[MAX_EXECUTABLE_MAPPINGS:]
+            info.set_mappings(mappings)
             info.context_address = find_process_context(text)
             return True
         except OSError as e:
@@ -266,7 +286,9 @@ class ProcessTable:
         except OSError as e:
             info.errors.append(f"task: {e}")
             return
-        for tid in tids:
+        if len(tids) > MAX_THREADS_NAMED:  # (samples name their threads from the kernel's comm anyway)
+            self.stats["thread_names_cut"] += 1
+        for tid in tids[:MAX_THREADS_NAMED]:
             try:
                 info.threads[int(tid)] = _read(f"{base}/task/{tid}/comm").rstrip("\n")
             except (OSError, ValueError):
@@ -382,8 +404,20 @@ class ProcessTable:
             info = self._procs.get(tgid)
         if info is None or info.exited or info.kernel_thread:
             return None
-        if rate_limited and self._clock() - info.maps_read_at < self.maps_refresh_interval_s:
+        long_maps = info.maps_bytes > MAX_PROMPT_REFRESH_BYTES
+        # Long maps found unchanged wait longer each time: a process whose walks keep missing (a
+        # hostile one's forged return addresses, 10,000 threads' stacks) would otherwise have its
+        # megabytes read and parsed every interval on the events thread, whose exec and
+        # new-process events for every other process wait meanwhile.
+        interval = self.maps_refresh_interval_s * (1 << min(info.maps_unchanged_reads, MAX_REFRESH_BACKOFF_DOUBLINGS) if long_maps else 1)
+        if (rate_limited or long_maps) and self._clock() - info.maps_read_at < interval:
             return None
+        if long_maps:  # (read whole again when all processes' reads leave room: a part would replace the whole)
+            with self._lock:
+                affordable = self._maps_reads.available() >= info.maps_bytes
+            if not affordable:
+                self.stats["maps_refreshes_deferred"] += 1
+                return None
         base = f"{self.proc}/{tgid}"
         if not self._same_incarnation(info):
             return None
@@ -393,11 +427,16 @@ class ProcessTable:
         # 0 before the read, and every miss of a process read its maps again: 14 a second for one
         # Python process). An exiting process has no memory left before its /proc entry goes: its
         # maps read empty, and its last samples still need the mappings it had.
-        info.maps_read_at = fresh.maps_read_at
-        if read and fresh.mappings:
+        info.maps_read_at, info.maps_bytes = fresh.maps_read_at, fresh.maps_bytes
+        if fresh.maps_bytes > MAX_PROMPT_REFRESH_BYTES and read and fresh.mappings == info.mappings and fresh.context_address == info.context_address:
+            # Long maps read again with nothing new: not told to every watcher again, each of
+            # which looks at every mapping (a process that maps a page 60,000 times).
+            self.stats["maps_unchanged"] += 1
+            info.maps_unchanged_reads += 1
+        elif read and fresh.mappings:
             # A new snapshot object, not the old one changed in place: watchers compare what they
             # held with what they are given (the unwind registry lets go of unmapped files).
-            refreshed = dataclasses.replace(info, mappings=[], _starts=[], context_address=fresh.context_address)
+            refreshed = dataclasses.replace(info, mappings=[], _starts=[], context_address=fresh.context_address, maps_unchanged_reads=0)
             refreshed.set_mappings(fresh.mappings)
             with self._life:
                 with self._lock:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pycollector.logs import log_once
 
-from receivers.profiling.processes.proc import Mapping, ProcessInfo
+from receivers.profiling.processes.proc import Mapping, ProcessInfo, same_incarnation
 from receivers.profiling.symbols.detection import PENDING, FileDetector
 from receivers.profiling.symbols import runtime_stacks
 from receivers.profiling.symbols.frame import Frame
@@ -190,10 +190,15 @@ class PythonInterpreters:
 
     # -- reports ----------------------------------------------------------------------------------
 
-    def knows(self, tgid: int) -> bool:
-        """Whether this runtime names ``tgid``'s frames (reads its memory in reports)."""
+    def knows(self, tgid: int, started: int | None = None) -> bool:
+        """Whether this runtime names the frames of ``tgid``'s process started at ``started``
+        (reads its memory in reports)."""
+        return self._attached(tgid, started) is not None
+
+    def _attached(self, tgid: int, started: int | None) -> PythonProcess | None:
         with self._lock:
-            return tgid in self._processes
+            process = self._processes.get(tgid)
+        return process if process is not None and same_incarnation(process.info, started) else None
 
     def new_report(self, budget: ReportBudget) -> None:
         """Called once per report: cached code objects are checked again before they are used,
@@ -209,7 +214,7 @@ class PythonInterpreters:
     def has_next(self, kind: int) -> bool:
         return False
 
-    def name(self, tgid: int, stack: runtime_stacks.Stack) -> runtime_stacks.Stack:
+    def name(self, tgid: int, stack: runtime_stacks.Stack, started: int | None = None) -> runtime_stacks.Stack:
         """``stack`` with each eval loop frame replaced by the run of Python frames that call of
         the loop ran, from those the kernel appended (runtime_stacks.Runtime)."""
         recorded, rest = [], []
@@ -219,27 +224,25 @@ class PythonInterpreters:
         if not recorded:
             return stack
         _, python = split(recorded)
-        with self._lock:
-            process = self._processes.get(tgid)
+        process = self._attached(tgid, started)  # (another process's state, of a pid reused since, names nothing)
         is_eval_loop = process.is_eval_loop if process is not None else _never
-        runs = [[self.frame(tgid, frame) for frame in run] for run in calls(python)]
+        runs = [[self.frame(tgid, frame, process) for frame in run] for run in calls(python)]
         return interleave(rest, runs, lambda item: isinstance(item, Frame) and item.kind == "native" and is_eval_loop(item.name))
 
-    def frame(self, tgid: int, frame: PythonFrame) -> Frame:
-        """The frame named from the process's code object, or a nameless one (counted) when it
-        cannot be read: the process exited or freed the code object since the sample."""
-        key = (tgid, frame.code, frame.instruction, frame.first_line_bits)
+    def frame(self, tgid: int, frame: PythonFrame, process: PythonProcess | None) -> Frame:
+        """The frame named from the code object of ``process`` (the state of tgid's incarnation
+        that took the sample; None: none known), or a nameless one (counted) when it cannot be
+        read: the process exited or freed the code object since the sample."""
+        key = (tgid, process.info.program if process is not None else 0, frame.code, frame.instruction, frame.first_line_bits)
         named = self._named.get(key)
         if named is None:
-            named, final = self._name(tgid, frame)
+            named, final = self._name(tgid, frame, process)
             if final:  # (a read the report's budget refused may be made later in the report)
                 self._named[key] = named
         return named
 
-    def _name(self, tgid: int, frame: PythonFrame) -> tuple[Frame, bool]:
+    def _name(self, tgid: int, frame: PythonFrame, process: PythonProcess | None) -> tuple[Frame, bool]:
         """The frame, and whether it is all this report can make of it."""
-        with self._lock:
-            process = self._processes.get(tgid)
         reason, final = "the process is no longer known", True
         if process is not None:
             try:

@@ -44,8 +44,10 @@ import bisect
 import operator
 import struct
 import sys
+import threading
+import weakref
 from array import array
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
@@ -59,6 +61,7 @@ _MAGICS = {0xFFFFFFFB: _GO12, 0xFFFFFFFA: _GO116, 0xFFFFFFF0: _GO118, 0xFFFFFFF1
 # A function record (_func) after its entry field, the same in every layout: nameoff, args,
 # deferreturn, pcsp, pcfile, pcln, npcdata, then cuOffset (1.16+) or nfuncdata (1.2).
 _FUNC_FIELDS = struct.Struct("<i12xII")  # nameoff, pcfile, pcln
+_PCSP_AT = 12  # pcsp: the record's fourth field (after nameoff, args, deferreturn)
 _CU_OFFSET_AT = 28
 _RECORD_SIZE = 32  # what is read of a record, past its entry field
 _NO_FILE = 0xFFFFFFFF  # a cutab slot for a file the compilation unit does not use
@@ -74,6 +77,12 @@ class GoFunction:
     entry: int  # ELF virtual address of the function's first instruction
     file: str | None  # source file of the looked-up address; None when the table has none
     line: int  # its line; 0 when unknown
+
+
+# The tables read, by file, while anyone holds them: the symbolizer (names) and the goroutine
+# reader (frame sizes) both want a Go program's, and each copy is a third of the binary.
+_shared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_shared_lock = threading.Lock()
 
 
 class GoFunctions:
@@ -107,6 +116,21 @@ class GoFunctions:
             pass
         return None
 
+    @classmethod
+    def held(cls, key: Hashable) -> GoFunctions | None:
+        """The table of the file ``key`` (a mapping's identity) that a reader of it still holds."""
+        with _shared_lock:
+            return _shared.get(key)
+
+    @classmethod
+    def of_file(cls, key: Hashable, elf: BoundedElf) -> GoFunctions | None:
+        """from_elf(elf) for the file ``key``, read once while any reader holds the table."""
+        table = cls.held(key)
+        if table is None and (table := cls.from_elf(elf)) is not None:
+            with _shared_lock:
+                table = _shared.setdefault(key, table)  # (another thread's, when both read it at once)
+        return table
+
     def __len__(self) -> int:
         return len(self._funcoffs)
 
@@ -135,6 +159,25 @@ class GoFunctions:
                               self._file(record, pcfile, entry, vaddr),
                               max(self._pcvalue(pcln, entry, vaddr), 0))
         except (IndexError, struct.error, ValueError, OverflowError):  # (a varint's value past any offset)
+            return None
+
+    def frame(self, vaddr: int) -> tuple[int, str, int] | None:
+        """(entry, name, frame size) of the function holding vaddr: the frame size is how far
+        the stack pointer there is below the one at its entry (its pcsp table), what a Go
+        traceback steps by (the return address is just above: sp + size). None outside the
+        table, for a function without the table, or a damaged record."""
+        offset = vaddr - self._base
+        i = bisect.bisect_right(self._entries, offset) - 1
+        if i < 0 or i >= len(self._funcoffs):
+            return None
+        entry = self._base + self._entries[i]
+        try:
+            record = self._record(i)
+            nameoff = _FUNC_FIELDS.unpack_from(self._data, record)[0]
+            pcsp = struct.unpack_from("<I", self._data, record + _PCSP_AT)[0]
+            size = self._pcvalue(pcsp, entry, vaddr)
+            return None if size < 0 else (entry, self._name(nameoff), size)
+        except (IndexError, struct.error, ValueError, OverflowError):
             return None
 
     # -- parsing

@@ -69,9 +69,11 @@ class Runtime(Protocol):
     - detect per file: its ``files`` (symbols/detection.py), asked by ``register``, off the
       events thread;
     - attach per process: ``register(info)`` for each process the table tells of (new, exec'd,
-      its maps read again), ``knows(tgid)`` whether it attached;
+      its maps read again), ``knows(tgid, started)`` whether it attached to tgid's process that
+      started at tick ``started`` (the sample's: a pid reused since is another process, whose
+      state names none of its predecessor's frames);
     - name frames: the kernel records its frames as values tagged with its ``kinds``
-      (bpf/profile.h); ``name(tgid, stack)`` names those of a stack, and may name native frames
+      (bpf/profile.h); ``name(tgid, stack, started)`` names those of a stack, and may name native frames
       of its own (HotSpot's stubs) or put its frames in their place (CPython's runs, where the
       eval loop's frames are). A runtime touches its kinds and its own native frames only, so the
       runtimes of one process each name theirs, in any order. ``has_next(kind)``: whether the
@@ -88,16 +90,17 @@ class Runtime(Protocol):
 
     def forget(self, tgid: int) -> None: ...
 
-    def knows(self, tgid: int) -> bool: ...
+    def knows(self, tgid: int, started: int | None = None) -> bool: ...
 
     def new_report(self, budget: Any) -> None: ...
 
     def has_next(self, kind: int) -> bool: ...
 
-    def name(self, tgid: int, stack: Stack) -> Stack: ...
+    def name(self, tgid: int, stack: Stack, started: int | None = None) -> Stack: ...
 
 
-def name_stack(tgid: int, addresses: Sequence[int], runtimes: Sequence[Runtime], symbolize: Callable[[list[int]], list[Frame]]) -> list[Frame]:
+def name_stack(tgid: int, addresses: Sequence[int], runtimes: Sequence[Runtime], symbolize: Callable[[list[int]], list[Frame]],
+               started: int | None = None) -> list[Frame]:
     """Process ``tgid``'s user stack's frames, leaf first: its native addresses named by
     ``symbolize``, each runtime's frames by the runtime of ``runtimes`` (those attached to the
     process) whose kind they carry (one of a runtime not attached: a nameless native frame). The stack ends where the symbolizer ended it
@@ -121,7 +124,7 @@ def name_stack(tgid: int, addresses: Sequence[int], runtimes: Sequence[Runtime],
             stack.append(Recorded(value, next_slot, index))
     stack += [Recorded(value) for value in addresses if value & TAG and kind_of(value) in appended]
     for runtime in runtimes:
-        stack = runtime.name(tgid, stack)
+        stack = runtime.name(tgid, stack, started)
     return [unnamed(item) for item in stack]
 
 

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import structlog
@@ -256,8 +256,11 @@ class Symbolizer:
                     self.stats["files_pinned"] += 1
 
     def new_report(self) -> None:
-        """A report starts: the time it may wait for files being read starts again."""
+        """A report starts: the time it may wait for files being read starts again, and the
+        lines it may read of perf maps."""
         self.loads.new_report()
+        if self.jit is not None:
+            self.jit.new_report()
 
     def _elf_for(self, info: ProcessInfo, m: Mapping) -> ElfSymbols | None:
         elf = self._files.get_touch(m.identity)
@@ -294,18 +297,18 @@ class Symbolizer:
         if fd is None:
             return None
         try:
-            return self._load(fd, m.path, info)
+            return self._load(fd, m.path, info, m.identity)
         finally:
             os.close(fd)
 
-    def _load(self, fd: int, path: str, info: ProcessInfo | None) -> ElfSymbols:
+    def _load(self, fd: int, path: str, info: ProcessInfo | None, identity: Hashable | None = None) -> ElfSymbols:
         deadline = time.monotonic() + MAX_PARSE_S
         try:
             with os.fdopen(os.dup(fd), "rb", buffering=1 << 16) as f:
                 elf_file = BoundedElf(f)
                 elf = ElfSymbols.read_headers(elf_file, path, mapping_ids=True)
                 if self.go_names:  # Go's own table names Go code, stripped or not, with file and line
-                    elf.go = GoFunctions.from_elf(elf_file)
+                    elf.go = GoFunctions.from_elf(elf_file) if identity is None else GoFunctions.of_file(identity, elf_file)
                 if not self._read_symbols(elf, elf_file, ".symtab", deadline):
                     if not self._read_debug_file(elf, path, info, deadline):
                         self._read_symbols(elf, elf_file, ".dynsym", deadline)

@@ -47,9 +47,17 @@ class BuilderProcess:
         self.process.start()
         requests_read.close()  # the helper's ends: closed here, so its death reads as EOF
         answers_write.close()
+        # Set once a build saw it die: its pipe or sentinel tells before the kernel lets it be
+        # reaped, and is_alive() (waitpid) says alive meanwhile, so the next file would have gone
+        # to the dead helper too (ci18, the row builder test on a loaded host).
+        self._died = False
 
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return not self._died and self.process.is_alive()
+
+    def _dead(self, message: str) -> HelperDied:
+        self._died = True
+        return HelperDied(message)
 
     def build(self, cfi: CfiInput, stopping: Callable[[], bool], timeout_s: float = MAX_BUILD_S) -> bytes:
         """The rows of ``cfi`` (ValueError when it has none); HelperDied if the helper ends first;
@@ -59,7 +67,7 @@ class BuilderProcess:
         try:
             self._requests.send(cfi)
         except OSError:
-            raise HelperDied("the helper process building unwind rows is gone") from None
+            raise self._dead("the helper process building unwind rows is gone") from None
         while True:
             ready = multiprocessing.connection.wait([self._answers, self.process.sentinel], timeout=POLL_S)
             if self._answers in ready:
@@ -77,7 +85,7 @@ class BuilderProcess:
                 self.stop()
                 raise BuildTimeout(f"its rows took more than {timeout_s:g} s to build; given up")
             if ready:  # the sentinel alone: it died without a word
-                raise HelperDied("the helper process building unwind rows died while building this file's")
+                raise self._dead("the helper process building unwind rows died while building this file's")
 
     def stop(self) -> None:
         """End the helper, abandoning a build under way."""

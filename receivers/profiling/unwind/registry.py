@@ -18,7 +18,8 @@ The row budget is shared (a process maps what it likes, hundreds of MB of librar
 - while a quarter of the budget is free, every mapped file is loaded, the most wanted first; below
   that, only files whose code a walk needed (the kernel counts those frames in unwind_demand);
 - a file mapped only by processes that hold more than their share of the budget (the budget
-  divided among the registered processes) waits behind the files of the others;
+  divided among the registered processes that used a CPU in the last report) waits behind the
+  files of the others;
 - a file that finds no room takes the rows of files no walk used for ``idle_s`` (the kernel marks
   each file it uses in unwind_used; `sweep` reads and resets the marks every SWEEP_INTERVAL_S),
   least recently used first; then those of files only processes found gone map (a report before
@@ -27,8 +28,9 @@ The row budget is shared (a process maps what it likes, hundreds of MB of librar
   processes over their share map, least recently used first: a process busy in more libraries
   than the budget holds keeps what its share holds, not everyone else's (a file's rows count
   for each process that maps it by an equal part, so libc is no one's excess);
-- a file that still finds no room waits (``no_room``), and so does an evicted one, each loaded
-  again once its code is sampled and there is room.
+- a file that still finds no room waits (``no_room``), and so does an evicted one, each queued
+  again once a walk needed its code and there is room (the worker that takes any file looks
+  every DEMAND_POLL_S while files wait, and every sweep does).
 ``stats`` tells it all: row_budget_exhausted, files_waiting_for_room, files_evicted (of them
 files_evicted_over_share), row_budget_free.
 """
@@ -45,13 +47,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
+from pycollector.logs import log_once
 from pycollector.periodic import Periodic
 
 from receivers.profiling.elf.bounded import PT_LOAD, BoundedElf, segment_headers
 from receivers.profiling.elf.headers import ElfHeaders, debug_file_candidates
 from receivers.profiling.processes.files import open_debug_file, open_host_file, open_mapped_file
 from receivers.profiling.processes.proc import Mapping, ProcessInfo
-from receivers.profiling.unwind.builder_process import MAX_BUILD_S, BuilderProcess, BuildTimeout
+from receivers.profiling.unwind.builder_process import MAX_BUILD_S, BuilderProcess, BuildTimeout, HelperDied
 from receivers.profiling.unwind.cache import RowCache
 from receivers.profiling.unwind.rows import ROW_SIZE, CfiInput, NoRows, cfi_of, rows_from
 from receivers.profiling.unwind.space import RowSpace
@@ -122,6 +125,7 @@ class UnwindRegistry:
         self._free_ids = list(range(max_files - 1, 0, -1))  # 0 means "no rows"
         self._files: dict[FileKey, _File] = {}
         self._processes: dict[int, ProcessInfo] = {}
+        self._running: set[int] | None = None  # note_running's; None until the first report
         self._lock = threading.Lock()
         # Files waiting for rows, with a process and mapping to open them by. A cold start on a
         # busy host queues hundreds; the worker takes the most wanted first (_priority).
@@ -133,7 +137,7 @@ class UnwindRegistry:
             ("files_loaded", "files_without_rows", "files_failed", "rows_loaded", "rows_freed",
              "row_budget_exhausted", "file_ids_exhausted", "mappings_dropped", "processes", "files_waiting",
              "files_waiting_for_room", "files_evicted", "files_evicted_over_share", "rows_evicted", "row_budget_free",
-             "files_over_time", "files_left_to_helper", "files_refused_to_a_process", "files_unopened"), 0)
+             "files_over_time", "files_left_to_helper", "files_refused_to_a_process", "files_unopened", "worker_errors"), 0)
         self.stats["row_budget_free"] = row_budget
         self._sweeper = Periodic("unwind-usage", SWEEP_INTERVAL_S, self.sweep, logger)
 
@@ -256,10 +260,15 @@ class UnwindRegistry:
                                             if small_only else list(self._pending))
                 if candidates:
                     break
-                # Files that wait for their code to be sampled (the budget is short) become
-                # eligible when the kernel counts a walk that needed them, which tells no one: look
-                # again soon, or a program started now is walked by frame pointer for seconds.
-                self._wake.wait(DEMAND_POLL_S if self._pending else SWEEP_INTERVAL_S)
+                # Files that wait for their code to be sampled (the budget is short, or their rows
+                # were given back) become wanted when the kernel counts a walk that needed them,
+                # which tells no one: look again soon, or a program that runs now is walked by
+                # frame pointer for seconds (until the next sweep, for a file given back).
+                # (One worker looks, the one that takes any file; it wakes the other.)
+                looks = not small_only and bool(self._waiting_for_room())
+                self._wake.wait(DEMAND_POLL_S if self._pending or looks else SWEEP_INTERVAL_S)
+                if looks and self._queue_wanted(self._waiting_for_room()):  # (what waits now: the lock was let go)
+                    self._wake.notify_all()
             key = max(candidates, key=self._priority)
             item = (key, self._files[key], *self._pending.pop(key))
             self.stats["files_waiting"] = len(self._pending)
@@ -276,9 +285,20 @@ class UnwindRegistry:
         within = [key for key in keys if any(held.get(pid, 0) < share for pid in self._files[key].users)]
         return within or keys
 
+    def note_running(self, tgids: set[int]) -> None:
+        """The processes that used a CPU in the last report (the receiver tells, each report):
+        those the budget is shared among."""
+        with self._lock:
+            self._running = set(tgids)
+
     def _share(self) -> float:
-        """The rows each registered process may hold while others wait."""
-        return self._space.size / max(1, len(self._processes))
+        """The rows each process that runs may hold while others wait: the budget divided among
+        the registered processes that used a CPU in the last report (all of them before the first).
+        Sleeping processes claim no share: counted, nine idle shells and daemons cut a running
+        program's share to a tenth, and its rows were given to the next process that asked, then
+        asked back, round and round, its stacks stopping short each time."""
+        running = len(self._running & self._processes.keys()) if self._running is not None else len(self._processes)
+        return self._space.size / max(1, running)
 
     def _rows_held(self) -> dict[int, float]:
         """Rows loaded for each process: each file's divided equally among the processes that map it."""
@@ -307,7 +327,14 @@ class UnwindRegistry:
 
     def _work(self, small_only: bool) -> None:
         while True:
-            item = self._next(small_only)
+            try:
+                item = self._next(small_only)
+            except Exception:  # a dead worker would leave every file after it without rows
+                self.stats["worker_errors"] += 1
+                log_once(self.log, ("unwind-next-failed", id(self), small_only), "exception",
+                         "choosing the next file to build unwind rows for failed; choosing again (counted in worker_errors)")
+                self._closing.wait(DEMAND_POLL_S)  # (not at once: the same error would spin a core)
+                continue
             if item is None:
                 return
             key, file, info, mapping = item
@@ -471,7 +498,7 @@ class UnwindRegistry:
 
     def _evict(self, file: _File) -> None:
         """Its rows go back; its mappings keep its id, so the kernel counts the frames that would
-        have used them, and a sweep queues it again once there are some."""
+        have used them, and it is queued again once there are some (_queue_wanted)."""
         files = self._maps.files
         files[files.Key(file.file_id)] = files.Leaf(0, 0)  # first: no walk reads rows given away
         self._space.release(file.first_row, file.row_count)
@@ -497,21 +524,33 @@ class UnwindRegistry:
             for file_id in marked:
                 if file_id in by_id:
                     by_id[file_id].last_used = now
-            idle_rows = sum(file.row_count for file in self._files.values() if file.state == "loaded" and now - file.last_used >= self.idle_s)
-            for key, file in self._files.items():
-                if file.state not in ("no_room", "evicted") or key in self._pending:
-                    continue
-                # Sampled since the last sweep: its code runs now (not only before it went idle).
-                demand, seen = self._demand(file.file_id), file.demand_seen
-                file.demand_seen = demand
-                if demand <= seen or file.needed > self._space.largest + idle_rows:
-                    continue
-                source = self._source(key, file)
-                if source is not None:
-                    file.state = "queued"
-                    self._pending[key] = source
+            self._queue_wanted(self._waiting_for_room())
             self._count_waiting()
             self._wake.notify_all()
+
+    def _waiting_for_room(self) -> list[FileKey]:
+        """Files without rows for want of room (never loaded, or given back), not queued."""
+        return [key for key, file in self._files.items() if file.state in ("no_room", "evicted") and key not in self._pending]
+
+    def _queue_wanted(self, keys: list[FileKey]) -> int:
+        """Queue again those of ``keys`` (files waiting for room) whose code a walk needed since
+        the last look (it runs now, not only before it went idle), when there is room for them or
+        rows no walk uses to take; how many. Called with the lock held: by the sweep, and by a
+        worker while it waits (then within DEMAND_POLL_S of the walk)."""
+        now, queued = self._clock(), 0
+        idle_rows = sum(file.row_count for file in self._files.values() if file.state == "loaded" and now - file.last_used >= self.idle_s)
+        for key in keys:
+            file = self._files[key]
+            demand, seen = self._demand(file.file_id), file.demand_seen
+            file.demand_seen = demand
+            if demand <= seen or file.needed > self._space.largest + idle_rows:
+                continue
+            source = self._source(key, file)
+            if source is not None:
+                file.state = "queued"
+                self._pending[key] = source
+                queued += 1
+        return queued
 
     def _source(self, key: FileKey, file: _File, excluding: set[int] = frozenset()) -> tuple[ProcessInfo, Mapping] | None:
         """A process that maps the file (not one of ``excluding``), and its mapping: what a build
@@ -745,7 +784,12 @@ class RowSource:
                 helper = self._running_helper()
             # Not tried again when the helper dies: the file may be what killed it (memory). The
             # next file gets a new helper.
-            return helper.build(cfi, stopping=lambda: self._closed, timeout_s=self.build_timeout_s)
+            try:
+                return helper.build(cfi, stopping=lambda: self._closed, timeout_s=self.build_timeout_s)
+            except HelperDied:
+                if self._closed:  # close() stopped it under this build: not the file's doing
+                    raise NoRows("stopping") from None
+                raise
 
     def close(self) -> None:
         """Stop the helper, abandoning a build under way."""

@@ -176,9 +176,10 @@ class V8Runtimes:
 
     # -- reports ----------------------------------------------------------------------------------
 
-    def knows(self, tgid: int) -> bool:
-        """Whether this runtime names ``tgid``'s frames (reads its memory in reports)."""
-        return self._processes.get(tgid) is not None
+    def knows(self, tgid: int, started: int | None = None) -> bool:
+        """Whether this runtime names the frames of ``tgid``'s process started at ``started``
+        (reads its memory in reports)."""
+        return self._processes.get(tgid, started) is not None
 
     def new_report(self, budget: ReportBudget) -> None:
         """Called once per report: names read before are checked again before they are used,
@@ -198,9 +199,9 @@ class V8Runtimes:
     def has_next(self, kind: int) -> bool:
         return kind == COMPILED
 
-    def name(self, tgid: int, stack: runtime_stacks.Stack) -> runtime_stacks.Stack:
+    def name(self, tgid: int, stack: runtime_stacks.Stack, started: int | None = None) -> runtime_stacks.Stack:
         """``stack`` with each JavaScript frame the kernel recorded named (runtime_stacks.Runtime)."""
-        process = self._processes.get(tgid)
+        process = self._processes.get(tgid, started)  # (another process's, of a pid reused since, names nothing)
         if process is None:
             return stack
 
