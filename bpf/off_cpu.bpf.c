@@ -149,8 +149,46 @@ BPF_PERCPU_ARRAY(off_cpu_scratch, struct off_cpu_wait, 1);
 #if defined(LOCK_WAITS) || defined(IO_WAITS) || defined(THREAD_STACKS)
 #define WAIT_BUDGETS 1
 /* tgid -> its lock and I/O waits and thread walks recorded this second; least recently used first
- * out, so processes gone leave room for new ones. */
-BPF_TABLE("lru_hash", u32, struct second_budget, wait_budgets, 4096);
+ * out, so processes gone leave room for new ones. A process's second starts over with each report
+ * too (`slot`: the active slot it counts in): so a report that has a process's throttled waits has
+ * the first of its waits in that report walked, to spread their time over (throttled_time_N). */
+struct wait_budget {
+    struct second_budget second;
+    u32 slot;
+    u32 reserved;
+};
+BPF_TABLE("lru_hash", u32, struct wait_budget, wait_budgets, 4096);
+#endif
+#if defined(LOCK_WAITS) || defined(IO_WAITS)
+#define THROTTLED_TIME 1
+/* A lock or I/O wait past its process's budget, until its thread comes back: timed, not walked.
+ * A slot per thread id modulo OFF_CPU_THREADS: an array, which every switch back can look at for
+ * a few loads (a hash lookup there would cost every switch of every thread). A thread whose slot
+ * another thread took before it came back loses its time, counted (throttled_time_lost). */
+struct throttled_wait {
+    u64 left_ns;        /* 0: none */
+    u64 process_start;  /* its process's, as sample_key.process_start */
+    u32 tid;
+    u32 tgid;
+    u32 kinds;          /* WAIT_LOCK, WAIT_IO */
+    u32 reserved;
+};
+BPF_ARRAY(throttled_waits, struct throttled_wait, OFF_CPU_THREADS);
+/* The time its throttled waits spent away, by process, double-buffered as counts_N and in step
+ * with them: user space spreads it over the process's walked waits of the same interval, in
+ * proportion (receivers/profiling/waits/throttled.py), so lock_wait and io_wait keep their totals
+ * however many waits a second a process makes. */
+struct throttled_key {
+    u32 tgid;
+    u32 reserved;
+    u64 process_start;
+};
+struct throttled_time {
+    u64 lock_ns;
+    u64 io_ns;
+};
+BPF_HASH(throttled_time_0, struct throttled_key, struct throttled_time, 1024);
+BPF_HASH(throttled_time_1, struct throttled_key, struct throttled_time, 1024);
 #endif
 #ifdef LOCK_WAITS
 /* Lock waits by who woke them (ORIGIN_LOCK_WAKE), double-buffered as counts_N and in step with
@@ -316,9 +354,65 @@ static __always_inline u32 wait_kinds(u64 state, u64 preempted)
 /* Whether the process has lock and I/O waits (and thread walks) left this second. */
 static __always_inline int wait_allowed(u32 tgid, u64 now)
 {
-    struct second_budget none = {};
-    struct second_budget *budget = wait_budgets.lookup_or_try_init(&tgid, &none);
-    return budget && within_second_budget(budget, now, WAITS_PER_SECOND);
+    struct wait_budget none = {};
+    struct wait_budget *budget = wait_budgets.lookup_or_try_init(&tgid, &none);
+    if (!budget)
+        return 0;
+    u32 zero = 0;
+    u32 *active = active_slot.lookup(&zero);
+    u32 slot = active ? *active : 0;
+    if (budget->slot != slot) {  /* a report began since its last wait: its second starts over */
+        budget->slot = slot;
+        budget->second.second_start = now;
+        budget->second.events = 0;
+    }
+    return within_second_budget(&budget->second, now, WAITS_PER_SECOND);
+}
+#endif
+
+#ifdef THROTTLED_TIME
+/* The thread `tid` leaving the CPU at `now` in a lock or I/O wait (`kinds`) past its process's
+ * budget: timed from here (add_throttled_time, as it comes back). */
+static __always_inline void time_throttled_wait(u32 tgid, u32 tid, u32 kinds, u64 now)
+{
+    u32 index = tid % OFF_CPU_THREADS;
+    struct throttled_wait *slot = throttled_waits.lookup(&index);
+    if (!slot)
+        return;
+    if (slot->left_ns && slot->tid != tid)
+        count(COUNTER_THROTTLED_TIME_LOST);  /* another thread's, away still: its time goes */
+    slot->left_ns = now;
+    slot->process_start = process_start();
+    slot->tid = tid;
+    slot->tgid = tgid;
+    slot->kinds = kinds;
+}
+
+/* The thread `tid` back on a CPU at `now`: if it was away in a throttled wait, its time away goes
+ * to its process's throttled time in the active slot. */
+static __always_inline void add_throttled_time(u32 tid, u64 now)
+{
+    u32 index = tid % OFF_CPU_THREADS;
+    struct throttled_wait *slot = throttled_waits.lookup(&index);
+    if (!slot || slot->tid != tid || !slot->left_ns)
+        return;
+    u64 away = now - slot->left_ns;
+    struct throttled_key key = {.tgid = slot->tgid, .process_start = slot->process_start};
+    u32 kinds = slot->kinds;
+    slot->left_ns = 0;
+    u32 zero = 0;
+    u32 *active = active_slot.lookup(&zero);
+    struct throttled_time none = {};
+    struct throttled_time *time = active && *active == 1 ? throttled_time_1.lookup_or_try_init(&key, &none)
+                                                         : throttled_time_0.lookup_or_try_init(&key, &none);
+    if (!time) {
+        count(COUNTER_THROTTLED_TIME_LOST);  /* (that many processes throttled in one interval) */
+        return;
+    }
+    if (kinds & WAIT_LOCK)
+        __sync_fetch_and_add(&time->lock_ns, away);
+    if (kinds & WAIT_IO)
+        __sync_fetch_and_add(&time->io_ns, away);
 }
 #endif
 
@@ -391,8 +485,12 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
 #endif
 #ifdef WAIT_BUDGETS
     if ((kinds & WAITS_BUDGETED) && !wait_allowed(tgid, now)) {
-        if (kinds & (WAIT_LOCK | WAIT_IO))
+        if (kinds & (WAIT_LOCK | WAIT_IO)) {
             count(COUNTER_WAITS_THROTTLED);
+#ifdef THROTTLED_TIME
+            time_throttled_wait(tgid, pid, kinds & (WAIT_LOCK | WAIT_IO), now);
+#endif
+        }
 #ifdef THREAD_STACKS
         if (kinds & WAIT_THREAD) {
             count(COUNTER_THREAD_STACKS_THROTTLED);
@@ -585,6 +683,9 @@ static __always_inline void return_to_cpu(struct bpf_raw_tracepoint_args *ctx, u
     bpf_probe_read_kernel(&tid, sizeof(tid), (void *)(ctx->args[2] + TASK_PID_OFFSET));
     if (tid == 0)
         return;
+#ifdef THROTTLED_TIME
+    add_throttled_time(tid, now);  /* (a throttled lock wait may be recorded as an off-CPU wait all the same) */
+#endif
     struct off_cpu_wait *wait = off_cpu_waits.lookup(&tid);
     if (!wait)
         return;

@@ -497,7 +497,8 @@ enum profile_counter {
     COUNTER_MEMORY_BUDGETS_FULL = 63,    /* allocations dropped: memory_budgets full (that many processes allocating) */
     COUNTER_LOCK_WAITS = 64,             /* switches off a CPU in a futex wait recorded as lock waits */
     COUNTER_IO_WAITS = 65,               /* switches off a CPU into uninterruptible sleep recorded as I/O waits */
-    COUNTER_WAITS_THROTTLED = 66,        /* lock or I/O waits not recorded: past their process's waits a second */
+    COUNTER_WAITS_THROTTLED = 66,        /* lock or I/O waits not recorded: past their process's waits a second (their
+                                          * time only: throttled_time_N) */
     COUNTER_LOCK_WAKERS = 67,            /* wakers of recorded lock waits recorded (sched_waking) */
     COUNTER_LOCK_WAKERS_UNSEEN = 68,     /* lock waits that ended with no waker recorded (counted under none) */
     COUNTER_LOCK_WAKES_LOST = 69,        /* lock waits missing from lock_wake: wake_counts full, or the waiter's
@@ -506,7 +507,9 @@ enum profile_counter {
     COUNTER_THREAD_STACKS = 71,          /* threads' stacks kept where they left a CPU (thread_stacks), at a new place */
     COUNTER_THREAD_STACKS_FULL = 72,     /* of those, not kept: thread_stacks was full (that many threads) */
     COUNTER_THREAD_STACKS_THROTTLED = 73,/* threads that left a CPU at a new place past their process's waits a second: not walked */
-    PROFILE_NR_COUNTERS = 74,
+    COUNTER_THROTTLED_TIME_LOST = 74,    /* throttled waits whose time was lost: their slot taken by another thread
+                                          * before they came back, or throttled_time_N full */
+    PROFILE_NR_COUNTERS = 75,
 };
 
 #endif /* PYCOLLECTOR_PROFILE_H */

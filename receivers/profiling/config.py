@@ -89,7 +89,8 @@ class ProfilingConfig(ComponentConfig):
     # Lock and I/O waits (bpf/off_cpu.bpf.c, issue 44): every switch off a CPU in a futex wait as a
     # lock_wait profile (each sample's lock.kind told from its stack: receivers/profiling/waits/),
     # and every one into uninterruptible sleep as an io_wait profile, at most
-    # wait_events_per_second of a process's a second (the rest counted). Off: nothing of it runs.
+    # wait_events_per_second of a process's walked a second (the rest counted and timed: their
+    # time spread over its walked waits, waits/throttled.py). Off: nothing of it runs.
     lock_profiling: bool = False
     io_profiling: bool = False
     wait_events_per_second: int = pydantic.Field(1000, ge=1, le=100_000)

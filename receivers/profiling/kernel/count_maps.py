@@ -9,7 +9,7 @@ import errno
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from receivers.profiling.kernel.samples import StackCount, Waker, stack_count
+from receivers.profiling.kernel.samples import NS_PER_CLOCK_TICK, StackCount, Waker, stack_count
 
 STACK_HASHED = -61  # profile.h: the stack id of a stack stored by its hash in user_stacks_N
 USER_ADDRESS_END = 1 << 56  # profile.h: no user address is at or above it (x86-64 with 5-level paging)
@@ -135,6 +135,16 @@ class SlotReader:
             out.append(row(key, value))
             with contextlib.suppress(KeyError):
                 del table[key]
+        return out
+
+    def drain_throttled_time(self, table) -> dict[tuple[int, int | None], tuple[int, int]]:
+        """A retired throttled_time_N read and emptied: {(tgid, its start in /proc's unit): (lock
+        ns, I/O ns)} (bpf/off_cpu.bpf.c)."""
+        out: dict[tuple[int, int | None], tuple[int, int]] = {}
+        for tgid, started_ns, lock_ns, io_ns in self._drain_counts(table, row=lambda key, value: (key.tgid, key.process_start, value.lock_ns, value.io_ns)):
+            process = (tgid, started_ns // NS_PER_CLOCK_TICK if started_ns else None)
+            lock_before, io_before = out.get(process, (0, 0))
+            out[process] = (lock_before + lock_ns, io_before + io_ns)
         return out
 
     def _drain_user_stacks(self, table) -> dict[int, list[int]]:

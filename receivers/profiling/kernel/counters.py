@@ -72,8 +72,12 @@ def counter_warnings(before: dict[str, int], after: dict[str, int]) -> list[str]
         out.append(f"{d.get('memory_lost', 0) + d.get('memory_walks_full', 0)} sampled allocations were lost: their stacks did not fit "
                    "the stack map, or more threads were walking one at once than the walk table holds; consider raising map_scale_factor")
     if d.get("waits_throttled"):
-        out.append(f"{d['waits_throttled']} lock or I/O waits were not recorded: past their process's wait_events_per_second "
-                   "(their time is missing from the lock_wait and io_wait profiles); raise receivers::profiling::wait_events_per_second")
+        out.append(f"{d['waits_throttled']} lock or I/O waits were not walked: past their process's wait_events_per_second (their time "
+                   "is in lock_wait and io_wait all the same, spread over the process's walked waits of the interval, or under a "
+                   "[waits past wait_events_per_second] frame); raise receivers::profiling::wait_events_per_second for their own stacks")
+    if d.get("throttled_time_lost"):
+        out.append(f"{d['throttled_time_lost']} throttled waits' time was lost: more threads were away in them at once than the "
+                   "off-CPU table holds, or more processes throttled in one interval than its table holds; consider raising map_scale_factor")
     if d.get("lock_wakes_lost"):
         out.append(f"{d['lock_wakes_lost']} lock waits are missing from the lock_wake profile (they are in lock_wait): its table was full, "
                    "or their stacks could not be stored; consider raising map_scale_factor")

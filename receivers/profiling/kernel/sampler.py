@@ -44,6 +44,7 @@ from receivers.profiling.kernel.program import SamplerError
 from receivers.profiling.kernel.program_cache import ProgramCache
 from receivers.profiling.kernel.samples import Interval, stack_count
 from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
+from receivers.profiling.waits.throttled import spread_throttled_time
 
 _TGID = struct.Struct("<I")  # the first field of the kernel's thread_ctx_span
 
@@ -156,6 +157,7 @@ class Sampler:
         self.target_tgids = None
         self._profiling_on = None
         self._off_cpu_waits = None
+        self._throttled_maps: list = []  # throttled_time_N: the time of waits past their process's budget (lock or I/O waits)
         self.thread_stacks = None  # thread_stacks (settings.thread_stacks): tid -> its stacks where it last left a CPU
         self.source = Path(source)
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.sampler")
@@ -341,6 +343,8 @@ class Sampler:
             self.target_tgids = bpf[b"target_tgids"]
         if self.settings.records_waits:
             self._off_cpu_waits = bpf[b"off_cpu_waits"]
+        if self.settings.lock_waits or self.settings.io_waits:
+            self._throttled_maps = [bpf[b"throttled_time_0"], bpf[b"throttled_time_1"]]
         if self.settings.thread_stacks:
             self.thread_stacks = bpf[b"thread_stacks"]
         if self.settings.memory_profiling:
@@ -546,6 +550,8 @@ class Sampler:
         out = slot.stacks
         for (tgid, pid, comm, kaddrs, uaddrs, leaf_return, kerr, uerr, origin, span, started, device), count in overflow.items():
             out.append(stack_count(tgid, pid, comm, kaddrs, uaddrs, leaf_return, count, kerr, uerr, origin, span, started, device))
+        if self._throttled_maps:
+            spread_throttled_time(out, self._slots.drain_throttled_time(self._throttled_maps[drained_slot]))
 
         with self._user_lock:
             self._user["missing_stacks"] += slot.missing
