@@ -52,12 +52,17 @@ def environment(mode: str, library: Path) -> dict[str, str]:
     return env
 
 
+def on_the_last_cpu(command: list[str]) -> list[str]:
+    """``command`` run on the host's last CPU, as the off-CPU bench picks (two CPUs of a VM differ
+    by more than what is measured here), by taskset: a preexec_fn would run Python in a child
+    forked from a bench whose gRPC sink has threads, which Python warns may deadlock (one json
+    run here died of SIGABRT before it was ready)."""
+    return ["taskset", "--cpu-list", str(max(os.sched_getaffinity(0))), *command]
+
+
 def run_pinned(command: list[str], env: dict[str, str]) -> float:
-    """The figure ``command`` prints. Every run on the same CPU (the host's last, as the off-CPU
-    bench picks): two CPUs of a VM differ by more than what is measured here."""
-    cpu = max(os.sched_getaffinity(0))
-    printed = subprocess.run(command, env=env, check=True, capture_output=True, text=True,
-                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu})).stdout
+    """The figure ``command`` prints, run on the host's last CPU (on_the_last_cpu)."""
+    printed = subprocess.run(on_the_last_cpu(command), env=env, check=True, capture_output=True, text=True).stdout
     return float(printed)
 
 

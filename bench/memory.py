@@ -150,10 +150,8 @@ def _json_run(mode: str, index: int, settings: Settings, programs: Programs, run
 
 
 def _start_pinned(command: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """``command`` on the host's last CPU (as heap_sampler.run_pinned), up to its "ready"."""
-    cpu = max(os.sched_getaffinity(0))
-    process = children.start(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    """``command`` on the host's last CPU (heap_sampler.on_the_last_cpu), up to its "ready"."""
+    process = children.start(heap_sampler.on_the_last_cpu(command), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for line in process.stdout:  # (heaptrack says a few words first)
         if line.strip() == "ready":
             return process
