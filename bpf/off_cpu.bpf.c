@@ -176,7 +176,7 @@ struct throttled_wait {
 BPF_ARRAY(throttled_waits, struct throttled_wait, OFF_CPU_THREADS);
 /* The time its throttled waits spent away, by process, double-buffered as counts_N and in step
  * with them: user space spreads it over the process's walked waits of the same interval, in
- * proportion (receivers/profiling/waits/throttled.py), so lock_wait and io_wait keep their totals
+ * proportion (receivers/profiling/kernel/throttled_waits.py), so lock_wait and io_wait keep their totals
  * however many waits a second a process makes. */
 struct throttled_key {
     u32 tgid;

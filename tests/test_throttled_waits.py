@@ -1,11 +1,11 @@
 """The time of waits past a process's wait_events_per_second, spread over its walked waits
-(receivers/profiling/waits/throttled.py). No BPF: rows as the sampler reads them. The kernel side
+(receivers/profiling/kernel/throttled_waits.py). No BPF: rows as the sampler reads them. The kernel side
 is tests/test_lock_io_waits.py's I/O test, run under a budget of 50 waits a second."""
 
 from __future__ import annotations
 
 from receivers.profiling.kernel.samples import ORIGIN_CPU, ORIGIN_IO_WAIT, ORIGIN_LOCK_WAIT, ORIGIN_LOCK_WAKE, StackCount
-from receivers.profiling.waits.throttled import THROTTLED_NOTE, spread_throttled_time
+from receivers.profiling.kernel.throttled_waits import THROTTLED_NOTE, spread_throttled_time
 
 
 def row(count: int, origin: int, leaf: int, tgid: int = 10, started: int | None = 500) -> StackCount:

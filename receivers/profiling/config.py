@@ -90,7 +90,7 @@ class ProfilingConfig(ComponentConfig):
     # lock_wait profile (each sample's lock.kind told from its stack: receivers/profiling/waits/),
     # and every one into uninterruptible sleep as an io_wait profile, at most
     # wait_events_per_second of a process's walked a second (the rest counted and timed: their
-    # time spread over its walked waits, waits/throttled.py). Off: nothing of it runs.
+    # time spread over its walked waits, kernel/throttled_waits.py). Off: nothing of it runs.
     lock_profiling: bool = False
     io_profiling: bool = False
     wait_events_per_second: int = pydantic.Field(1000, ge=1, le=100_000)

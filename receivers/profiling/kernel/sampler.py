@@ -44,7 +44,7 @@ from receivers.profiling.kernel.program import SamplerError
 from receivers.profiling.kernel.program_cache import ProgramCache
 from receivers.profiling.kernel.samples import Interval, stack_count
 from receivers.profiling.kernel.settings import SamplerSettings, UnwindSizes
-from receivers.profiling.waits.throttled import spread_throttled_time
+from receivers.profiling.kernel.throttled_waits import spread_throttled_time
 
 _TGID = struct.Struct("<I")  # the first field of the kernel's thread_ctx_span
 
