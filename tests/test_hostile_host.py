@@ -169,6 +169,17 @@ def roots_reaching_entry(messages, pid: int) -> collections.Counter:
     return roots
 
 
+def outermost_frames(messages, pid: int) -> collections.Counter:
+    """Samples of ``pid`` by their outermost frame (function, or file and address unnamed)."""
+    out: collections.Counter = collections.Counter()
+    for message in messages:
+        for view in iter_samples(message):
+            if view.resource.get("process.pid") == pid and view.frames:
+                frame = view.frames[-1]
+                out[frame.function or f"{frame.mapping_filename}+{frame.address:#x}"] += sum(view.values)
+    return out
+
+
 def executable_names(messages, pid: int) -> set[str]:
     return {view.resource.get("process.executable.name") for message in messages for view in iter_samples(message)
             if view.resource.get("process.pid") == pid}
@@ -516,8 +527,15 @@ def test_a_process_that_runs_in_more_libraries_than_the_row_budget_holds_leaves_
                                                         [str(runner), "60", "0", str(arena.root / "library-victim.so")])
     assert unwind.stats["row_budget_exhausted"] + unwind.stats["files_waiting_for_room"] > 0, unwind.stats  # short indeed
     roots = roots_reaching_entry(exported[-3:], victim_pid)  # once its rows had time to load
+    # (What a failure needs told, printed whole: ci3 of session 28 failed here once, 0 of 183
+    # samples reaching main, not reproduced in 8 runs since, with and without two CPU hogs.)
+    print("the newcomer's samples by report, reaching main / not:",
+          [(roots_reaching_entry([message], victim_pid)[True], roots_reaching_entry([message], victim_pid)[False]) for message in exported])
+    print("the newcomer's outermost frames, last three reports:", outermost_frames(exported[-3:], victim_pid).most_common(6))
+    print("unwind:", unwind.stats)
+    print("sampler:", {name: value for name, value in arena.receiver._sampler.counters().items() if name.startswith("unwind_") and value})
     assert roots[True] + roots[False] > 50, roots
-    assert roots[True] / (roots[True] + roots[False]) > 0.9, (roots, unwind.stats)
+    assert roots[True] / (roots[True] + roots[False]) > 0.9, roots
 
 
 # A Python program whose code objects are as large as it can make the reader keep them: names of

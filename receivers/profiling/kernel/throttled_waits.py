@@ -7,8 +7,10 @@ not known, so their time is spread over the process's walked waits of the same k
 interval, in proportion to each one's time: the profile's shape is the walked waits' (a sample of
 the process's waits: the first of each second) and its total is every wait's, as Go's mutex and
 block profiles scale their sampled events up. lock_wake (the lock waits by waker) is scaled as
-lock_wait is. A process with throttled time and no walked wait of that kind in the interval (its
-budget spent in the interval before) has it under one frame that says so.
+lock_wait is. A process's budget starts over with each report, so a report that has its throttled
+waits has its first waits of that report walked; one with throttled time and no walked wait of
+that kind (a wait throttled in one report that came back in the next, the process making no
+other) has it under one frame that says so.
 """
 
 from __future__ import annotations
