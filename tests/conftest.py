@@ -51,10 +51,13 @@ def build_go_program(source: Path, output: Path, *flags: str) -> Path:
 
 
 def share_tolerance(samples: float, share: float = 0.75, floor: float = 0.05) -> float:
-    """How far a sampled share may stray from the true ``share``: three standard deviations of a
+    """How far a sampled share may stray from the true ``share``: four standard deviations of a
     binomial proportion over ``samples`` samples, and never less than ``floor``. A busy CI host
-    gives a workload little CPU time, and with 120 samples one standard deviation is 4 points."""
-    return max(floor, 3 * (share * (1 - share) / max(samples, 1.0)) ** 0.5)
+    gives a workload little CPU time, and with 120 samples one standard deviation is 4 points.
+    Four, not three: the suite compares some 30 shares a run, and at three sigmas one of them
+    failed now and then by chance alone (ci5 of session 28: C's 0.778 against perf's 0.727 over
+    1,277 and 1,304 samples, 3.0 sigmas, each within 2.3 of the true 0.75)."""
+    return max(floor, 4 * (share * (1 - share) / max(samples, 1.0)) ** 0.5)
 
 
 def stolen_seconds() -> float:

@@ -237,7 +237,7 @@ def test_the_console_names_a_python_process_hottest_function_in_python(tmp_path)
     """`pycollector` with the debug exporter, as a user runs it, while known_split.py runs under
     Debian's python3.11 (stripped: its native leaves read `(no symbol)`): each report of the
     process lists spin_heavy with its file and line first among Python functions, and over the run
-    its share is spin_heavy's (3/4 of the work) within three standard deviations (7 points at least)."""
+    its share is spin_heavy's (3/4 of the work) within four standard deviations (7 points at least)."""
     config = tmp_path / "debug.yaml"
     config.write_text(
         "receivers: {profiling: {samples_per_second: 97, reporter_interval: 1s}}\n"
