@@ -591,7 +591,11 @@ def test_a_library_with_probes_dlopened_later_gets_attached(caches, tmp_path):
             if view.resource.get("process.pid") == process.pid and sample_type(message, view.profile)[0] == "alloc_objects":
                 allocations[allocating_function(view.frames, ("lib_alloc", "lib_work"))] += sum(view.values)
     print(f"fired {fired}, profiled {dict(allocations)}")
-    assert fired > 100 and sum(allocations.values()) == fired, "every allocation fired after the attach is in the profile"
+    # The kernel raises a probe's semaphore before it writes the breakpoint (uprobe_write_opcode:
+    # update_ref_ctr, then the page): an allocation in between reads the semaphore up and passes
+    # a probe not there yet. The library allocates every ~60 us, so one such at most, or two (ci6
+    # of session 28: 102,129 of 102,130). Any other loss is far more.
+    assert fired > 100 and fired - 2 <= sum(allocations.values()) <= fired, "every allocation fired after the attach is in the profile"
     assert allocations["lib_alloc"] >= 0.95 * fired, "under the function that allocated"
 
 
