@@ -332,12 +332,14 @@ def spawn_with_pid(pid: int, argv: list[str]) -> subprocess.Popen:
     pytest.skip(f"could not get pid {pid} again: the host forks too often")
 
 
-def loaded(pid: int) -> None:
-    """Wait until the program has its libraries mapped: Popen returns once exec began, before the
-    kernel and ld.so have mapped everything."""
+def loaded(pid: int, last: str = "libc.so") -> None:
+    """Wait until the program has ``last`` mapped (libc: its libraries; a static program: its own
+    path). Popen returns once exec began, before the kernel and ld.so have mapped anything: the
+    kernel closes the exec's close-on-exec pipe before it maps the program (nine times in ten a
+    read of /proc/PID/maps right after Popen shows only the stack, here)."""
     deadline = time.monotonic() + 10
-    while "libc.so" not in open(f"/proc/{pid}/maps").read():
-        assert time.monotonic() < deadline, f"pid {pid} never mapped libc"
+    while last not in open(f"/proc/{pid}/maps").read():
+        assert time.monotonic() < deadline, f"pid {pid} never mapped {last}"
         time.sleep(0.01)
 
 
