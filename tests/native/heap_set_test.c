@@ -7,10 +7,14 @@
  *     keys every 1,000 operations;
  *  3. readers probing without the lock while a writer adds and removes keys of the same run of
  *     slots, shifting the readers' keys: a key a reader owns is always found (maybe_tracked never
- *     says "no" for a member).
+ *     says "no" for a member, its filter bit included, while the writer sets and clears the bits
+ *     of other buckets of the same words);
+ *  4. the filter in front of the table: a bit set exactly for the buckets of members (checked
+ *     with test 2's), none left set once the set is empty.
  * Prints "ok"; anything else is a failure. Build: gcc -O2 -pthread -I sdk/native. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "sampled_set.h"
 #include "xorshift.h"
@@ -61,6 +65,17 @@ static void wrapping_runs(void) {
 
 #define KEYS 20000
 
+/* Whether each filter bit is set exactly when a member's bucket is it. */
+static int filter_is_of(const unsigned char *member) {
+    static uint32_t expected[FILTER_BITS];
+    memset(expected, 0, sizeof expected);
+    for (size_t j = 0; j < KEYS; j++)
+        if (member[j]) expected[bucket(0x10000 + 16 * (uintptr_t)j)]++;
+    for (size_t b = 0; b < FILTER_BITS; b++)
+        if (expected[b] != filter_counts[b] || (int)((atomic_load(&filter[b / 64]) >> (b % 64)) & 1) != (expected[b] > 0)) return 0;
+    return 1;
+}
+
 static void random_operations(void) {
     static unsigned char member[KEYS];
     uint64_t s = 12345;
@@ -80,9 +95,11 @@ static void random_operations(void) {
             CHECK(!sampled_remove(p), "op %d: non-member %zu removed", op, k);
         }
         CHECK(contains(p) == member[k], "op %d: key %zu", op, k);
+        CHECK(!member[k] || maybe_tracked(p), "op %d: member %zu not in the filter", op, k);
         if (op % 1000 == 0) {
             for (size_t j = 0; j < KEYS; j++) CHECK(contains(0x10000 + 16 * (uintptr_t)j) == member[j], "op %d: key %zu of all", op, j);
             CHECK(sampled_count() == count, "op %d: count %zu, expected %zu", op, sampled_count(), count);
+            CHECK(filter_is_of(member), "op %d: the filter is not the members'", op);
         }
     }
     for (size_t j = 0; j < KEYS; j++)
@@ -133,12 +150,15 @@ static void readers_while_writing(void) {
     }
     atomic_store(&stop, 1);
     for (int i = 0; i < READERS; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < CONTENDED; i++) sampled_remove(contended[i]);
 }
 
 int main(void) {
     wrapping_runs();
     random_operations();
     readers_while_writing();
+    CHECK(sampled_count() == 0, "%zu left in the set", sampled_count());
+    for (size_t w = 0; w < FILTER_BITS / 64; w++) CHECK(atomic_load(&filter[w]) == 0, "filter word %zu left set with the set empty", w);
     if (failures) {
         fprintf(stderr, "%d failures\n", failures);
         return 1;
