@@ -7,6 +7,7 @@ import gzip
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,16 +15,17 @@ from pycollector.pdata import ProfilesBuilder
 
 from exporters.flamegraph.compare import Side, compare, read_stacks
 from exporters.pprof.convert import to_pprof
+from tests.conftest import build_go_program
 
 PERIOD_NS = 10_000_000
 UNIT_NS = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9, "min": 60e9, "h": 3600e9}
 
 
-def profile(shares: dict[str, int]) -> bytes:
+def profile(shares: dict[str, int], sample_type: tuple[str, str] = ("samples", "count")) -> bytes:
     """A pprof file: main -> each function, that many samples; and main itself 10."""
     b = ProfilesBuilder()
     scope = b.scope_profiles(b.resource_profiles({"process.pid": 1, "process.executable.name": "app"}))
-    prof = b.profile(scope, sample_type=("samples", "count"), period_type=("cpu", "nanoseconds"), period=PERIOD_NS)
+    prof = b.profile(scope, sample_type=sample_type, period_type=("cpu", "nanoseconds"), period=PERIOD_NS)
     main = b.location(lines=[(b.function("main"), 0, 0)])
     for function, samples in {**shares, "main": 10}.items():
         stack = [main] if function == "main" else [b.location(lines=[(b.function(function), 0, 0)]), main]
@@ -161,3 +163,118 @@ def test_diff_writes_a_page_that_opens_on_the_comparison(tmp_path, cli):
     table = DiffTable(dom)
     assert table.more[0][0] == "hot (app.py)" and table.more[0][1] == pytest.approx(0.4), table.more
     assert table.less[0][0] == "cold (app.py)" and "base: versions.proto service.version=1" in table.note, table.note
+
+
+GROW_SHRINK = Path(__file__).parent / "testdata" / "diff" / "grow_shrink.go"
+
+
+@pytest.fixture(scope="module")
+def go_versions(tmp_path_factory):
+    """Two CPU profiles go's runtime/pprof wrote itself: version 1 calls spin through growMe 20%
+    of the time, version 2 60% (shrinkMe the rest); spin holds all the self time on both sides."""
+    if shutil.which("go") is None:
+        pytest.skip("go is not installed (scripts/setup.sh installs golang-go)")
+    work = tmp_path_factory.mktemp("grow_shrink")
+    program = build_go_program(GROW_SHRINK, work / "grow_shrink")
+    versions = {}
+    for name, share in (("base", 20), ("after", 60)):
+        versions[name] = work / f"{name}.pb.gz"
+        subprocess.run([str(program), str(share), "2", str(versions[name])], check=True, timeout=60)
+    return versions
+
+
+def cum_changes(base, after) -> dict[str, float]:
+    """go tool pprof -top -normalize -diff_base's cum% per function, signed as its cum value."""
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-normalize", "-diff_base", str(base), str(after)],
+                         capture_output=True, text=True, check=True).stdout
+    out = {}
+    for line in top.splitlines():  # "         0     0%     0%      0.51s 45.43%  main.growMe"
+        match = re.match(r"\s*\S+\s+\S+%\s+\S+%\s+(-?)[\d.]+\w*\s+([\d.]+)%\s+(\S+)$", line)
+        if match:
+            out[match.group(3)] = (-1 if match.group(1) else 1) * float(match.group(2)) / 100
+    return out
+
+
+def listed(stdout: str) -> tuple[list[list[str]], list[list[str]]]:
+    """pycollector diff's rows under "costs more" and under "costs less", split into words."""
+    lines = stdout.splitlines()
+    more, less = lines.index("costs more"), lines.index("costs less")
+    return [line.split() for line in lines[more + 1:less]], [line.split() for line in lines[less + 1:]]
+
+
+def test_a_caller_that_now_calls_the_hot_helper_more_is_listed_by_its_total(go_versions, cli):
+    """The helper's self share does not move; the callers' totals do, as go tool pprof's cum says."""
+    by_go = cum_changes(go_versions["base"], go_versions["after"])
+    result = cli("diff", str(go_versions["base"]), str(go_versions["after"]))
+    assert result.returncode == 0, result.stderr
+    more, less = listed(result.stdout)
+    assert more and less, result.stdout
+    assert (more[0][-1], more[0][1]) == ("main.growMe", "total"), result.stdout
+    assert (less[0][-1], less[0][1]) == ("main.shrinkMe", "total"), result.stdout
+    for row, function in ((more[0], "main.growMe"), (less[0], "main.shrinkMe")):
+        assert abs(float(row[0].rstrip("%~")) / 100 - by_go[function]) <= 0.02, (result.stdout, by_go)
+    assert by_go["main.growMe"] > 0.2 and by_go["main.shrinkMe"] < -0.2, by_go
+
+
+def test_the_pages_table_lists_the_same_rows(go_versions, tmp_path, cli):
+    from tests.test_flamegraph_browser import CHROMIUM, chromium
+    from tests.test_flamegraph_diff import DiffTable
+
+    from exporters.flamegraph.page import missing_vendor_files
+
+    if CHROMIUM is None or missing_vendor_files():
+        pytest.skip("chromium or the flame graph renderer is not installed (scripts/setup.sh)")
+    page = tmp_path / "diff.html"
+    result = cli("diff", str(go_versions["base"]), str(go_versions["after"]), "-o", str(page))
+    assert result.returncode == 0, result.stderr
+    more, less = listed(result.stdout.rsplit("\nwrote ", 1)[0])
+    dom, console = chromium(page.as_uri(), tmp_path, "--dump-dom")
+    assert console == [], console
+    screenshot = tmp_path / "go-versions-diff.png"
+    _, console = chromium(page.as_uri(), tmp_path, f"--screenshot={screenshot}")
+    assert console == [] and screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")
+    table = DiffTable(dom)
+    for ours, theirs in ((more, table.more), (less, table.less)):
+        assert [row[-1] for row in ours] == [function for function, _ in theirs][:len(ours)], (result.stdout, theirs)
+        assert [float(row[0].rstrip("%~")) for row in ours] == pytest.approx([100 * change for _, change in theirs][:len(ours)], abs=0.051)
+    assert table.by["main.growMe"] == table.by["main.shrinkMe"] == "total"
+
+
+def test_two_profiles_of_different_types_are_refused_unless_the_type_is_named(go_versions, tmp_path, cli):
+    waits = tmp_path / "off_cpu.pb.gz"
+    waits.write_bytes(profile({"parse": 20_000_000}, ("off_cpu", "nanoseconds")))
+    refused = cli("diff", str(waits), str(go_versions["after"]))
+    assert refused.returncode == 1 and "say which type to compare with --type" in refused.stderr, refused.stderr
+    assert "off_cpu/nanoseconds" in refused.stderr and "cpu/nanoseconds" in refused.stderr, refused.stderr
+    missing = cli("diff", str(waits), str(go_versions["after"]), "--type", "cpu")
+    assert missing.returncode == 1 and "no sample type 'cpu'" in missing.stderr, missing.stderr
+    cpu = tmp_path / "cpu.pb.gz"
+    cpu.write_bytes(profile({"parse": 20}))
+    same = cli("diff", str(cpu), str(go_versions["after"]))
+    assert same.returncode == 0 and "type: cpu" in same.stdout, same.stderr
+
+
+def test_a_pprof_files_python_functions_are_their_own_self_and_apart_from_native_namesakes(tmp_path, cli):
+    """A pprof file says no frame types: a function in a .py file is Python's, listed by its file,
+    its samples' self time its own and not the interpreter's C function's."""
+    paths = []
+    for number, hot in (("1", 20), ("2", 60)):
+        b = ProfilesBuilder()
+        scope = b.scope_profiles(b.resource_profiles({"process.pid": 1, "process.executable.name": "python3.11"}))
+        prof = b.profile(scope, sample_type=("samples", "count"), period_type=("cpu", "nanoseconds"), period=PERIOD_NS)
+        evaluate = b.location(lines=[(b.function("_PyEval_EvalFrameDefault"), 0, 0)])
+        main = b.location(lines=[(b.function("main", filename="/srv/app.py"), 9, 0)])
+        for function, samples in (("hot", hot), ("cold", 100 - hot)):
+            b.sample(prof, b.stack([evaluate, b.location(lines=[(b.function(function, filename="/srv/app.py"), 3, 0)]), main]), [samples])
+        b.sample(prof, b.stack([b.location(lines=[(b.function("hot"), 0, 0)]), main]), [10])  # a native namesake
+        (pprof,) = to_pprof(b.data, merged=True)
+        paths.append(tmp_path / f"v{number}.pb.gz")
+        paths[-1].write_bytes(gzip.compress(pprof.profile.SerializeToString()))
+    result = cli("diff", *map(str, paths))
+    assert result.returncode == 0, result.stderr
+    more, less = listed(result.stdout)
+    assert " ".join(more[0][3:]).endswith("hot (app.py)") and more[0][1] == "self", result.stdout
+    assert " ".join(less[0][3:]).endswith("cold (app.py)"), result.stdout
+    assert "_PyEval_EvalFrameDefault" not in result.stdout, result.stdout
+

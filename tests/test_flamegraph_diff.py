@@ -131,10 +131,12 @@ def test_colours_follow_the_sign_of_the_change_and_saturate_at_the_scale():
 
 
 class DiffTable(HTMLParser):
-    """The diff table's rows: (function, self change) per row, costs more then costs less."""
+    """The diff table's rows: (function, the change it is ranked by) per row, costs more then
+    costs less; by: function -> "self" or "total", what that change is of."""
 
     def __init__(self, dom: str):
         super().__init__()
+        self.by: dict[str, str] = {}
         self.more: list[tuple[str, float]] = []
         self.less: list[tuple[str, float]] = []
         self.note = ""
@@ -147,7 +149,8 @@ class DiffTable(HTMLParser):
         if tag == "tbody" and attrs.get("id") in ("diff-more", "diff-less"):
             self._body = self.more if attrs["id"] == "diff-more" else self.less
         elif tag == "tr" and "data-function" in attrs and self._body is not None:
-            self._body.append((attrs["data-function"], float(attrs["data-self-change"])))
+            self._body.append((attrs["data-function"], float(attrs["data-change"])))
+            self.by[attrs["data-function"]] = attrs["data-by"]
         self._in_note = attrs.get("id") == "diff-note"
 
     def handle_endtag(self, tag):

@@ -130,7 +130,7 @@ def test_diff_shows_in_use_growth_by_value(tmp_path, cli, reports):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("base: 5.00MiB in use (") and "after: 10.0MiB in use (" in lines[0] and lines[0].endswith("type: inuse_space"), lines[0]
     more, less = lines.index("holds more"), lines.index("holds less")
-    assert lines[more + 1].split() == ["+5.00MiB", "4.00MiB", "9.00MiB", "+5.00MiB", "alloc_leaky"], result.stdout
+    assert lines[more + 1].split() == ["+5.00MiB", "self", "4.00MiB", "9.00MiB", "alloc_leaky"], result.stdout
     assert less == more + 2  # alloc_warm held 1 MiB both times: it holds no less
     # A file of memory profiles alone opens on in-use bytes; each file's latest reading is its side.
     both = otlp_file(tmp_path / "both.json", reports["before"], reports["after"])
@@ -152,7 +152,7 @@ def test_diff_reads_heap_files_the_pprof_exporter_wrote_by_their_sites(tmp_path,
     result = cli("diff", *files)  # the heap file's default, inuse_space; its drop_frames applied
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[lines.index("holds more") + 1].split() == ["+5.00MiB", "4.00MiB", "9.00MiB", "+5.00MiB", "alloc_leaky"], result.stdout
+    assert lines[lines.index("holds more") + 1].split() == ["+5.00MiB", "self", "4.00MiB", "9.00MiB", "alloc_leaky"], result.stdout
     allocated = cli("diff", "--type", "alloc_space", *files).stdout
     assert "sample" not in allocated.split() and "malloc" not in allocated.split(), allocated
 

@@ -107,6 +107,6 @@ def test_diff_shows_the_goroutine_leak_by_value(tmp_path, cli):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("base: 110 goroutines (") and "after: 410 goroutines (" in lines[0], lines[0]
     more = lines.index("more goroutines sit in")
-    assert lines[more + 1].split() == ["+300", "100", "400", "+300", "main.waitInThePool"], result.stdout
+    assert lines[more + 1].split() == ["+300", "self", "100", "400", "main.waitInThePool"], result.stdout
     threads = cli("diff", "--type", "threads", str(before), str(after)).stdout.splitlines()
     assert threads[0].startswith("base: 56 threads (") and "after: 56 threads (" in threads[0]

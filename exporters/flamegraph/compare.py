@@ -12,6 +12,17 @@ A change is flagged as noise when it is smaller than twice the standard error of
 two proportions drawn from samples of the two sides' sizes (only where the values count samples:
 off-CPU nanoseconds have no sample count to judge by).
 
+A function is ranked by its self change, or by its total change where that tells what its self
+change does not (each row says which). The most common regression is a caller that now calls an
+expensive helper more often: the helper's self share does not move (all its callers' time is in
+it on both sides), the caller's total does, as ``go tool pprof -diff_base`` shows in its cum
+column. But every caller's total also moves with a callee that itself got slower (a leak's
+callers all hold more): that part is the callee's to list, not theirs. So a function's total
+change is split by the self owners under it; of each owner's part, what the owner's own change
+explains (its change, in the share of its self time this function's stacks held) is taken out,
+and the rest, ``caller_change``, is this function's doing. A function is ranked by total when
+that rest is beyond the noise, half a point at least and more than its self change.
+
 Levels (the live heap's in-use bytes and objects: readings at a time, not counts over it) are
 compared by value: both sides' shares are taken of the larger side's total, so a function's change
 is its change in value (a leak grows the level; shares of each side's own total would hide growth
@@ -55,20 +66,24 @@ class Side:
     samples: int | None  # how many samples the values count (None: values are not counts)
     self_values: collections.Counter
     total_values: collections.Counter
+    under: dict[str, collections.Counter]  # function -> self owner -> value of its stacks with that owner
 
     @classmethod
     def of(cls, stacks: Iterable[tuple[Stack, int]], counts_samples: bool = True) -> "Side":
         self_values: collections.Counter = collections.Counter()
         total_values: collections.Counter = collections.Counter()
+        under: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         total = 0
         for stack, value in stacks:
             if not stack or value <= 0:
                 continue
             total += value
-            self_values[self_owner(stack)] += value
+            owner = self_owner(stack)
+            self_values[owner] += value
             for function in {name for name, _ in stack}:
                 total_values[function] += value
-        return cls(total, total if counts_samples else None, self_values, total_values)
+                under[function][owner] += value
+        return cls(total, total if counts_samples else None, self_values, total_values, under)
 
     def self_share(self, function: str) -> float:
         return self.self_values[function] / self.total if self.total else 0.0
@@ -92,11 +107,13 @@ class Change:
     after_self: float
     base_total: float
     after_total: float
-    noise: bool  # the self change is within the sampling noise of the two sides' counts
+    self_noise: bool  # the self change is within the sampling noise of the two sides' counts
     base_self_value: int = 0  # the values, in the sample type's unit
     after_self_value: int = 0
     base_total_value: int = 0
     after_total_value: int = 0
+    total_noise: bool = False  # likewise, the total change
+    caller_change: float = 0.0  # the part of the total change no callee's own change explains (the module's doc)
 
     @property
     def self_change(self) -> float:
@@ -106,11 +123,49 @@ class Change:
     def total_change(self) -> float:
         return self.after_total - self.base_total
 
+    @property
+    def by(self) -> str:
+        """What the function is ranked by: "total" when its own part of its total change is beyond
+        the noise, half a point at least and more than its self change; else "self"."""
+        own = abs(self.caller_change)
+        rival = 0.0 if self.self_noise else abs(self.self_change)
+        return "total" if not self.total_noise and own >= MIN_CALLER_CHANGE and own > rival else "self"
+
+    @property
+    def change(self) -> float:
+        return self.total_change if self.by == "total" else self.self_change
+
+    @property
+    def noise(self) -> bool:
+        return self.total_noise if self.by == "total" else self.self_noise
+
+    def shares(self) -> tuple[float, float]:
+        """(base, after) shares of what the change is of."""
+        return (self.base_total, self.after_total) if self.by == "total" else (self.base_self, self.after_self)
+
+    def values(self) -> tuple[int, int]:
+        return (self.base_total_value, self.after_total_value) if self.by == "total" else (self.base_self_value, self.after_self_value)
+
+
+MIN_CALLER_CHANGE = 0.005  # (of a share: half a point)
+
 
 def compare(base: Side, after: Side, levels: bool = False) -> list[Change]:
-    """Every function of either side, the largest self increase first, the largest decrease last;
-    ``levels``: the values are levels, compared by value (see the module's doc)."""
+    """Every function of either side, the largest increase first (by self or total: Change.by), the
+    largest decrease last; ``levels``: the values are levels, compared by value (see the module's doc)."""
     over = max(base.total, after.total)
+    base_over, after_over = (over, over) if levels else (base.total, after.total)
+
+    def caller_change(function: str) -> float:
+        rest = 0.0
+        for owner in set(base.under.get(function, ())) | set(after.under.get(function, ())):
+            base_under, after_under = base.under[function][owner], after.under[function][owner]
+            base_own, after_own = base.self_values[owner], after.self_values[owner]
+            held = base_under / base_own if base_own else after_under / after_own if after_own else 0.0
+            own_change = (after_own / after_over if after_over else 0.0) - (base_own / base_over if base_over else 0.0)
+            rest += (after_under / after_over if after_over else 0.0) - (base_under / base_over if base_over else 0.0) - held * own_change
+        return rest
+
     changes = []
     for function in set(base.total_values) | set(after.total_values):
         values = (base.self_values[function], after.self_values[function], base.total_values[function], after.total_values[function])
@@ -119,10 +174,21 @@ def compare(base: Side, after: Side, levels: bool = False) -> list[Change]:
         else:
             base_self, after_self = base.self_share(function), after.self_share(function)
             base_total, after_total = base.total_share(function), after.total_share(function)
-        noise = not levels and _within_noise(base_self, after_self, base.samples, after.samples)
-        changes.append(Change(function, base_self, after_self, base_total, after_total, noise, *values))
-    changes.sort(key=lambda change: (-change.self_change, -change.total_change, change.function))
+        self_noise = not levels and _within_noise(base_self, after_self, base.samples, after.samples)
+        total_noise = not levels and _within_noise(base_total, after_total, base.samples, after.samples)
+        changes.append(Change(function, base_self, after_self, base_total, after_total, self_noise, *values, total_noise=total_noise,
+                              caller_change=caller_change(function)))
+    # (of equal changes, a function's own before its callers', whose totals carry it)
+    changes.sort(key=lambda change: (-change.change, (change.by == "total") == (change.change > 0), change.function))
     return changes
+
+
+def increases(changes: list[Change], top: int) -> list[Change]:
+    return [change for change in changes if change.change > 0][:top]
+
+
+def decreases(changes: list[Change], top: int) -> list[Change]:
+    return [change for change in reversed(changes) if change.change < 0][:top]
 
 
 def _within_noise(p1: float, p2: float, n1: int | None, n2: int | None) -> bool:
@@ -160,18 +226,25 @@ def read_stacks(path: str | Path, sample_type: str | None = None, process: str |
         data = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
     if data.lstrip()[:1] == b"{":
         return _otlp_stacks(_otlp_messages(data, "json"), sample_type, process, where or {})
+    pprof_error = None
     try:
         stacks, value_type, counts = _pprof_stacks(data, sample_type)
-    except ValueError:
-        pass
+    except ValueError as error:
+        pprof_error = error
     else:
         if process is not None or where:
             raise ValueError("a pprof file has no processes or resource attributes to filter by (--process and --where are for OTLP files)")
         return stacks, value_type, counts
     try:
-        messages = _otlp_messages(data, "proto")
-    except ValueError:  # (not framed: one message, as an OTLP/HTTP body is)
-        messages = [_decode_otlp(data, "proto")]
+        try:
+            messages = _otlp_messages(data, "proto")
+        except ValueError:  # (not framed: one message, as an OTLP/HTTP body is)
+            messages = [_decode_otlp(data, "proto")]
+    except Exception:
+        # Not OTLP either: a pprof file without the type asked for says so, not that it is no OTLP.
+        if isinstance(pprof_error, _NoSuchType):
+            raise pprof_error from None
+        raise
     return _otlp_stacks(messages, sample_type, process, where or {})
 
 
@@ -191,6 +264,10 @@ def _decode_otlp(body: bytes, encoding: str):
     return as_message(decode(body, encoding, profiles_pb2.ProfilesData).message)
 
 
+class _NoSuchType(ValueError):
+    pass
+
+
 def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, int]], tuple[str, str], bool]:
     from google.protobuf.message import DecodeError
 
@@ -207,7 +284,7 @@ def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, in
     types = [strings[value_type.type] for value_type in profile.sample_type]
     if wanted is not None:
         if wanted not in types:
-            raise ValueError(f"no sample type {wanted!r} (it has {', '.join(types)})")
+            raise _NoSuchType(f"no sample type {wanted!r} (it has {', '.join(types)})")
         index = types.index(wanted)
     elif profile.default_sample_type:
         index = types.index(strings[profile.default_sample_type])
@@ -215,13 +292,13 @@ def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, in
         index = len(types) - 1  # (what go tool pprof shows by default)
     # What pprof drops on reading (a heap profile's allocator frames), dropped here too.
     dropped = pprof_pattern(strings[profile.drop_frames], strings[profile.keep_frames]) if profile.drop_frames else None
-    functions = {function.id: strings[function.name] for function in profile.function}
+    functions = {function.id: _pprof_frame(strings[function.name], strings[function.filename]) for function in profile.function}
     locations = {}
     for location in profile.location:
         # Inlined frames: the first line is the innermost; the stack reads them outermost first.
-        names = [functions.get(line.function_id, "") for line in reversed(location.line)]
+        frames = [functions.get(line.function_id, ("", "")) for line in reversed(location.line)]
         address = f"0x{location.address:x}"
-        locations[location.id] = tuple((name or address, "") for name in names) or ((address, ""),)
+        locations[location.id] = tuple((name or address, kind) for name, kind in frames) or ((address, ""),)
     stacks = []
     for sample in profile.sample:
         frames: list[Frame] = []
@@ -232,6 +309,17 @@ def _pprof_stacks(data: bytes, wanted: str | None) -> tuple[list[tuple[Stack, in
         stacks.append((tuple(frames), sample.value[index]))
     unit = strings[profile.sample_type[index].unit]
     return stacks, (types[index], unit), unit == "count"
+
+
+# A pprof file names no frame types: a function's file tells its language, where it has one.
+_LANGUAGE_OF_FILE = {".py": "cpython", ".java": "jvm", ".kt": "jvm", ".scala": "jvm", ".js": "v8js", ".mjs": "v8js", ".cjs": "v8js", ".ts": "v8js"}
+
+
+def _pprof_frame(name: str, filename: str) -> Frame:
+    """A pprof function as a frame: a language's (by its file's suffix) named as the OTLP files'
+    are, ``spin_heavy (app.py)``, so that its self time is its own and not the interpreter's."""
+    kind = _LANGUAGE_OF_FILE.get(Path(filename).suffix, "") if filename else ""
+    return (f"{name} ({Path(filename).name})" if kind and name else name, kind)
 
 
 def _selected(resource: dict, process: str | None, where: dict[str, str]) -> bool:

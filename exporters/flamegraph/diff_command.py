@@ -1,10 +1,14 @@
 """`pycollector diff BASE AFTER`: what changed between two profiles, function by function.
 
 BASE and AFTER are pprof files (ours, or any `go tool pprof` reads) or OTLP profile files (the
-`file` exporter's JSON lines or protobuf). Shares are each side's own (a longer window does not
-weigh more); a change within the sampling noise of the two sides' counts is marked ``~``. For a
-process with Python, Java or JavaScript frames a function's self time is its innermost frame of
-that language (as the page counts it). ``-o diff.html`` writes the diff flame graph as a page that
+`file` exporter's JSON lines or protobuf), of one sample type (two files whose defaults differ are
+refused until ``--type`` names one). Shares are each side's own (a longer window does not weigh
+more); a change within the sampling noise of the two sides' counts is marked ``~``. Each function
+is listed by its self change, or by its total change where the function's own calls moved it (a
+caller that now calls an expensive helper more often: compare.py says how), the row saying which.
+For a process with Python, Java or JavaScript frames a function's self time is its innermost
+frame of that language (as the page counts it); a pprof file's functions are a language's by
+their file's suffix (``.py``, ``.java``, ``.js``...). ``-o diff.html`` writes the diff flame graph as a page that
 opens anywhere: the flame graph page, opened on the comparison of the two files.
 
 One OTLP file holding both sides (two versions that ran in turn under one collector) is compared
@@ -27,7 +31,7 @@ from pathlib import Path
 from pycollector.pdata import is_memory, is_snapshot
 
 from exporters.debug.values import describe_total, format_value
-from exporters.flamegraph.compare import Change, Side, compare, read_stacks
+from exporters.flamegraph.compare import Change, Side, compare, decreases, increases, read_stacks
 
 # The headings of the two lists, as the page words them (assets/units.js).
 ALLOCATES, HOLDS, COSTS = ("allocates more", "allocates less"), ("holds more", "holds less"), ("costs more", "costs less")
@@ -61,7 +65,7 @@ class DiffCommand:
         parser.add_argument("-o", "--output", default=None, metavar="FILE.html", help="also write the diff flame graph as a self-contained page")
 
     def run(self, args: argparse.Namespace) -> int:
-        sides, stacks_of = [], []
+        sides, stacks_of, value_types = [], [], []
         for path, own_where in ((args.base, args.base_where), (args.after, args.after_where)):
             try:
                 stacks, value_type, counts = read_stacks(path, args.type, args.process, dict(args.where + own_where))
@@ -70,6 +74,12 @@ class DiffCommand:
                 return 1
             sides.append(Side.of(stacks, counts))
             stacks_of.append(stacks)
+            value_types.append(value_type)
+        if value_types[0] != value_types[1]:
+            why = "each its default: say which type to compare with --type" if args.type is None else "one type in two units: not comparable"
+            print(f"pycollector diff: {args.base} holds {'/'.join(value_types[0])} and {args.after} {'/'.join(value_types[1])} ({why})",
+                  file=sys.stderr)
+            return 1
         base, after = sides
         levels = is_snapshot(value_type)
         changes = compare(base, after, levels)
@@ -79,13 +89,12 @@ class DiffCommand:
         else:
             unit = "samples" if counts else value_type[1]
             print(f"base: {base.total} {unit} ({args.base})   after: {after.total} {unit} ({args.after})   type: {value_type[0]}")
+        of = "of: self, as the innermost frame; total, anywhere on the stack"
         if levels:
-            print(f"{'self Δ':>10} {'base':>9} {'after':>9} {'total Δ':>10}  function   (each process's latest reading, compared by value)")
+            print(f"{'change':>10} {'of':5} {'base':>9} {'after':>9}  function   (each process's latest reading, compared by value; {of})")
         else:
-            print(f"{'self Δ':>8} {'base':>7} {'after':>7} {'total Δ':>8}  function   (shares of each side's total; ~: within sampling noise)")
-        increases = [change for change in changes if change.self_change > 0][: args.top]
-        decreases = [change for change in reversed(changes) if change.self_change < 0][: args.top]
-        for title, rows in zip(HEADINGS.get(value_type[0], COSTS), (increases, decreases)):
+            print(f"{'change':>8} {'of':5} {'base':>7} {'after':>7}  function   (shares of each side's total; {of}; ~: within sampling noise)")
+        for title, rows in zip(HEADINGS.get(value_type[0], COSTS), (increases(changes, args.top), decreases(changes, args.top))):
             print(title)
             for change in rows:
                 print(_level_row(change, value_type[1]) if levels else _row(change))
@@ -102,17 +111,17 @@ class DiffCommand:
 
 def _row(change: Change) -> str:
     mark = "~" if change.noise else " "
-    return (f"{100 * change.self_change:+7.1f}%{mark}{100 * change.base_self:6.1f}% {100 * change.after_self:6.1f}% "
-            f"{100 * change.total_change:+7.1f}%  {change.function}")
+    base, after = change.shares()
+    return f"{100 * change.change:+7.1f}%{mark}{change.by:5} {100 * base:6.1f}% {100 * after:6.1f}%  {change.function}"
 
 
 def _level_row(change: Change, unit: str) -> str:
-    """A function's values on each side and their changes, in the type's unit (+5.00MiB)."""
+    """A function's values on each side and their change, in the type's unit (+5.00MiB)."""
     def signed(value: int) -> str:
         return ("+" if value > 0 else "-" if value < 0 else "") + format_value(abs(value), unit)
 
-    return (f"{signed(change.after_self_value - change.base_self_value):>10} {format_value(change.base_self_value, unit):>9} "
-            f"{format_value(change.after_self_value, unit):>9} {signed(change.after_total_value - change.base_total_value):>10}  {change.function}")
+    base, after = change.values()
+    return f"{signed(after - base):>10} {change.by:5} {format_value(base, unit):>9} {format_value(after, unit):>9}  {change.function}"
 
 
 def _side_name(side: str, path: str, where: list[tuple[str, str]]) -> str:

@@ -85,6 +85,7 @@ var FlameCompare = (function () {
     const self = new Map();
     const total = new Map();
     const onPath = new Map();  // how many frames of each function the current path holds
+    const under = new Map();  // function -> self owner -> value of its stacks with that owner
     let sum = 0;
     // Entries: [node, innermost language function above it] to enter, or [null, name] to leave.
     const pending = children.map((node) => [node, null]).reverse();
@@ -103,12 +104,20 @@ var FlameCompare = (function () {
         const owner = language || name;
         self.set(owner, (self.get(owner) || 0) + own);
         sum += own;
+        for (const [function_, frames] of onPath) {
+          if (!frames) continue;
+          if (!under.has(function_)) under.set(function_, new Map());
+          const owners = under.get(function_);
+          owners.set(owner, (owners.get(owner) || 0) + own);
+        }
       }
       pending.push([null, name]);
       for (let i = node.children.length - 1; i >= 0; i--) pending.push([node.children[i], language]);
     }
-    return { total: sum, self: self, totals: total };
+    return { total: sum, self: self, totals: total, under: under };
   }
+
+  const MIN_CALLER_CHANGE = 0.005;  // (of a share: half a point, as compare.py's)
 
   // Whether p1 -> p2 is within twice the standard error of a difference of two proportions
   // drawn from n1 and n2 samples (no judgement when the values are not sample counts).
@@ -124,7 +133,7 @@ var FlameCompare = (function () {
   }
 
   // Every function of either side with both sides' shares (over denominators()) and values, the
-  // largest self increase first. countsSamples: the values count samples, so the noise of the
+  // largest increase (of self or total: row.by) first. countsSamples: the values count samples, so the noise of the
   // counts can be judged (not for levels, whose shares are not proportions of a side's samples).
   function changes(baseChildren, afterChildren, countsSamples, levels) {
     const base = tally(baseChildren);
@@ -133,6 +142,24 @@ var FlameCompare = (function () {
     const value = (map, name) => map.get(name) || 0;
     const share = (map, name, over) => over ? value(map, name) / over : 0;
     const names = new Set([...base.totals.keys(), ...after.totals.keys()]);
+    // The part of a function's total change no callee's own change explains (compare.py's
+    // caller_change): of each self owner's part under it, the owner's change in the share of its
+    // self time this function's stacks held is taken out.
+    const callerChange = (name) => {
+      const baseUnder = base.under.get(name) || new Map();
+      const afterUnder = after.under.get(name) || new Map();
+      let rest = 0;
+      for (const owner of new Set([...baseUnder.keys(), ...afterUnder.keys()])) {
+        const bu = baseUnder.get(owner) || 0;
+        const au = afterUnder.get(owner) || 0;
+        const bo = value(base.self, owner);
+        const ao = value(after.self, owner);
+        const held = bo ? bu / bo : ao ? au / ao : 0;
+        const ownChange = (afterOver ? ao / afterOver : 0) - (baseOver ? bo / baseOver : 0);
+        rest += (afterOver ? au / afterOver : 0) - (baseOver ? bu / baseOver : 0) - held * ownChange;
+      }
+      return rest;
+    };
     const rows = [...names].map((name) => {
       const row = {
         function: name,
@@ -143,10 +170,21 @@ var FlameCompare = (function () {
       };
       row.selfChange = row.afterSelf - row.baseSelf;
       row.totalChange = row.afterTotal - row.baseTotal;
-      row.noise = Boolean(countsSamples && !levels) && withinNoise(row.baseSelf, row.afterSelf, base.total, after.total);
+      const judged = Boolean(countsSamples && !levels);
+      row.selfNoise = judged && withinNoise(row.baseSelf, row.afterSelf, base.total, after.total);
+      row.totalNoise = judged && withinNoise(row.baseTotal, row.afterTotal, base.total, after.total);
+      // Ranked by total where its own part of the total change says more than its self change
+      // (compare.py's Change.by): a caller that now calls an expensive helper more often.
+      row.callerChange = callerChange(name);
+      const own = Math.abs(row.callerChange);
+      row.by = !row.totalNoise && own >= MIN_CALLER_CHANGE && own > (row.selfNoise ? 0 : Math.abs(row.selfChange)) ? "total" : "self";
+      row.change = row.by === "total" ? row.totalChange : row.selfChange;
+      row.noise = row.by === "total" ? row.totalNoise : row.selfNoise;
       return row;
     });
-    rows.sort((a, b) => b.selfChange - a.selfChange || b.totalChange - a.totalChange || (a.function < b.function ? -1 : 1));
+    // (of equal changes, a function's own before its callers', whose totals carry it)
+    const callersLast = (row) => ((row.by === "total") === (row.change > 0) ? 1 : 0);
+    rows.sort((a, b) => b.change - a.change || callersLast(a) - callersLast(b) || (a.function < b.function ? -1 : 1));
     return { baseTotal: base.total, afterTotal: after.total, rows: rows };
   }
 

@@ -305,15 +305,19 @@
     const element = document.createElement("tr");
     element.dataset.function = row.function;
     element.dataset.selfChange = row.selfChange;
-    const direction = row.noise ? "noise" : row.selfChange > 0 ? "more" : "less";
+    element.dataset.change = row.change;
+    element.dataset.by = row.by;
+    // The change the row is ranked by (self or total) is coloured, and marked ~ within the noise.
+    const mark = (by) => (by !== row.by ? "value" : "value ranked " + (row.noise ? "noise" : row.change > 0 ? "more" : "less"));
+    const tilde = (noise) => (noise ? " ~" : "");
     // A level's rows in its unit (a leak's growth in bytes), others in shares of each side's total.
     const cells = type.snapshot
-      ? [[row.function, ""], [signed(row.afterSelfValue - row.baseSelfValue, type), "value " + direction],
+      ? [[row.function, ""], [signed(row.afterSelfValue - row.baseSelfValue, type), mark("self")],
          [FlameUnits.format(row.baseSelfValue, type), "value"], [FlameUnits.format(row.afterSelfValue, type), "value"],
-         [signed(row.afterTotalValue - row.baseTotalValue, type), "value"], [FlameUnits.format(row.baseTotalValue, type), "value"],
+         [signed(row.afterTotalValue - row.baseTotalValue, type), mark("total")], [FlameUnits.format(row.baseTotalValue, type), "value"],
          [FlameUnits.format(row.afterTotalValue, type), "value"]]
-      : [[row.function, ""], [points(row.selfChange, true) + (row.noise ? " ~" : ""), "value " + direction],
-         [points(row.baseSelf), "value"], [points(row.afterSelf), "value"], [points(row.totalChange, true), "value"],
+      : [[row.function, ""], [points(row.selfChange, true) + tilde(row.selfNoise), mark("self")],
+         [points(row.baseSelf), "value"], [points(row.afterSelf), "value"], [points(row.totalChange, true) + tilde(row.totalNoise), mark("total")],
          [points(row.baseTotal), "value"], [points(row.afterTotal), "value"]];
     for (const [text, kind] of cells) {
       const cell = document.createElement("td");
@@ -335,8 +339,8 @@
   }
 
   function renderDiffTable(result, type) {
-    const more = result.rows.filter((row) => row.selfChange > 0).slice(0, DIFF_ROWS);
-    const less = result.rows.filter((row) => row.selfChange < 0).reverse().slice(0, DIFF_ROWS);
+    const more = result.rows.filter((row) => row.change > 0).slice(0, DIFF_ROWS);
+    const less = result.rows.filter((row) => row.change < 0).reverse().slice(0, DIFF_ROWS);
     const described = FlameUnits.describe(type);
     document.getElementById("diff-more").replaceChildren(heading(described.more), ...more.map((row) => diffRow(row, type)));
     document.getElementById("diff-less").replaceChildren(heading(described.less), ...less.map((row) => diffRow(row, type)));
@@ -361,7 +365,8 @@
     const counts = type.unit === "count" && !type.snapshot;
     const compared = type.snapshot ? " · each process's latest reading on each side, compared by value" : " · shares of each side's own total";
     note.textContent = "(baseline " + base.label + ": " + FlameUnits.phrase(baseTotal, type) + " · comparison " + after.label + ": " +
-      FlameUnits.phrase(afterTotal, type) + compared + (counts ? " · ~ within the sampling noise of these counts" : "") + ")";
+      FlameUnits.phrase(afterTotal, type) + compared + (counts ? " · ~ within the sampling noise of these counts" : "") +
+      " · a row is ranked by its bold change: self, or total where the function's own calls moved it)";
     document.getElementById("summary").textContent = data.host + " · diff · " + FlameUnits.phrase(afterTotal, type) + " against " + FlameUnits.phrase(baseTotal, type);
     renderDiffTable(FlameCompare.changes(base.tree, after.tree, counts, type.snapshot), type);
     if (!baseTotal || !afterTotal) {
