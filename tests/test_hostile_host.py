@@ -533,6 +533,12 @@ def test_a_process_that_runs_in_more_libraries_than_the_row_budget_holds_leaves_
           [(roots_reaching_entry([message], victim_pid)[True], roots_reaching_entry([message], victim_pid)[False]) for message in exported])
     print("the newcomer's outermost frames, last three reports:", outermost_frames(exported[-3:], victim_pid).most_common(6))
     print("unwind:", unwind.stats)
+    with unwind._lock:  # (whether the newcomer's library waits for room, and what room there is: one range must hold it)
+        held, share, info = unwind._rows_held(), unwind._share(), arena.receiver.processes.lookup(victim_pid)
+        print("the newcomer's files:", {mapping.path.rsplit("/", 1)[-1]: getattr(unwind._files.get(mapping.identity), "state", None)
+                                         for mapping in (info.mappings if info else []) if mapping.file_backed})
+        print("share", round(share), "held by the newcomer", round(held.get(victim_pid, 0)), "over their share", {pid: round(rows) for pid, rows in held.items() if rows > share},
+              "free", unwind._space.free, "largest free range", unwind._space.largest, "of", unwind._space.size)
     print("sampler:", {name: value for name, value in arena.receiver._sampler.counters().items() if name.startswith("unwind_") and value})
     assert roots[True] + roots[False] > 50, roots
     assert roots[True] / (roots[True] + roots[False]) > 0.9, roots
