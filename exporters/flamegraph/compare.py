@@ -85,12 +85,6 @@ class Side:
                 under[function][owner] += value
         return cls(total, total if counts_samples else None, self_values, total_values, under)
 
-    def self_share(self, function: str) -> float:
-        return self.self_values[function] / self.total if self.total else 0.0
-
-    def total_share(self, function: str) -> float:
-        return self.total_values[function] / self.total if self.total else 0.0
-
 
 def self_owner(stack: Stack) -> str:
     """Whose self time a stack is: its innermost frame of the program's language, else its leaf."""
@@ -156,24 +150,23 @@ def compare(base: Side, after: Side, levels: bool = False) -> list[Change]:
     over = max(base.total, after.total)
     base_over, after_over = (over, over) if levels else (base.total, after.total)
 
+    def change_of(base_value: int, after_value: int) -> float:
+        return _share(after_value, after_over) - _share(base_value, base_over)
+
     def caller_change(function: str) -> float:
         rest = 0.0
         for owner in set(base.under.get(function, ())) | set(after.under.get(function, ())):
             base_under, after_under = base.under[function][owner], after.under[function][owner]
             base_own, after_own = base.self_values[owner], after.self_values[owner]
-            held = base_under / base_own if base_own else after_under / after_own if after_own else 0.0
-            own_change = (after_own / after_over if after_over else 0.0) - (base_own / base_over if base_over else 0.0)
-            rest += (after_under / after_over if after_over else 0.0) - (base_under / base_over if base_over else 0.0) - held * own_change
+            held = _share(base_under, base_own) if base_own else _share(after_under, after_own)
+            rest += change_of(base_under, after_under) - held * change_of(base_own, after_own)
         return rest
 
     changes = []
     for function in set(base.total_values) | set(after.total_values):
         values = (base.self_values[function], after.self_values[function], base.total_values[function], after.total_values[function])
-        if levels:
-            base_self, after_self, base_total, after_total = (value / over if over else 0.0 for value in values)
-        else:
-            base_self, after_self = base.self_share(function), after.self_share(function)
-            base_total, after_total = base.total_share(function), after.total_share(function)
+        base_self, after_self = _share(values[0], base_over), _share(values[1], after_over)
+        base_total, after_total = _share(values[2], base_over), _share(values[3], after_over)
         self_noise = not levels and _within_noise(base_self, after_self, base.samples, after.samples)
         total_noise = not levels and _within_noise(base_total, after_total, base.samples, after.samples)
         changes.append(Change(function, base_self, after_self, base_total, after_total, self_noise, *values, total_noise=total_noise,
@@ -181,6 +174,10 @@ def compare(base: Side, after: Side, levels: bool = False) -> list[Change]:
     # (of equal changes, a function's own before its callers', whose totals carry it)
     changes.sort(key=lambda change: (-change.change, (change.by == "total") == (change.change > 0), change.function))
     return changes
+
+
+def _share(value: int, over: int) -> float:
+    return value / over if over else 0.0
 
 
 def increases(changes: list[Change], top: int) -> list[Change]:

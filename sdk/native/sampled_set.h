@@ -52,12 +52,13 @@ static size_t home(const struct table *t, uintptr_t p) {
  * set before the pointer is handed out (as entries are inserted) and cleared only when the
  * bucket's last entry goes, by atomic or/and on the word: a reader looking for a live entry of
  * its own always sees its bit. The counts are the writers' alone (under the mutex). */
-#define FILTER_BITS 8192
+#define FILTER_SHIFT 13
+#define FILTER_BITS (1 << FILTER_SHIFT)
 static _Atomic uint64_t filter[FILTER_BITS / 64];
 static uint32_t filter_counts[FILTER_BITS];
 
 static inline __attribute__((always_inline)) size_t bucket(uintptr_t p) {
-    return (size_t)(((uint64_t)p * 0xbf58476d1ce4e5b9ull) >> (64 - 13)); /* (another multiplier than home's) */
+    return (size_t)(((uint64_t)p * 0xbf58476d1ce4e5b9ull) >> (64 - FILTER_SHIFT)); /* (another multiplier than home's) */
 }
 
 static inline __attribute__((always_inline)) int in_filter(uintptr_t p) {
