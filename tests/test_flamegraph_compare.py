@@ -34,6 +34,20 @@ def profile(shares: dict[str, int], sample_type: tuple[str, str] = ("samples", "
     return gzip.compress(pprof.profile.SerializeToString())
 
 
+def go_top_diff(base, after) -> dict[str, tuple[float, float]]:
+    """function -> (flat change in ns, cum change as a signed share) by go tool pprof -top
+    -normalize -diff_base: "  -459.81ms 45.98% 45.98%  -459.81ms 45.98%  render"."""
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-normalize", "-diff_base", str(base), str(after)],
+                         capture_output=True, text=True, check=True).stdout
+    out = {}
+    for line in top.splitlines():
+        match = re.match(r"\s*(-?[\d.]+)(ns|us|ms|s|min|h)?\s+[\d.]+%\s+\S+%\s+(-?)[\d.]+\w*\s+([\d.]+)%\s+(\S+)$", line)
+        if match:
+            flat_ns = float(match.group(1)) * UNIT_NS[match.group(2) or "ns"]
+            out[match.group(5)] = (flat_ns, (-1 if match.group(3) else 1) * float(match.group(4)) / 100)
+    return out
+
+
 def native(*names: str) -> tuple:
     return tuple((name, "native") for name in names)
 
@@ -61,16 +75,10 @@ def test_the_top_changes_are_go_tool_pprofs(tmp_path):
                            stderr=subprocess.DEVNULL)
     sides = [Side.of(read_stacks(written[name])[0]) for name in ("base", "after")]
     changes = compare(*sides)
-    top = subprocess.run(["go", "tool", "pprof", "-top", "-normalize", "-diff_base", str(written["base"]), str(written["after"])],
-                         capture_output=True, text=True, check=True).stdout
-    flat = {}
-    for line in top.splitlines():  # "  -459.81ms 45.98% 45.98%  -459.81ms 45.98%  render"
-        match = re.match(r"\s*(-?[\d.]+)(ns|us|ms|s|min|h)?\s+[\d.]+%\s+\S+%\s+\S+\s+\S+%\s+(\S+)$", line)
-        if match:
-            flat[match.group(3)] = float(match.group(1)) * UNIT_NS[match.group(2) or "ns"]
+    flat = {function: flat_ns for function, (flat_ns, _) in go_top_diff(written["base"], written["after"]).items()}
     by_go = sorted(flat, key=lambda function: -flat[function])
-    assert changes[0].function == by_go[0] == "parse", (top, changes[:3])
-    assert changes[-1].function == by_go[-1] == "render", (top, changes[-3:])
+    assert changes[0].function == by_go[0] == "parse", (flat, changes[:3])
+    assert changes[-1].function == by_go[-1] == "render", (flat, changes[-3:])
 
 
 def test_pycollector_diff_prints_the_top_changes_each_way(tmp_path, cli):
@@ -183,18 +191,6 @@ def go_versions(tmp_path_factory):
     return versions
 
 
-def cum_changes(base, after) -> dict[str, float]:
-    """go tool pprof -top -normalize -diff_base's cum% per function, signed as its cum value."""
-    top = subprocess.run(["go", "tool", "pprof", "-top", "-normalize", "-diff_base", str(base), str(after)],
-                         capture_output=True, text=True, check=True).stdout
-    out = {}
-    for line in top.splitlines():  # "         0     0%     0%      0.51s 45.43%  main.growMe"
-        match = re.match(r"\s*\S+\s+\S+%\s+\S+%\s+(-?)[\d.]+\w*\s+([\d.]+)%\s+(\S+)$", line)
-        if match:
-            out[match.group(3)] = (-1 if match.group(1) else 1) * float(match.group(2)) / 100
-    return out
-
-
 def listed(stdout: str) -> tuple[list[list[str]], list[list[str]]]:
     """pycollector diff's rows under "costs more" and under "costs less", split into words."""
     lines = stdout.splitlines()
@@ -204,7 +200,7 @@ def listed(stdout: str) -> tuple[list[list[str]], list[list[str]]]:
 
 def test_a_caller_that_now_calls_the_hot_helper_more_is_listed_by_its_total(go_versions, cli):
     """The helper's self share does not move; the callers' totals do, as go tool pprof's cum says."""
-    by_go = cum_changes(go_versions["base"], go_versions["after"])
+    by_go = {function: cum for function, (_, cum) in go_top_diff(go_versions["base"], go_versions["after"]).items()}
     result = cli("diff", str(go_versions["base"]), str(go_versions["after"]))
     assert result.returncode == 0, result.stderr
     more, less = listed(result.stdout)
