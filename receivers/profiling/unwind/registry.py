@@ -11,7 +11,8 @@ rows back.
 Threading: ``register`` and ``forget`` are called from the sampler's and the report's threads and
 return at once. Two workers build: one takes any file, the most wanted first; the other only small
 ones, so a library dlopen()ed while libpython's rows are being built waits milliseconds, not the
-half second that takes (unless its CFI is large: then it waits for the helper too). One lock
+half second that takes; it has a helper process of its own for CFI too large to build here
+(RowSource), and leaves a file with more CFI than that helper takes to the other. One lock
 guards the bookkeeping.
 
 The row budget is shared (a process maps what it likes, hundreds of MB of libraries if it wants):
@@ -64,10 +65,13 @@ from receivers.profiling.unwind.space import RowSpace
 SMALL_FILE_CODE = 512 * 1024
 # CFI of at most this many bytes is built in this process: its rows take milliseconds (the
 # interpreter's work is linear in the bytes, about 1 us a byte: libc's 150 KB take 0.15 s), which
-# would otherwise wait behind the helper's build of a large file. Anything larger is built in the
+# would otherwise wait behind the helper's build of a large file. Anything larger is built in a
 # helper, under its time limit: a small mapping may carry a large .eh_frame, or name a large
 # debug file, and what runs here cannot be killed.
 SMALL_CFI_BYTES = 64 * 1024
+# CFI of at most this many bytes, of a file whose code mapping is small, is built by the small
+# files' own helper (RowSource): a second's work at most, never behind a large file's seconds.
+QUICK_CFI_BYTES = 1 << 20
 
 # Below this share of the budget free, only files whose code was sampled are loaded.
 LAZY_BELOW = 0.25
@@ -387,8 +391,9 @@ class UnwindRegistry:
 
     def _load(self, key: FileKey, taken: _File, info: ProcessInfo, mapping: Mapping, small_only: bool = False) -> None:
         """Build and write the rows of the file ``taken`` from the queue (by ``info``'s mapping).
-        The small files' worker does not wait for the helper: a file whose CFI is large goes
-        back to the queue for the other (counted as files_left_to_helper)."""
+        The small files' worker does not wait for the large helper: a file whose CFI is more than
+        its quick helper takes goes back to the queue for the other (counted as
+        files_left_to_helper)."""
         fd = _vdso_file() if key == _VDSO_KEY else open_mapped_file(info, mapping)
         if fd is None:
             self._refused(key, taken, info)
@@ -708,46 +713,40 @@ def _bias(segments: list[tuple[int, int, int]], mapping: Mapping) -> int | None:
 
 
 class NeedsHelper(Exception):  # noqa: N818 - not an error: a request to ask again, willing to wait
-    """The file's rows are not in the cache and must be built by the helper, which the caller
-    would not wait for."""
+    """The file's rows are not in the cache and must be built by the large helper, which the
+    caller would not wait for."""
 
 
 class RowSource:
     """A file's rows for the registry: from the disk cache, else built in a helper process
     (builder_process.py) from the bytes read here, from exactly the file the registry opened
-    (deleted, or in another mount namespace)."""
+    (deleted, or in another mount namespace).
+
+    Two helpers, so that a small file never waits behind a large one: the large helper builds for
+    the worker that takes any file (libLLVM's rows take it 8 s, a crafted file up to its time
+    limit), the quick one for the small files' worker, CFI of at most QUICK_CFI_BYTES only.
+    (ci3 of session 28: a program started beside a process that mapped libLLVM had its 72 KB of
+    CFI built 4 s later, its stacks stopping in its library meanwhile.)"""
 
     def __init__(self, cache_dir: str, logger: Any, build_timeout_s: float = MAX_BUILD_S):
         self.cache = RowCache(cache_dir, logger)
         self.log = logger
         self.build_timeout_s = build_timeout_s
-        self._helper: BuilderProcess | None = None
-        self._closed = False
-        self._lock = threading.Lock()
-        self._building = threading.Lock()  # the helper builds one file at a time; both workers may ask
+        self._large, self._quick = _Helper(), _Helper()
 
     def start(self) -> None:
-        """Start the helper process now (it takes a few tenths of a second), not at the first
-        file the cache does not have; keep the cache within its bounds."""
+        """Start the large helper now (it takes a few tenths of a second), not at the first file
+        the cache does not have; keep the cache within its bounds. (The quick one starts when a
+        small file first needs it: most hosts' small files have little CFI, built here.)"""
         self.cache.prune()
-        with self._lock:
-            self._running_helper()
-
-    def _running_helper(self) -> BuilderProcess:
-        """The helper, a new one if there is none or it died (the OOM killer) while idle."""
-        if self._closed:
-            raise NoRows("stopping")
-        if self._helper is None or not self._helper.alive():
-            if self._helper is not None:
-                self._helper.stop()
-            self._helper = BuilderProcess()
-        return self._helper
+        self._large.start()
 
     def __call__(self, fd: int, path: str, open_debug: Callable[[str], int | None] = open_host_file, *, may_wait: bool = True) -> bytes:
         """The rows of the file open as ``fd``, mapped as ``path``; ``open_debug(candidate)``
         opens a separate debug file as the process that maps it would (None: not there). CFI of
-        at most SMALL_CFI_BYTES is built here, anything larger in the helper, within its time
-        (one file at a time: NeedsHelper rather than a wait for it, unless ``may_wait``).
+        at most SMALL_CFI_BYTES is built here, anything larger in a helper, within its time:
+        the large helper, unless ``may_wait`` is false (the small files' worker), then the quick
+        one if the CFI is at most QUICK_CFI_BYTES, else NeedsHelper.
 
         Rows are cached by a hash of what they are built from (rows.CfiInput: the file's
         .eh_frame, its .debug_frame or its debug file's), never by the build id it declares: a
@@ -772,32 +771,63 @@ class RowSource:
         def build() -> bytes:
             if cfi.size <= SMALL_CFI_BYTES:
                 return rows_from(cfi)
-            if not may_wait:
-                raise NeedsHelper(f"{cfi.size} bytes of CFI")
-            return self._build_elsewhere(cfi)
+            if may_wait:
+                return self._large.build(cfi, self.build_timeout_s)
+            if cfi.size <= QUICK_CFI_BYTES:
+                return self._quick.build(cfi, self.build_timeout_s)
+            raise NeedsHelper(f"{cfi.size} bytes of CFI")
 
         return self.cache.get_or_build(cfi.digest(), build)
 
-    def _build_elsewhere(self, cfi: CfiInput) -> bytes:
+    def close(self) -> None:
+        """Stop the helpers, abandoning builds under way."""
+        self._large.close()
+        self._quick.close()
+
+
+class _Helper:
+    """One helper process, started when first asked for (again after it died), building one
+    file at a time."""
+
+    def __init__(self) -> None:
+        self._process: BuilderProcess | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._building = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            self._running()
+
+    def _running(self) -> BuilderProcess:
+        """The helper, a new one if there is none or it died (the OOM killer) while idle."""
+        if self._closed:
+            raise NoRows("stopping")
+        if self._process is None or not self._process.alive():
+            if self._process is not None:
+                self._process.stop()
+            self._process = BuilderProcess()
+        return self._process
+
+    def build(self, cfi: CfiInput, timeout_s: float) -> bytes:
         with self._building:
             with self._lock:
-                helper = self._running_helper()
+                helper = self._running()
             # Not tried again when the helper dies: the file may be what killed it (memory). The
             # next file gets a new helper.
             try:
-                return helper.build(cfi, stopping=lambda: self._closed, timeout_s=self.build_timeout_s)
+                return helper.build(cfi, stopping=lambda: self._closed, timeout_s=timeout_s)
             except HelperDied:
                 if self._closed:  # close() stopped it under this build: not the file's doing
                     raise NoRows("stopping") from None
                 raise
 
     def close(self) -> None:
-        """Stop the helper, abandoning a build under way."""
         with self._lock:
-            helper, self._helper = self._helper, None
+            process, self._process = self._process, None
             self._closed = True
-        if helper is not None:
-            helper.stop()
+        if process is not None:
+            process.stop()
 
 
 def _debug_files(candidates: Sequence[str], open_debug: Callable[[str], int | None]) -> Iterator[BinaryIO]:
