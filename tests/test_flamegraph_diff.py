@@ -55,13 +55,13 @@ def version(number: str, pid: int, heavy: int, light: int):
 
 def test_the_window_gives_its_samples_in_time_segments_and_each_processs_resource():
     clock = FakeClock()
-    window = ProfileWindow(60, clock=clock)  # 1 s slices, 5 s segments
+    window = ProfileWindow(60, clock=clock)  # 1 s slices, each a segment
     window.add(service_profiles([version("1", 10, 20, 80)]))
     clock.now += 30
     window.add(service_profiles([version("2", 20, 60, 40)]))
     segments = window.segments()
     assert len(segments) == 2 and 29 <= segments[1].start_unix - segments[0].start_unix <= 31
-    assert all(segment.end_unix - segment.start_unix == pytest.approx(5) for segment in segments)
+    assert all(segment.end_unix - segment.start_unix == pytest.approx(1) for segment in segments)
     assert [set(key.pid for key in segment.totals[CPU]) for segment in segments] == [{10}, {20}]
     resources = window.resources()
     assert resources[ProcessKey(10, "python3.11 (shop)", "")]["service.version"] == "1"

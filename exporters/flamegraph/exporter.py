@@ -7,7 +7,8 @@ through the pipeline like any exporter's, and one config entry is all it takes.
 
     /                  the page, with the current window inlined; it refreshes from data.json
     /data.json         the current window, per sample type and process (see tree.py)
-    /flamegraph.html   the page as a file to save and share (no server needed to open it)
+    /flamegraph.html   the page as a file to save and share (no server needed to open it);
+                       ?fragment= the view it opens on (the page's own link passes its URL fragment)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from exporters.flamegraph.window import ProfileWindow
 from pycollector.http_server import HttpEndpoint, Response
 
 HTML = "text/html; charset=utf-8"
+MAX_FRAGMENT = 2000  # characters of the view a saved file opens on (a search typed, a span id...)
 
 
 class FlamegraphExporter(Component):
@@ -34,7 +36,7 @@ class FlamegraphExporter(Component):
         self.config = config
         self.window = ProfileWindow(config.window)
         self.host_name = socket.gethostname()
-        self._server = HttpEndpoint(config.endpoint, self._answer, thread_name="flamegraph-http")
+        self._server = HttpEndpoint(config.endpoint, self._answer, thread_name="flamegraph-http", query=True)
         self._template: PageTemplate | None = None
         self.url: str | None = None
 
@@ -52,7 +54,7 @@ class FlamegraphExporter(Component):
     def shutdown(self) -> None:
         self._server.stop()
 
-    def _answer(self, path: str) -> Response:
+    def _answer(self, path: str, query: dict[str, str]) -> Response:
         if path in ("/", "/index.html"):
             return Response(200, self._template.render(self._data(), live=True), HTML)
         if path == "/data.json":
@@ -60,7 +62,8 @@ class FlamegraphExporter(Component):
         if path == "/flamegraph.html":
             stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             attachment = f'attachment; filename="flamegraph-{self.host_name}-{stamp}.html"'
-            return Response(200, self._template.render(self._data(), live=False), HTML, {"Content-Disposition": attachment})
+            data = {**self._data(), "fragment": query.get("fragment", "")[:MAX_FRAGMENT]}
+            return Response(200, self._template.render(data, live=False), HTML, {"Content-Disposition": attachment})
         return Response(404, b'{"error":"not found; the flame graph is at /"}')
 
     def _data(self) -> dict:

@@ -17,9 +17,10 @@ and its span attributes such as ``http.route``), so the page can show one span, 
 route. A slice keeps at most MAX_SPANS_PER_SLICE spans; the samples of spans past that keep their
 attributes but not their ids (counted in ``spans_cut``, which the page shows).
 
-For comparisons (the page's diff flame graph) the window also gives its samples in time segments
-(``segments``: a few slices each, so two time ranges can be compared) and each process's resource
-attributes (``resources``: service.version, container, pod..., so two versions can be).
+For the page's timeline, and its comparisons of two times, the window also gives its samples in
+time segments (``segments``: one per slice, spans merged: what the timeline draws and a range
+selects) and each process's resource attributes (``resources``: service.version, container,
+pod..., so two versions can be compared).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from exporters.profiles import FrameNames, sample_value
 SLICES_PER_WINDOW = 60
 MIN_SLICE_SECONDS = 1.0
 MAX_SPANS_PER_SLICE = 2000  # a busy service ends thousands of spans a second; their stacks add up
-SEGMENTS_PER_WINDOW = 12  # the steps in which the page picks time ranges to compare
 MAX_RESOURCE_VALUE = 200  # characters of a resource attribute's value kept for comparisons
 # Resource attributes that name one process, not a kind of process: comparing by them means nothing.
 PER_PROCESS_ATTRIBUTES = frozenset({"process.pid", "process.parent_pid", "process.command_line", "process.command_args"})
@@ -95,27 +95,33 @@ class ProfileWindow:
         self.window_seconds = window_seconds
         self._slice_seconds = max(MIN_SLICE_SECONDS, window_seconds / SLICES_PER_WINDOW)
         self._clock = clock
+        # Wall-clock seconds of the clock's zero, taken once: a segment's start is the same number
+        # at every call, so a range the page selected by it is found again after a refresh.
+        self._wall_offset = time.time() - clock()
         self._slices: collections.deque[_Slice] = collections.deque()
         self._lock = threading.Lock()
 
     def add(self, data: profiles_pb2.ProfilesData) -> collections.Counter:
-        """Count ``data``'s samples into the current slice; returns the value taken per sample
-        type (values of different types are never summed)."""
-        counts: Totals = _empty()
+        """Count ``data``'s samples into the slice of the time each profile covers (the one it
+        arrives in, for a profile that says no time); returns the value taken per sample type
+        (values of different types are never summed)."""
+        now_slice = int(self._clock() // self._slice_seconds)
+        counts: dict[int, Totals] = collections.defaultdict(_empty)  # by slice number
         names = FrameNames(data.dictionary)
         taken: collections.Counter = collections.Counter()
         current_profile, of_type, memory, outdated = None, None, False, False
         spans: dict[tuple, SpanKey] = {}
         resources: dict[ProcessKey, dict[str, str]] = {}
-        readings: dict[tuple[SampleType, ProcessKey], int] = {}  # the time of the reading kept, per snapshot type and process
+        # The time of the reading kept, per slice, snapshot type and process.
+        readings: dict[int, dict[tuple[SampleType, ProcessKey], int]] = collections.defaultdict(dict)
         last_resource = None
         for view in iter_samples(data):
             if view.profile is not current_profile:  # samples come profile by profile
                 current_profile = view.profile
-                value_type = sample_type(data, view.profile)
-                of_type, memory, outdated = counts[value_type], is_memory(value_type), False
+                value_type, number = sample_type(data, view.profile), self._slice_number(view.profile, now_slice)
+                of_type, memory, outdated = counts[number][value_type], is_memory(value_type), False
                 if is_snapshot(value_type):  # (an export may hold a process's readings of several reports)
-                    outdated = _keep_latest(readings, of_type, value_type, process_key(view.resource), view.profile)
+                    outdated = _keep_latest(readings[number], of_type, value_type, process_key(view.resource), view.profile)
             if outdated:
                 continue
             value = sample_value(view)
@@ -129,13 +135,39 @@ class ProfileWindow:
             of_type[process_key(view.resource)][span][stack] += value
             taken[value_type] += value
         with self._lock:
-            now_slice = int(self._clock() // self._slice_seconds)
-            if not self._slices or self._slices[-1].number != now_slice:
-                self._slices.append(_Slice(now_slice))
-            self._add_capped(self._slices[-1], counts)
-            self._slices[-1].resources.update(resources)
-            self._expire(now_slice)
+            self._expire(int(self._clock() // self._slice_seconds))
+            newest = None
+            for number in sorted(counts):
+                newest = self._slice(number)
+                self._add_capped(newest, counts[number])
+            if newest is not None:
+                newest.resources.update(resources)
         return taken
+
+    def _slice_number(self, profile: profiles_pb2.Profile, now_slice: int) -> int:
+        """The slice of the middle of the time the profile covers (wall clock), not of its
+        arrival: reports a second apart that arrive with jitter would put two in one slice and
+        none in the next, a spike and a hole in the page's timeline. A time outside the window (a
+        clock set otherwise than ours, a profile held up longer than the window on its way) is not
+        believed: the profile is counted where it arrives, as one that says no time."""
+        if profile.time_unix_nano:
+            middle = (profile.time_unix_nano + profile.duration_nano / 2) / 1e9
+            number = int((middle - self._wall_offset) // self._slice_seconds)
+            if self._oldest_kept(now_slice) <= number <= now_slice:
+                return number
+        return now_slice
+
+    def _slice(self, number: int) -> "_Slice":
+        """The slice numbered ``number``, made in its place if there is none."""
+        for index in range(len(self._slices) - 1, -1, -1):  # (from the newest: nearly always that one)
+            found = self._slices[index]
+            if found.number == number:
+                return found
+            if found.number < number:
+                self._slices.insert(index + 1, made := _Slice(number))
+                return made
+        self._slices.appendleft(made := _Slice(number))
+        return made
 
     @staticmethod
     def _add_capped(slice_: "_Slice", counts: Totals) -> None:
@@ -172,25 +204,16 @@ class ProfileWindow:
         return {value_type: {key: dict(by_span) for key, by_span in processes.items()} for value_type, processes in totals.items()}
 
     def segments(self) -> list[Segment]:
-        """The window in SEGMENTS_PER_WINDOW steps, oldest first (only those with samples). A
-        segment is a fixed run of slices, so a segment keeps its start from one call to the next."""
-        per_segment = max(1, round(self.window_seconds / self._slice_seconds / SEGMENTS_PER_WINDOW))
-        wall_now, now = time.time(), self._clock()
-        by_number: dict[int, dict] = {}
+        """The window's slices with samples, oldest first, each with its wall-clock seconds: the
+        steps of the page's timeline and of the time ranges it selects and compares."""
         with self._lock:
-            self._expire(int(now // self._slice_seconds))
-            for slice_ in self._slices:
-                into = by_number.setdefault(slice_.number // per_segment, collections.defaultdict(lambda: collections.defaultdict(collections.Counter)))
-                for value_type, processes in slice_.totals.items():
-                    for key, by_span in processes.items():
-                        if is_snapshot(value_type):  # (slices come oldest first: the latest reading stays)
-                            into[value_type][key] = collections.Counter()
-                        for stacks in by_span.values():
-                            into[value_type][key].update(stacks)
-        seconds = per_segment * self._slice_seconds
-        return [Segment(wall_now - (now - number * seconds), wall_now - (now - (number + 1) * seconds),
-                        {value_type: dict(processes) for value_type, processes in totals.items()})
-                for number, totals in sorted(by_number.items())]
+            self._expire(int(self._clock() // self._slice_seconds))
+            slices = list(self._slices)
+            merged_totals = [{value_type: {key: merged(by_span) for key, by_span in processes.items()}
+                              for value_type, processes in slice_.totals.items()} for slice_ in slices]
+        seconds, offset = self._slice_seconds, self._wall_offset
+        return [Segment(round(offset + slice_.number * seconds, 3), round(offset + (slice_.number + 1) * seconds, 3), totals)
+                for slice_, totals in zip(slices, merged_totals)]
 
     def resources(self) -> dict[ProcessKey, dict[str, str]]:
         """Each process's resource attributes as it last reported them in the window."""
@@ -200,8 +223,11 @@ class ProfileWindow:
                 latest.update(slice_.resources)
         return latest
 
+    def _oldest_kept(self, now_slice: int) -> int:
+        return now_slice - int(self.window_seconds // self._slice_seconds) + 1
+
     def _expire(self, now_slice: int) -> None:
-        oldest_kept = now_slice - int(self.window_seconds // self._slice_seconds) + 1
+        oldest_kept = self._oldest_kept(now_slice)
         while self._slices and self._slices[0].number < oldest_kept:
             self._slices.popleft()
 

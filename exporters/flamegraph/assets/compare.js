@@ -80,8 +80,11 @@ var FlameCompare = (function () {
     return LANGUAGE_TYPES.has(node.libtype) ? node.name.replace(LINE_SUFFIX, ")") : node.name;
   }
 
-  // A side's total and each function's self and total value, from its call tree.
-  function tally(children) {
+  // A side's total and each function's self and total value, from its call tree. With leafSelf,
+  // self is each frame's own value, as the graph draws it (the page's table), not the innermost
+  // language frame's; and the owners under each function are not counted.
+  function tally(children, options) {
+    const leafSelf = Boolean(options && options.leafSelf);
     const self = new Map();
     const total = new Map();
     const onPath = new Map();  // how many frames of each function the current path holds
@@ -101,10 +104,10 @@ var FlameCompare = (function () {
       const language = LANGUAGE_TYPES.has(node.libtype) ? name : outerLanguage;
       const own = node.value - node.children.reduce((acc, child) => acc + child.value, 0);
       if (own > 0) {
-        const owner = language || name;
+        const owner = leafSelf ? name : language || name;
         self.set(owner, (self.get(owner) || 0) + own);
         sum += own;
-        for (const [function_, frames] of onPath) {
+        if (!leafSelf) for (const [function_, frames] of onPath) {
           if (!frames) continue;
           if (!under.has(function_)) under.set(function_, new Map());
           const owners = under.get(function_);

@@ -15,6 +15,15 @@
 // attribute (#compare=resource&key=service.version&base=1.4&after=1.5), or a pinned view and what
 // came after it (#compare=pin&pin=unix seconds; the view pinned lives in the tab's session storage). Time ranges come from
 // the window's segments, which carry no spans: the attribute and span filters do not apply to them.
+//
+// The timeline above the graph draws the selected processes' values per segment (a slice of the
+// window, a second or more) over the window; dragging on it selects a time range, which the graph
+// and the table then show (#from=&to=, unix seconds: the range's first segment's start and last
+// segment's end). "Compare with another range" makes it the baseline of a time comparison, and
+// the next drag picks the comparison. The table lists each function's self and total value (self:
+// its frames' own values, as the graph draws them; total: once per stack), sortable and narrowed
+// by the search (#view=graph or table shows one of the two; #sort=self). A saved file opens on the
+// view the link had when it was downloaded (the server puts it in the data: data.fragment).
 // A type whose values are a level (type.snapshot: the live heap's in-use memory, read at each
 // report) is never summed over time: a time range is each process's latest reading in it, and
 // the two sides are compared by value (FlameCompare's levels), so a leak shows as growth.
@@ -50,6 +59,13 @@
   const baseValue = document.getElementById("base-value");
   const afterValue = document.getElementById("after-value");
   const DIFF_ROWS = 10;  // functions listed each way
+  const TABLE_ROWS = 200;  // functions listed in the table (of those the search leaves)
+  const viewSelect = document.getElementById("view");
+  const timelineElement = document.getElementById("timeline");
+  const compareRangeButton = document.getElementById("compare-range");
+  const wholeWindowButton = document.getElementById("whole-window");
+  let range = null;  // {from, to}: the time range the timeline selected, unix seconds
+  let tableSort = "total";
   const PIN_STORAGE = "pycollector-flamegraph-pin";
   let pinned = readPin();  // {type, at, tree}: the baseline "pin this view" took
   let pinAt = 0;  // the pin's moment, unix seconds, as the link gives it
@@ -68,14 +84,16 @@
   }
 
   function readFragment() {
-    const params = new URLSearchParams(location.hash.slice(1));
+    const params = new URLSearchParams(location.hash.slice(1) || data.fragment || "");
     // A saved diff (pycollector diff -o) opens on its comparison unless the link asks otherwise.
     const preset = params.has("compare") ? {} : data.compare || {};
     const value = (name, presetName) => params.get(name) || preset[presetName || name] || "";
     return { type: params.get("type") || "", process: params.get("process") || ALL, container: params.get("container") || ALL,
              attribute: params.get("attr") || ALL, span: params.get("span") || "", search: params.get("search") || "",
              compare: value("compare", "mode"), bfrom: value("bfrom"), bto: value("bto"), afrom: value("afrom"), ato: value("ato"),
-             key: value("key"), base: value("base"), after: value("after"), pin: Number(params.get("pin")) || 0 };
+             key: value("key"), base: value("base"), after: value("after"), pin: Number(params.get("pin")) || 0,
+             from: Number(params.get("from")) || 0, to: Number(params.get("to")) || 0, view: params.get("view") || "",
+             sort: params.get("sort") || "total" };
   }
 
   function writeFragment() {
@@ -92,8 +110,15 @@
         : compareSelect.value === "resource" ? { key: resourceKey, base: baseValue, after: afterValue } : {};
       for (const [name, element] of Object.entries(fields)) if (element.value) params.set(name, element.value);
       if (compareSelect.value === "pin" && pinAt) params.set("pin", String(pinAt));
+    } else if (range) {
+      params.set("from", range.from.toFixed(3));
+      params.set("to", range.to.toFixed(3));
     }
+    if (viewSelect.value) params.set("view", viewSelect.value);
+    if (tableSort !== "total") params.set("sort", tableSort);
     history.replaceState(null, "", "#" + params.toString());
+    const download = document.getElementById("download");  // (the saved file opens on this view)
+    if (download) download.href = "flamegraph.html?fragment=" + encodeURIComponent(params.toString());
   }
 
   function option(value, text, selected) {
@@ -154,8 +179,8 @@
     const type = selectedType();
     compareSelect.value = wanted.compare || "";
     const segments = type.segments || [];
-    const starts = segments.map((segment) => [String(Math.floor(segment.start_unix)), "from " + clock(segment.start_unix)]);
-    const ends = segments.map((segment) => [String(Math.ceil(segment.end_unix)), clock(segment.end_unix)]);
+    const starts = segments.map((segment) => [segment.start_unix.toFixed(3), "from " + clock(segment.start_unix)]);
+    const ends = segments.map((segment) => [segment.end_unix.toFixed(3), clock(segment.end_unix)]);
     const half = Math.max(1, Math.floor(segments.length / 2));
     const at = (list, index) => (list[Math.min(index, list.length - 1)] || [""])[0];
     fillOptions(baseFrom, starts, wanted.bfrom, at(starts, 0));
@@ -193,22 +218,42 @@
              key: resourceKey.value, base: baseValue.value, after: afterValue.value };
   }
 
-  // The selected processes' samples in the segments within [from, to] (unix seconds; a second of
-  // slack, as the options are whole seconds), as one call tree; for a level, each process's
-  // latest reading there (segments come oldest first).
-  function segmentsTree(from, to) {
+  // Whether a segment is within [from, to] (unix seconds): its middle is, so a boundary that
+  // rounding moved a little takes neither neighbour.
+  function within(segment, from, to) {
+    const middle = (segment.start_unix + segment.end_unix) / 2;
+    return middle >= from && middle <= to;
+  }
+
+  // The selected processes' [stack index, value] pairs in the segments within [from, to], per
+  // process index; for a level, each process's latest reading there (segments come oldest first).
+  function segmentPairs(from, to) {
     const type = selectedType();
     const wanted = new Set(selectedProcesses().map((process) => type.processes.indexOf(process)));
     const byProcess = new Map();
     for (const segment of type.segments || []) {
-      if (segment.start_unix < from - 1 || segment.end_unix > to + 1) continue;
+      if (!within(segment, from, to)) continue;
       for (const [index, stacks] of segment.processes) {
         if (!wanted.has(index)) continue;
         if (type.snapshot || !byProcess.has(index)) byProcess.set(index, []);
         byProcess.get(index).push(...stacks);
       }
     }
-    return FlameCompare.treeOf([...byProcess.values()].flat(), data.frames || [], data.stacks || []);
+    return byProcess;
+  }
+
+  // The selected processes' samples within [from, to] as one call tree.
+  function segmentsTree(from, to) {
+    return FlameCompare.treeOf([...segmentPairs(from, to).values()].flat(), data.frames || [], data.stacks || []);
+  }
+
+  // The selected processes' samples within [from, to], one node per process (as processNode's).
+  function rangeNodes(from, to) {
+    const type = selectedType();
+    return [...segmentPairs(from, to)].map(([index, pairs]) => {
+      const children = FlameCompare.treeOf(pairs, data.frames || [], data.stacks || []);
+      return { name: processLabel(type.processes[index]), value: treeTotal(children), children: children };
+    }).filter((node) => node.value > 0);
   }
 
   // The processes' graphs (under the span filters) as one tree with no process level: the two
@@ -270,7 +315,7 @@
     const mode = compareSelect.value;
     document.getElementById("compare-time").hidden = mode !== "time";
     document.getElementById("compare-resource").hidden = mode !== "resource";
-    const spansApply = mode !== "time" && mode !== "pin";
+    const spansApply = mode !== "time" && mode !== "pin" && !(range && !mode);
     attributeSelect.disabled = spansApply ? false : true;
     spanInput.disabled = spansApply ? false : true;
   }
@@ -487,13 +532,153 @@
     document.querySelector("#spans tbody").replaceChildren(...rows);
   }
 
+  // -- timeline ---------------------------------------------------------------------------------
+
+  const TIMELINE_HEIGHT = 72;
+  const TIMELINE_MARGIN = 32;  // room for the first and last time labels
+  const AXIS_HEIGHT = 18;
+
+  // The selected processes' value in each segment of the type: [{segment, value}], oldest first.
+  function timelineSeries(type) {
+    const wanted = new Set(selectedProcesses().map((process) => type.processes.indexOf(process)));
+    return (type.segments || []).map((segment) => {
+      let value = 0;
+      for (const [index, stacks] of segment.processes) {
+        if (!wanted.has(index)) continue;
+        for (const [, count] of stacks) value += count;
+      }
+      return { segment: segment, value: value };
+    });
+  }
+
+  // The whole segments a drag from unix second a to b touches, as a range.
+  function snapped(a, b) {
+    const touched = (selectedType().segments || []).filter((segment) => segment.end_unix > a && segment.start_unix < b);
+    if (!touched.length) return { from: a, to: b };
+    return { from: touched[0].start_unix, to: touched[touched.length - 1].end_unix };
+  }
+
+  // Bars per segment over the window, the selected range (or in a time comparison, the
+  // comparison; the baseline as a band) under a brush: dragging selects.
+  function drawTimeline(type) {
+    const panel = document.getElementById("timeline-panel");
+    const series = timelineSeries(type);
+    const mode = compareSelect.value;
+    panel.hidden = series.length === 0 || mode === "resource";
+    compareRangeButton.hidden = !range || Boolean(mode);
+    wholeWindowButton.hidden = !range || Boolean(mode);
+    const svg = d3.select(timelineElement);
+    svg.selectAll("*").remove();
+    if (panel.hidden) return;
+    const width = Math.max(timelineElement.clientWidth || chartElement.clientWidth, 600);
+    const end = Math.max(data.generated_unix, ...series.map((entry) => entry.segment.end_unix));  // (a clock set back)
+    const x = d3.scaleLinear().domain([end - data.window_seconds, end]).range([TIMELINE_MARGIN, width - TIMELINE_MARGIN]);
+    const largest = Math.max(1, ...series.map((entry) => entry.value));
+    const y = d3.scaleLinear().domain([0, largest]).range([TIMELINE_HEIGHT - AXIS_HEIGHT, 2]);
+    const shown = mode === "time" ? { from: +afterFrom.value, to: +afterTo.value } : range;
+    // The selection as a band behind the bars (the baseline's too, in a comparison), not as the
+    // brush's own: a drag that starts inside the brush's selection moves it, where a person
+    // means to select anew.
+    const band = (kind, from, to, title) => svg.append("rect").attr("class", kind).attr("x", x(from)).attr("y", 0)
+      .attr("width", Math.max(1, x(to) - x(from))).attr("height", TIMELINE_HEIGHT - AXIS_HEIGHT).append("title").text(title);
+    if (mode === "time") band("baseline-range", +baseFrom.value, +baseTo.value, "baseline " + clock(+baseFrom.value) + "–" + clock(+baseTo.value));
+    if (shown) band("selected-range", shown.from, shown.to, (mode === "time" ? "comparison " : "selected ") + clock(shown.from) + "–" + clock(shown.to));
+    svg.append("g").selectAll("rect").data(series).join("rect")
+      .attr("class", (entry) => "bar" + (shown && !within(entry.segment, shown.from, shown.to) ? " outside" : ""))
+      .attr("x", (entry) => x(entry.segment.start_unix)).attr("width", (entry) => Math.max(1, x(entry.segment.end_unix) - x(entry.segment.start_unix) - 1))
+      .attr("y", (entry) => y(entry.value)).attr("height", (entry) => y(0) - y(entry.value))
+      .attr("data-start", (entry) => entry.segment.start_unix).attr("data-end", (entry) => entry.segment.end_unix)
+      .attr("data-value", (entry) => entry.value)
+      .append("title").text((entry) => clock(entry.segment.start_unix) + ": " + FlameUnits.phrase(entry.value, type));
+    svg.append("g").attr("class", "axis").attr("transform", "translate(0," + (TIMELINE_HEIGHT - AXIS_HEIGHT) + ")")
+      .call(d3.axisBottom(x).ticks(Math.max(2, Math.floor(width / 110))).tickFormat(clock));
+    const brush = d3.brushX().extent([[0, 0], [width, TIMELINE_HEIGHT - AXIS_HEIGHT]]).on("end", (event) => {
+      if (!event.sourceEvent) return;
+      brushed(event.selection && snapped(x.invert(event.selection[0]), x.invert(event.selection[1])));
+    });
+    svg.append("g").attr("class", "brush").call(brush);
+    const total = series.reduce((sum, entry) => sum + entry.value, 0);
+    const inRange = shown ? series.filter((entry) => within(entry.segment, shown.from, shown.to)).reduce((sum, entry) => sum + entry.value, 0) : total;
+    document.getElementById("timeline-note").textContent = mode === "time" ? "Drag to pick the comparison; the band is the baseline."
+      : range ? "Selected " + clock(range.from) + "–" + clock(range.to) + ": " + FlameUnits.phrase(inRange, type) + " of " + FlameUnits.phrase(total, type)
+        : "Drag across the timeline to see a time range.";
+  }
+
+  // A drag ended: the range (null: a click, the whole window), or in a time comparison the
+  // comparison's range.
+  function brushed(selected) {
+    if (compareSelect.value === "time") {
+      if (!selected) return;
+      fillOptions(afterFrom, [...afterFrom.options].map((o) => [o.value, o.text]), selected.from.toFixed(3), afterFrom.value);
+      fillOptions(afterTo, [...afterTo.options].map((o) => [o.value, o.text]), selected.to.toFixed(3), afterTo.value);
+    } else {
+      range = selected;
+    }
+    showCompareControls();
+    writeFragment();
+    render();
+  }
+
+  // The range becomes the baseline of a time comparison; the rest of the window after it (or
+  // before it, when it ends the window) the comparison until a drag picks another.
+  function compareRange() {
+    const segments = selectedType().segments || [];
+    const after = segments.filter((segment) => segment.start_unix >= range.to);
+    const before = segments.filter((segment) => segment.end_unix <= range.from);
+    const other = after.length ? after : before;
+    const wanted = { compare: "time", bfrom: range.from.toFixed(3), bto: range.to.toFixed(3),
+                     afrom: other.length ? other[0].start_unix.toFixed(3) : "", ato: other.length ? other[other.length - 1].end_unix.toFixed(3) : "" };
+    range = null;
+    fillCompareControls({ ...wantedCompare(), ...wanted });
+    showCompareControls();
+    writeFragment();
+    render();
+  }
+
+  // -- table ------------------------------------------------------------------------------------
+
+  // Each function's self and total value in the graph's nodes, sorted, narrowed by the search;
+  // the first row is everything the graph holds (100%).
+  function renderTable(nodes, type) {
+    const panel = document.getElementById("table-panel");
+    panel.hidden = viewSelect.value === "graph" || Boolean(compareSelect.value) || nodes.length === 0;
+    if (panel.hidden) return;
+    const tally = FlameCompare.tally(FlameCompare.mergeTrees(nodes.map((node) => node.children)), { leafSelf: true });
+    const total = tally.total;
+    const term = searchInput.value.toLowerCase();
+    const rows = [...tally.totals.keys()].filter((name) => !term || name.toLowerCase().includes(term))
+      .map((name) => ({ function: name, self: tally.self.get(name) || 0, total: tally.totals.get(name) }));
+    const key = tableSort === "function" ? null : tableSort;
+    rows.sort((a, b) => key ? b[key] - a[key] || (a.function < b.function ? -1 : 1) : (a.function < b.function ? -1 : 1));
+    const cells = (row, root) => [[root ? "all (" + nodes.length + (nodes.length === 1 ? " process)" : " processes)") : row.function, "function"],
+      [FlameUnits.format(row.self, type), "value"], [percent(row.self, total), "value"],
+      [FlameUnits.format(row.total, type), "value"], [percent(row.total, total), "value"]];
+    const line = (row, root) => {
+      const element = document.createElement("tr");
+      if (root) element.className = "root";
+      else element.dataset.function = row.function;
+      for (const [text, kind] of cells(row, root)) {
+        const cell = document.createElement("td");
+        cell.textContent = text;
+        cell.className = kind;
+        element.append(cell);
+      }
+      return element;
+    };
+    document.querySelector("#functions tbody").replaceChildren(line({ self: 0, total: total }, true), ...rows.slice(0, TABLE_ROWS).map((row) => line(row, false)));
+    for (const header of document.querySelectorAll("#functions th")) header.classList.toggle("sorted", header.dataset.sort === tableSort && header.textContent.indexOf("%") < 0);
+    document.getElementById("table-note").textContent = "(" + Math.min(rows.length, TABLE_ROWS) + " of " + rows.length +
+      (term ? " matching the search" : "") + " · self: a frame's own value, as the graph draws it; total: with it anywhere on the stack)";
+  }
+
   function summary(nodes, type) {
     const total = nodes.reduce((sum, node) => sum + node.value, 0);
     const minutes = data.window_seconds / 60;
     const window = minutes >= 1 ? minutes.toFixed(minutes % 1 ? 1 : 0) + " min" : data.window_seconds + " s";
     const when = new Date(data.generated_unix * 1000).toLocaleTimeString();
     const span = type.snapshot ? "each process's latest reading in the last " : "last ";
-    return data.host + " · " + span + window + " up to " + when + " · " + FlameUnits.phrase(total, type);
+    const selected = range ? clock(range.from) + "–" + clock(range.to) + " of the " : "";
+    return data.host + " · " + selected + span + window + " up to " + when + " · " + FlameUnits.phrase(total, type);
   }
 
   // d3-flame-graph's own texts count "samples"; these say the value in the type's unit.
@@ -542,6 +727,11 @@
       .onClick(() => { if (autoRefresh) autoRefresh.checked = false; });  // keep a zoomed view still
   }
 
+  // What the graph and the table show: the selected processes over the window, or in the range.
+  function shownNodes() {
+    return range ? rangeNodes(range.from, range.to) : selectedProcesses().map(processNode).filter((node) => node.value > 0);
+  }
+
   function render() {
     const type = selectedType();
     const described = FlameUnits.describe(type);
@@ -551,17 +741,23 @@
     chartElement.replaceChildren();
     chart = null;
     document.getElementById("diff-legend").hidden = true;
+    chartElement.hidden = false;
     if (compareSelect.value) {
+      document.getElementById("table-panel").hidden = true;
       renderDiff(type);
+      drawTimeline(type);
       return;
     }
     document.getElementById("diff-panel").hidden = true;
-    const nodes = selectedProcesses().map(processNode).filter((node) => node.value > 0);
+    const nodes = shownNodes();
     document.getElementById("summary").textContent = summary(nodes, type);
     const empty = document.getElementById("empty");
-    empty.textContent = described.empty;
+    empty.textContent = range ? "No samples of the selected processes in this time range." : described.empty;
     empty.hidden = nodes.length > 0;
-    if (nodes.length === 0) return;
+    drawTimeline(type);
+    renderTable(nodes, type);
+    chartElement.hidden = viewSelect.value === "table";
+    if (nodes.length === 0 || chartElement.hidden) return;
     chart = newChart(type);
     d3.select(chartElement).datum(rootFor(nodes)).call(chart);
     search();
@@ -593,6 +789,9 @@
   // arrived shows CPU samples meanwhile, and off-CPU time once a refresh brings some.
   let wantedType = initial.type;
   pinAt = initial.pin;
+  range = initial.from && initial.to && initial.to > initial.from ? { from: initial.from, to: initial.to } : null;
+  viewSelect.value = initial.view;
+  tableSort = ["function", "self", "total"].includes(initial.sort) ? initial.sort : "total";
   fillSelects(initial);
   searchInput.value = initial.search;
   spanInput.value = initial.span;
@@ -607,7 +806,13 @@
   containerSelect.addEventListener("change", () => { writeFragment(); render(); });
   attributeSelect.addEventListener("change", () => { writeFragment(); render(); });
   spanInput.addEventListener("input", () => { writeFragment(); render(); });
-  searchInput.addEventListener("input", () => { writeFragment(); search(); });
+  searchInput.addEventListener("input", () => { writeFragment(); search(); renderTable(shownNodes(), selectedType()); });
+  viewSelect.addEventListener("change", () => { writeFragment(); render(); });
+  compareRangeButton.addEventListener("click", compareRange);
+  wholeWindowButton.addEventListener("click", () => brushed(null));
+  for (const header of document.querySelectorAll("#functions th")) {
+    header.addEventListener("click", () => { tableSort = header.dataset.sort; writeFragment(); renderTable(shownNodes(), selectedType()); });
+  }
   const compareChanged = () => { showCompareControls(); writeFragment(); render(); };
   for (const element of [compareSelect, baseFrom, baseTo, afterFrom, afterTo, baseValue, afterValue]) element.addEventListener("change", compareChanged);
   resourceKey.addEventListener("change", () => { fillResourceValues({}, resourceValues()); compareChanged(); });
