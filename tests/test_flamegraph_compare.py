@@ -13,7 +13,7 @@ import pytest
 
 from pycollector.pdata import ProfilesBuilder
 
-from exporters.flamegraph.compare import Side, compare, read_stacks
+from exporters.flamegraph.compare import Side, compare, kept_apart, read_stacks
 from exporters.pprof.convert import to_pprof
 from tests.conftest import build_go_program
 
@@ -61,6 +61,19 @@ def test_shares_are_normalized_and_a_change_within_the_noise_is_flagged():
     assert changes[0].base_total == pytest.approx(0.2) and not changes[0].noise
     small = compare(Side.of([(native("a"), 50), (native("b"), 50)]), Side.of([(native("a"), 52), (native("b"), 48)]))
     assert all(change.noise for change in small)
+
+
+def test_namesakes_of_two_frame_types_are_two_rows_and_other_names_are_left_alone():
+    """The kernel's memcpy (under write) lost what libc's (under encode) gained: one row keyed by
+    the name alone would show no change at all."""
+    kernel_copy = (("main", "native"), ("write", "native"), ("memcpy", "kernel"))
+    libc_copy = (("main", "native"), ("encode", "native"), ("memcpy", "native"))
+    sides = kept_apart([(kernel_copy, 50), (libc_copy, 50)], [(kernel_copy, 20), (libc_copy, 80)])
+    changes = {change.function: change for change in compare(*(Side.of(stacks) for stacks in sides))}
+    assert changes["memcpy [native]"].self_change == pytest.approx(0.3) and changes["memcpy [kernel]"].self_change == pytest.approx(-0.3)
+    assert "memcpy" not in changes and {"main", "write", "encode"} <= set(changes)
+    unshared = kept_apart([(libc_copy, 1)], [(native("main", "memcpy"), 1)])
+    assert unshared == [[(libc_copy, 1)], [(native("main", "memcpy"), 1)]]  # one type: the name as it is
 
 
 @pytest.mark.skipif(shutil.which("go") is None, reason="go tool pprof is not installed (scripts/setup.sh installs golang-go)")

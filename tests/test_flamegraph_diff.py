@@ -120,6 +120,20 @@ def test_changes_are_shares_of_each_sides_own_total_with_the_noise_flagged():
     assert all(result["small"]) and not any(result["offCpu"])
 
 
+def test_namesakes_of_two_frame_types_are_two_rows_in_the_diff_and_the_table():
+    result = run_compare("""
+        const frames = [["main", "native"], ["write", "native"], ["memcpy", "kernel"], ["encode", "native"], ["memcpy", "native"]];
+        const stacks = [[0, 1, 2], [0, 3, 4]];
+        const base = C.treeOf([[0, 50], [1, 50]], frames, stacks), after = C.treeOf([[0, 20], [1, 80]], frames, stacks);
+        const table = C.tally(after, { leafSelf: true, namesakes: C.namesakes(after) });
+        return { rows: C.changes(base, after, true).rows.map((row) => [row.function, row.selfChange]), table: Object.fromEntries(table.self) };
+    """)
+    changes = dict(result["rows"])
+    assert changes["memcpy [native]"] == pytest.approx(0.3) and changes["memcpy [kernel]"] == pytest.approx(-0.3) and "memcpy" not in changes
+    assert "main" in changes and "write" in changes  # (no namesake: as they are)
+    assert result["table"] == {"memcpy [kernel]": 20, "memcpy [native]": 80}
+
+
 def test_colours_follow_the_sign_of_the_change_and_saturate_at_the_scale():
     colours = run_compare("return [C.colour(0.2, 0.4), C.colour(-0.4, 0.4), C.colour(0, 0.4), C.colour(0.8, 0.4)];")
     rgb = [tuple(int(part) for part in re.findall(r"\d+", colour)) for colour in colours]

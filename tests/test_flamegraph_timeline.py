@@ -267,3 +267,38 @@ def test_a_busy_idle_busy_program_shows_its_gap_and_its_first_busy_range(page, t
         print("screenshot:", browser.screenshot(tmp_path / "busy-idle-busy.png"))
     finally:
         service.shutdown()
+
+
+def test_labels_sit_inside_their_frames_and_children_inside_their_parents(page):
+    """What a person reads: each frame's label within its box, each callee under its caller and
+    within its width (in the graph of a range too)."""
+    browser = page["browser"]
+    browser.open(page["uri"])
+    drawn = bars(browser)
+    for fragment in ("", f"#from={drawn[0]['start']:.3f}&to={drawn[4]['end']:.3f}"):
+        browser.open(page["uri"] + fragment)
+        frames = browser.evaluate("""(() => {
+            const boxes = new Map();
+            for (const g of document.querySelectorAll('#chart g')) {
+                const node = d3.select(g).datum();
+                const rect = g.querySelector('rect');
+                if (node && rect) boxes.set(node, {g: g, box: rect.getBoundingClientRect()});
+            }
+            return [...boxes].map(([node, {g, box}]) => {
+                const label = g.querySelector('foreignObject div, text');
+                const text = label ? label.getBoundingClientRect() : null;
+                const parent = node.parent && boxes.get(node.parent);
+                return {name: node.data.name, box: [box.x, box.y, box.width, box.height],
+                        label: label && label.textContent ? [text.x, text.y, text.width, text.height] : null,
+                        parent: parent ? [parent.box.x, parent.box.y, parent.box.width, parent.box.height] : null};
+            });
+        })()""")
+        assert len(frames) >= 5 and sum(1 for frame in frames if frame["label"]) >= 5, frames
+        for frame in frames:
+            x, y, width, height = frame["box"]
+            if frame["label"] and width > 30:
+                lx, ly, lw, lh = frame["label"]
+                assert x - 0.5 <= lx and lx + lw <= x + width + 0.5 and y - 0.5 <= ly and ly + lh <= y + height + 0.5, frame
+            if frame["parent"]:
+                px, py, pw, _ = frame["parent"]
+                assert px - 0.5 <= x and x + width <= px + pw + 0.5 and y > py, frame

@@ -86,6 +86,25 @@ class Side:
         return cls(total, total if counts_samples else None, self_values, total_values, under)
 
 
+def kept_apart(*sides: list[tuple[Stack, int]]) -> list[list[tuple[Stack, int]]]:
+    """The sides' stacks with each function that has a namesake of another frame type (the
+    kernel's memcpy and libc's, a Go and a C function of one name) named with its type, as
+    ``memcpy [kernel]``, so the two are two rows; a name that means one function is left as it is."""
+    kinds: dict[str, set[str]] = collections.defaultdict(set)
+    for stacks in sides:
+        for stack, _ in stacks:
+            for name, kind in stack:
+                kinds[name].add(kind or "native")
+    shared = {name for name, found in kinds.items() if len(found) > 1}
+    if not shared:
+        return [list(stacks) for stacks in sides]
+
+    def named(stack: Stack) -> Stack:
+        return tuple((f"{name} [{kind or 'native'}]" if name in shared else name, kind) for name, kind in stack)
+
+    return [[(named(stack), value) for stack, value in stacks] for stacks in sides]
+
+
 def self_owner(stack: Stack) -> str:
     """Whose self time a stack is: its innermost frame of the program's language, else its leaf."""
     for name, kind in reversed(stack):

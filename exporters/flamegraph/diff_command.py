@@ -31,7 +31,7 @@ from pathlib import Path
 from pycollector.pdata import is_memory, is_snapshot
 
 from exporters.debug.values import describe_total, format_value
-from exporters.flamegraph.compare import Change, Side, compare, decreases, increases, read_stacks
+from exporters.flamegraph.compare import Change, Side, compare, decreases, increases, kept_apart, read_stacks
 
 # The headings of the two lists, as the page words them (assets/units.js).
 ALLOCATES, HOLDS, COSTS = ("allocates more", "allocates less"), ("holds more", "holds less"), ("costs more", "costs less")
@@ -65,14 +65,13 @@ class DiffCommand:
         parser.add_argument("-o", "--output", default=None, metavar="FILE.html", help="also write the diff flame graph as a self-contained page")
 
     def run(self, args: argparse.Namespace) -> int:
-        sides, stacks_of, value_types = [], [], []
+        stacks_of, value_types = [], []
         for path, own_where in ((args.base, args.base_where), (args.after, args.after_where)):
             try:
                 stacks, value_type, counts = read_stacks(path, args.type, args.process, dict(args.where + own_where))
             except (OSError, ValueError) as error:
                 print(f"pycollector diff: {path}: {error}", file=sys.stderr)
                 return 1
-            sides.append(Side.of(stacks, counts))
             stacks_of.append(stacks)
             value_types.append(value_type)
         if value_types[0] != value_types[1]:
@@ -80,7 +79,7 @@ class DiffCommand:
             print(f"pycollector diff: {args.base} holds {'/'.join(value_types[0])} and {args.after} {'/'.join(value_types[1])} ({why})",
                   file=sys.stderr)
             return 1
-        base, after = sides
+        base, after = (Side.of(stacks, counts) for stacks in kept_apart(*stacks_of))
         levels = is_snapshot(value_type)
         changes = compare(base, after, levels)
         if is_memory(value_type) or levels:

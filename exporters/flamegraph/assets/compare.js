@@ -80,11 +80,32 @@ var FlameCompare = (function () {
     return LANGUAGE_TYPES.has(node.libtype) ? node.name.replace(LINE_SUFFIX, ")") : node.name;
   }
 
+  // The names (functionName) that the trees give to frames of more than one type: the kernel's
+  // memcpy and libc's, a Go and a C function of one name (compare.py's kept_apart).
+  function namesakes(...trees) {
+    const kinds = new Map();
+    const pending = trees.flat();
+    while (pending.length) {
+      const node = pending.pop();
+      const name = functionName(node);
+      if (!kinds.has(name)) kinds.set(name, new Set());
+      kinds.get(name).add(node.libtype || "native");
+      pending.push(...node.children);
+    }
+    return new Set([...kinds].filter(([, found]) => found.size > 1).map(([name]) => name));
+  }
+
   // A side's total and each function's self and total value, from its call tree. With leafSelf,
   // self is each frame's own value, as the graph draws it (the page's table), not the innermost
-  // language frame's; and the owners under each function are not counted.
+  // language frame's; and the owners under each function are not counted. A name in
+  // options.namesakes is told apart by its frame type: "memcpy [kernel]".
   function tally(children, options) {
     const leafSelf = Boolean(options && options.leafSelf);
+    const shared = (options && options.namesakes) || new Set();
+    const nameOf = (node) => {
+      const name = functionName(node);
+      return shared.has(name) ? name + " [" + (node.libtype || "native") + "]" : name;
+    };
     const self = new Map();
     const total = new Map();
     const onPath = new Map();  // how many frames of each function the current path holds
@@ -98,7 +119,7 @@ var FlameCompare = (function () {
         onPath.set(outerLanguage, onPath.get(outerLanguage) - 1);
         continue;
       }
-      const name = functionName(node);
+      const name = nameOf(node);
       if (!onPath.get(name)) total.set(name, (total.get(name) || 0) + node.value);
       onPath.set(name, (onPath.get(name) || 0) + 1);
       const language = LANGUAGE_TYPES.has(node.libtype) ? name : outerLanguage;
@@ -139,8 +160,9 @@ var FlameCompare = (function () {
   // largest increase (of self or total: row.by) first. countsSamples: the values count samples, so the noise of the
   // counts can be judged (not for levels, whose shares are not proportions of a side's samples).
   function changes(baseChildren, afterChildren, countsSamples, levels) {
-    const base = tally(baseChildren);
-    const after = tally(afterChildren);
+    const shared = namesakes(baseChildren, afterChildren);
+    const base = tally(baseChildren, { namesakes: shared });
+    const after = tally(afterChildren, { namesakes: shared });
     const [baseOver, afterOver] = denominators(base.total, after.total, levels);
     const value = (map, name) => map.get(name) || 0;
     const share = (map, name, over) => over ? value(map, name) / over : 0;
@@ -221,7 +243,7 @@ var FlameCompare = (function () {
     return largest;
   }
 
-  return { mergeTrees: mergeTrees, treeOf: treeOf, annotate: annotate, functionName: functionName, tally: tally,
+  return { mergeTrees: mergeTrees, treeOf: treeOf, annotate: annotate, functionName: functionName, namesakes: namesakes, tally: tally,
            changes: changes, denominators: denominators, withinNoise: withinNoise, colour: colour, nodeChange: nodeChange, scaleOf: scaleOf };
 })();
 

@@ -643,7 +643,8 @@
     const panel = document.getElementById("table-panel");
     panel.hidden = viewSelect.value === "graph" || Boolean(compareSelect.value) || nodes.length === 0;
     if (panel.hidden) return;
-    const tally = FlameCompare.tally(FlameCompare.mergeTrees(nodes.map((node) => node.children)), { leafSelf: true });
+    const children = FlameCompare.mergeTrees(nodes.map((node) => node.children));
+    const tally = FlameCompare.tally(children, { leafSelf: true, namesakes: FlameCompare.namesakes(children) });
     const total = tally.total;
     const term = searchInput.value.toLowerCase();
     const rows = [...tally.totals.keys()].filter((name) => !term || name.toLowerCase().includes(term))
