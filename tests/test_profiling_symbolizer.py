@@ -3,6 +3,7 @@ functions, and the symbolizer must name them from the process's mappings and ELF
 
 from __future__ import annotations
 
+import lzma
 import os
 import re
 import shutil
@@ -174,6 +175,76 @@ def test_stripped_binary_with_debuglink(tmp_path, table):
         sym = Symbolizer(table, debug_dirs=[str(tmp_path / "nowhere")])
         [frame] = sym.symbolize_user(run.pid, [run.addrs[0]])
         assert frame.name == "target_function" and frame.build_id == build_id_of(exe)
+    finally:
+        run.stop()
+
+
+MINI_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((noinline)) static int static_function(int x) { return x * 7 + 1; }
+__attribute__((noinline)) int exported_function(int x) { return static_function(x) + 2; }
+int main(void) {
+    printf("%lx\n%lx\n", (unsigned long)&static_function, (unsigned long)&exported_function);
+    fflush(stdout);
+    char c;
+    read(0, &c, 1);  /* until the test closes stdin */
+    return exported_function(0) == 3 ? 0 : 1;
+}
+"""
+
+
+def with_mini_debuginfo(exe: Path, section: bytes | None = None) -> Path:
+    """``exe`` stripped with a MiniDebugInfo, as Fedora's find-debuginfo makes one (gdb's manual,
+    "MiniDebugInfo"): the function symbols .dynsym does not hold, in an xz-compressed ELF in
+    .gnu_debugdata; or ``section`` as that section's bytes."""
+    work = exe.parent
+    symbols = lambda *flags: {line.split()[0]: line.split()[1] for line in subprocess.run(  # noqa: E731
+        ["nm", *flags, "--format=posix", "--defined-only", str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()}
+    dynamic = symbols("-D")
+    (work / "keep").write_text("".join(f"{name}\n" for name, kind in symbols().items() if kind in "Tt" and name not in dynamic))
+    subprocess.run(["objcopy", "--only-keep-debug", exe, work / "debug"], check=True)
+    subprocess.run(["objcopy", "-S", "--remove-section", ".gdb_index", "--remove-section", ".comment", f"--keep-symbols={work / 'keep'}",
+                    work / "debug", work / "mini"], check=True)
+    subprocess.run(["xz", "-f", work / "mini"], check=True)
+    if section is not None:
+        (work / "mini.xz").write_bytes(section)
+    subprocess.run(["strip", "--strip-all", "-R", ".comment", exe], check=True)
+    subprocess.run(["objcopy", f"--add-section=.gnu_debugdata={work / 'mini.xz'}", exe], check=True)
+    return exe
+
+
+def test_a_stripped_file_with_mini_debuginfo_has_its_static_functions_named(tmp_path, table):
+    """Fedora's and RHEL's binaries: no debug file installed, the static function named from the
+    .gnu_debugdata it carries, the exported one from .dynsym (what the MiniDebugInfo leaves out)."""
+    need("objcopy")
+    need("xz")
+    exe = with_mini_debuginfo(compile_c(tmp_path, "prog", MINI_C, "-g", "-rdynamic"))
+    run = Running(exe, lines=2)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+        sym = Symbolizer(table, debug_dirs=[str(tmp_path / "nowhere")])
+        assert [frame.name for frame in sym.symbolize_user(run.pid, [run.addrs[0] + 1, run.addrs[1] + 1])] == ["static_function", "exported_function"]
+        assert sym.stats["mini_debuginfo_read"] == 1 and sym.stats["mini_debuginfo_unreadable"] == 0, sym.stats
+    finally:
+        run.stop()
+
+
+@pytest.mark.parametrize("section", ["bomb", "garbage", "cut"])
+def test_a_mini_debuginfo_past_its_bounds_or_broken_names_from_dynsym_alone(tmp_path, table, section):
+    """The section is the process's to write: one that inflates past 16 MiB (17 MiB of zeros, 2.5
+    KB of xz), one that is not xz, one cut short: counted, and the file named from .dynsym."""
+    need("objcopy")
+    need("xz")
+    bomb = lzma.compress(bytes(17 << 20), format=lzma.FORMAT_XZ)
+    content = {"bomb": bomb, "garbage": b"\x7fELF" + bytes(4000), "cut": bomb[:len(bomb) // 2]}[section]
+    exe = with_mini_debuginfo(compile_c(tmp_path, "prog", MINI_C, "-g", "-rdynamic"), content)
+    run = Running(exe, lines=2)
+    try:
+        table.on_new_process(run.pid, run.pid, "prog")
+        sym = Symbolizer(table, debug_dirs=[str(tmp_path / "nowhere")])
+        assert [frame.name for frame in sym.symbolize_user(run.pid, [run.addrs[0] + 1, run.addrs[1] + 1])] == [None, "exported_function"]
+        assert sym.stats["mini_debuginfo_unreadable"] == 1 and sym.stats["mini_debuginfo_read"] == 0, sym.stats
     finally:
         run.stop()
 

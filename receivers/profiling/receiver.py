@@ -286,7 +286,8 @@ class ProfilingReceiver(Component):
 
     def _publish_stats(self) -> None:
         """Each component's cumulative counts on its gauge, read at scrape time."""
-        _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large"))
+        _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large",
+                                                      "mini_debuginfo_read", "mini_debuginfo_unreadable"))
         _publish(self._stats, self.symbolizer.loads, "symbol_", ("loads_deferred", "loads_stuck"))
         _publish(self._stats, self.reports, names=("samples_carried", "samples_carried_for_names"))
         _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots", "predecessors", "incarnations_read", "incarnations_gone",

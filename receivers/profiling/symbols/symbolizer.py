@@ -33,6 +33,7 @@ from pycollector.logs import log_once
 
 from ..elf.bounded import BoundedElf
 from ..elf.headers import DEBUG_DIRS, debug_file_candidates, elf_build_id
+from ..elf.minidebuginfo import mini_debuginfo
 from ..jit.names import JitNames
 from ..processes.files import open_debug_file, open_host_file, open_mapped_file
 from ..processes.table import Mapping, ProcessInfo, ProcessTable
@@ -124,7 +125,7 @@ class Symbolizer:
         self.deferred = 0  # frames left unnamed because their file was still being read
         self.stats = {"files_parsed": 0, "files_failed": 0, "files_unreadable": 0,
                       "address_cache_hits": 0, "address_lookups": 0, "files_pinned": 0,
-                      "files_over_time": 0, "symbol_tables_too_large": 0}
+                      "files_over_time": 0, "symbol_tables_too_large": 0, "mini_debuginfo_read": 0, "mini_debuginfo_unreadable": 0}
         if processes is not None:
             processes.watch(changed=self.retain_files)
 
@@ -311,7 +312,7 @@ class Symbolizer:
                     elf.go = GoFunctions.from_elf(elf_file) if identity is None else GoFunctions.of_file(identity, elf_file)
                 if not self._read_symbols(elf, elf_file, ".symtab", deadline):
                     if not self._read_debug_file(elf, path, info, deadline):
-                        self._read_symbols(elf, elf_file, ".dynsym", deadline)
+                        self._read_symbols(elf, elf_file, ".dynsym", deadline, also=self._mini_debuginfo(elf_file, path))
         except Exception as e:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
             self.stats["files_failed"] += 1
             if isinstance(e, ParseOverTime):
@@ -322,15 +323,31 @@ class Symbolizer:
         self.stats["files_parsed"] += 1
         return elf
 
-    def _read_symbols(self, elf: ElfSymbols, elf_file: BoundedElf, which: str, deadline: float) -> bool:
+    def _read_symbols(self, elf: ElfSymbols, elf_file: BoundedElf, which: str, deadline: float,
+                      also: Sequence[tuple[BoundedElf, str]] = ()) -> bool:
         """elf.read_symbols, a table past its size caps counted and taken as none."""
         try:
-            return elf.read_symbols(elf_file, which, self._demangler, deadline)
+            return elf.read_symbols(elf_file, which, self._demangler, deadline, also)
         except SymbolsTooLarge as error:
             self.stats["symbol_tables_too_large"] += 1
             log_once(self.log, ("symbols-too-large", elf.path, which), "warning", "a symbol table is too large to read; "
                      "its file is named from the next table it has, if any", path=elf.path, reason=str(error))
             return False
+
+    def _mini_debuginfo(self, elf_file: BoundedElf, path: str) -> list[tuple[BoundedElf, str]]:
+        """The .symtab of the MiniDebugInfo the file carries (Fedora's, RHEL's), to read with its
+        .dynsym; none when it has none or it cannot be read (counted)."""
+        try:
+            carried = mini_debuginfo(elf_file)
+        except ValueError as error:  # (too large, not xz, not ELF: the file is the process's to write)
+            self.stats["mini_debuginfo_unreadable"] += 1
+            log_once(self.log, ("mini-debuginfo", path), "warning", "a file's MiniDebugInfo (.gnu_debugdata) cannot be read; "
+                     "its static functions stay unnamed", path=path, reason=str(error))
+            return []
+        if carried is None:
+            return []
+        self.stats["mini_debuginfo_read"] += 1
+        return [(carried, ".symtab")]
 
     def debug_file_candidates(self, elf: ElfSymbols, path: str) -> list[str]:
         return debug_file_candidates(elf.build_id, elf.debuglink, path, self.debug_dirs)
