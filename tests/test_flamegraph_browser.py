@@ -24,6 +24,7 @@ from pycollector.service import Service
 from pycollector.testing import TestHost, make_settings, registry_with
 
 from exporters.flamegraph.factory import factory
+from exporters.flamegraph.page import missing_vendor_files
 from tests.conftest import WORKLOADS, bpf_unavailable_reason, share_tolerance
 from tests.test_flamegraph import PERIOD_NS, WORK, cpu_and_off_cpu, profiles
 from tests.test_profiling_receiver import compile_c
@@ -40,6 +41,14 @@ CHROMIUM_FLAGS = [
     # Lets timers and transitions run before the DOM is dumped or the screenshot taken.
     "--virtual-time-budget=3000", "--window-size=1400,900",
 ]
+
+
+def skip_without_the_page_renderer() -> None:
+    """Skip a test of the page where headless Chromium or the vendored renderer is missing."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
+    if missing_vendor_files():
+        pytest.skip("the flame graph renderer is not installed (scripts/setup.sh)")
 
 
 class Frames(HTMLParser):

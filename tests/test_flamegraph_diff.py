@@ -22,18 +22,20 @@ from exporters.flamegraph.page import PageTemplate, missing_vendor_files
 from exporters.flamegraph.tree import page_data
 from exporters.flamegraph.window import ProcessKey, ProfileWindow
 from tests.test_flamegraph import FakeClock
-from tests.test_flamegraph_browser import CHROMIUM, Frames, chromium
+from tests.test_flamegraph_browser import CHROMIUM, Frames, chromium, skip_without_the_page_renderer
 
 COMPARE_JS = Path(__file__).parent.parent / "exporters" / "flamegraph" / "assets" / "compare.js"
 CPU = ("samples", "count")
 
 
-def service_profiles(processes: list[tuple[dict, list[tuple[list[tuple[str, str]], int]]]]):
-    """One resource per process (its attributes given), its stacks root first as (function, frame type)."""
+def service_profiles(processes: list[tuple[dict, list[tuple[list[tuple[str, str]], int]]]], time_unix_nano: int = 0, duration_nano: int = 0):
+    """One resource per process (its attributes given), its stacks root first as (function, frame
+    type); each profile covering the time given (none by default)."""
     b = ProfilesBuilder()
     for attributes, stacks in processes:
         scope = b.scope_profiles(b.resource_profiles(attributes))
-        profile = b.profile(scope, sample_type=CPU, period_type=("cpu", "nanoseconds"), period=10_000_000)
+        profile = b.profile(scope, sample_type=CPU, period_type=("cpu", "nanoseconds"), period=10_000_000,
+                            time_unix_nano=time_unix_nano, duration_nano=duration_nano)
         for frames, value in stacks:
             locations = [b.location(lines=[(b.function(function), 0, 0)], attributes={"profile.frame.type": kind}) for function, kind in reversed(frames)]
             b.sample(profile, b.stack(locations), [value])
@@ -181,10 +183,7 @@ class DiffTable(HTMLParser):
 @pytest.fixture(scope="module")
 def saved_page(tmp_path_factory):
     """A page as the exporter saves it: version 1 (hot 20%) for 30 s, then version 2 (hot 60%)."""
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
-    if missing_vendor_files():
-        pytest.skip("the flame graph renderer is not installed (scripts/setup.sh)")
+    skip_without_the_page_renderer()
     clock = FakeClock()
     window = ProfileWindow(60, clock=clock)
     for _ in range(6):

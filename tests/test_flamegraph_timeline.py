@@ -17,20 +17,19 @@ import urllib.request
 import pytest
 
 from pycollector.config.validate import build_plan
-from pycollector.pdata import ProfilesBuilder
 from pycollector.service import Service
 from pycollector.testing import make_settings, registry_with
 
 from exporters.flamegraph.config import FlamegraphConfig
 from exporters.flamegraph.exporter import FlamegraphExporter
 from exporters.flamegraph.factory import factory
-from exporters.flamegraph.page import PageTemplate, missing_vendor_files
+from exporters.flamegraph.page import PageTemplate
 from exporters.flamegraph.tree import page_data
 from exporters.flamegraph.window import ProfileWindow
 from tests.browser import Browser
 from tests.conftest import bpf_unavailable_reason
 from tests.test_flamegraph import FakeClock
-from tests.test_flamegraph_browser import CHROMIUM, TESTDATA
+from tests.test_flamegraph_browser import CHROMIUM, TESTDATA, skip_without_the_page_renderer
 from tests.test_flamegraph_diff import CPU, service_profiles
 from tests.test_profiling_receiver import compile_c
 
@@ -46,10 +45,7 @@ def busy(function: str, value: int) -> list:
 def page(tmp_path_factory):
     """A minute's window as the exporter keeps it: 10 s busy in first_busy (a report a second), 10 s
     with nothing, 10 s busy in second_busy; saved as a file."""
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
-    if missing_vendor_files():
-        pytest.skip("the flame graph renderer is not installed (scripts/setup.sh)")
+    skip_without_the_page_renderer()
     clock = FakeClock()
     window = ProfileWindow(60, clock=clock)
     attributes = {"process.pid": 10, "process.executable.name": "worker"}
@@ -70,12 +66,8 @@ def page(tmp_path_factory):
 
 def timed_report(function: str, value: int, start_s: float, seconds: float = 1.0):
     """A report of the profiling receiver's kind: its profile says the time it covers."""
-    b = ProfilesBuilder()
-    scope = b.scope_profiles(b.resource_profiles({"process.pid": 10, "process.executable.name": "worker"}))
-    profile = b.profile(scope, sample_type=CPU, period=10_000_000, time_unix_nano=int(start_s * 1e9), duration_nano=int(seconds * 1e9))
-    for frames, count in busy(function, value):
-        b.sample(profile, b.stack([b.location(lines=[(b.function(name), 0, 0)], attributes={"profile.frame.type": kind}) for name, kind in reversed(frames)]), [count])
-    return b.data
+    return service_profiles([({"process.pid": 10, "process.executable.name": "worker"}, busy(function, value))],
+                            time_unix_nano=int(start_s * 1e9), duration_nano=int(seconds * 1e9))
 
 
 def test_a_report_counts_in_the_slice_of_the_time_it_covers_not_of_its_arrival():

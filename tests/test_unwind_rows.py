@@ -477,6 +477,26 @@ def test_where_rows_are_built_goes_by_the_bytes_parsed(tmp_path, monkeypatch):
     assert len(built_here) == 2
 
 
+def building(source: RowSource, path: str) -> tuple[threading.Thread, dict]:
+    """The rows of ``path`` built by ``source`` on a thread of their own (started): the thread, and
+    what came of it once it ends (rows or error, and when)."""
+    outcome: dict = {}
+
+    def build() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            outcome["rows"] = source(fd, path)
+        except Exception as error:  # noqa: BLE001 - the test looks at what it was
+            outcome["error"] = error
+        finally:
+            os.close(fd)
+            outcome["at"] = time.monotonic()
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    return builder, outcome
+
+
 def test_a_row_builder_that_dies_fails_its_file_and_the_next_file_gets_a_new_one(tmp_path):
     """The helper process that builds a large file's rows is killed mid-build (the OOM killer
     would): the build waiting on it fails at once, rather than waiting forever and leaving every
@@ -486,21 +506,8 @@ def test_a_row_builder_that_dies_fails_its_file_and_the_next_file_gets_a_new_one
         pytest.skip("no libLLVM here (BCC's dependency) to take the helper seconds")
     source = RowSource(str(tmp_path / "cache"), structlog.get_logger())
     source.start()
-    outcome: dict = {}
-
-    def build() -> None:
-        fd = os.open(large[0], os.O_RDONLY)
-        try:
-            outcome["rows"] = source(fd, large[0])
-        except Exception as error:  # noqa: BLE001 - the test looks at what it was
-            outcome["error"] = error
-        finally:
-            os.close(fd)
-            outcome["at"] = time.monotonic()
-
     try:
-        builder = threading.Thread(target=build)
-        builder.start()
+        builder, outcome = building(source, large[0])
         time.sleep(1.0)  # libLLVM's rows take the helper several seconds
         helpers = multiprocessing.active_children()
         assert helpers and "at" not in outcome, "the helper should be building libLLVM's rows"
@@ -533,20 +540,8 @@ def test_a_small_files_rows_are_not_built_behind_a_large_ones(tmp_path):
     medium.write_bytes(rule_bomb(0, b"\x0a\x0b" * (SMALL_CFI_BYTES // 2 + 1)))
     source = RowSource(str(tmp_path / "cache"), structlog.get_logger())
     source.start()
-    outcome: dict = {}
-
-    def build_large() -> None:
-        fd = os.open(large[0], os.O_RDONLY)
-        try:
-            outcome["rows"] = source(fd, large[0])
-        except Exception as error:  # noqa: BLE001 - the test looks at what it was
-            outcome["error"] = error
-        finally:
-            os.close(fd)
-
-    builder = threading.Thread(target=build_large)
+    builder, outcome = building(source, large[0])
     try:
-        builder.start()
         time.sleep(1.0)  # libLLVM's rows take the helper several seconds
         assert not outcome, "the large helper should be building libLLVM's rows"
         fd = os.open(medium, os.O_RDONLY)
