@@ -1,4 +1,5 @@
-"""A rate shared by many: what may be spent per second, saved up for at most a second.
+"""A rate shared by many: what may be spent per second, saved up for at most a second (or up to
+``burst``).
 
 Budgets that hold for the whole agent, not per process (ARCHITECTURE.md, "Trust boundary"): all
 perf maps together read so many bytes a second, all processes' long /proc/PID/maps so many; no
@@ -11,15 +12,16 @@ from collections.abc import Callable
 
 
 class TokenBucket:
-    def __init__(self, per_second: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, per_second: float, clock: Callable[[], float] = time.monotonic, *, burst: float | None = None) -> None:
         self.per_second = per_second
+        self.burst = per_second if burst is None else burst
         self._clock = clock
-        self._tokens, self._at = float(per_second), clock()
+        self._tokens, self._at = float(self.burst), clock()
 
     def available(self) -> int:
         """What may be spent now (0 when an overspend is still being paid back)."""
         now = self._clock()
-        self._tokens = min(self.per_second, self._tokens + (now - self._at) * self.per_second)
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.per_second)
         self._at = now
         return max(0, int(self._tokens))
 

@@ -96,8 +96,9 @@ def build_id_of(path: Path) -> str:
 class Running:
     """A started test program and the addresses it printed."""
 
-    def __init__(self, exe: Path, lines: int = 1, env=None) -> None:
-        self.proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, exe: Path, lines: int = 1, env=None, prefix: tuple[str, ...] = ()) -> None:
+        """``prefix``: what runs the program (setpriv's arguments, say)."""
+        self.proc = subprocess.Popen([*prefix, str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=env)
         self.addrs = [int(self.proc.stdout.readline(), 16) for _ in range(lines)]
         self.pid = self.proc.pid

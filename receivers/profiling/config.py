@@ -8,6 +8,7 @@ work and are logged once as deprecated (``deprecated_keys``).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import pydantic
@@ -31,6 +32,44 @@ DEFAULT_UNWIND_ROW_IDLE_TIMEOUT = 120.0
 MAX_UNWIND_FRAMES = 16 * 30
 DEFAULT_UNWIND_CACHE_DIR = "/var/cache/pycollector/unwind"
 DEFAULT_BPF_CACHE_DIR = "/var/cache/pycollector/bpf"
+DEFAULT_DEBUGINFOD_CACHE_DIR = "/var/cache/pycollector/debuginfod"
+
+class DebuginfodConfig(ComponentConfig):
+    """Where the debug files of stripped files are fetched from, by build id, and what a fetch may
+    cost (symbols/debuginfod.py)."""
+
+    # The servers, asked in order; unset: those $DEBUGINFOD_URLS names (space-separated, as
+    # elfutils' clients read it); empty: none, nothing is fetched.
+    urls: list[str] | None = None
+    cache_dir: str = DEFAULT_DEBUGINFOD_CACHE_DIR
+    cache_size_mib: int = pydantic.Field(2048, ge=1)
+    # One file at most (libLLVM's debug file is about 700 MiB).
+    max_file_size_mib: int = pydantic.Field(1024, ge=1)
+    # To connect and for each read, and for a whole fetch.
+    timeout: Duration = pydantic.Field(10.0, gt=0)
+    fetch_timeout: Duration = pydantic.Field(300.0, gt=0)
+    # A build id no server has, or whose fetch failed, is not asked for again this long
+    # (elfutils' clients wait 600 s too).
+    negative_cache_expiry: Duration = pydantic.Field(600.0, gt=0)
+    # Fetches the host may start a minute, and each process (as many at once).
+    fetches_per_minute: int = pydantic.Field(60, ge=1)
+    fetches_per_process_per_minute: int = pydantic.Field(20, ge=1)
+
+    @pydantic.field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str] | None) -> list[str] | None:
+        for url in urls or ():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return urls
+
+    def server_urls(self, environment: dict[str, str] | None = None) -> list[str]:
+        """The servers to ask: ``urls``, else $DEBUGINFOD_URLS's (those of http and https)."""
+        if self.urls is not None:
+            return list(self.urls)
+        named = (os.environ if environment is None else environment).get("DEBUGINFOD_URLS", "").split()
+        return [url for url in named if url.startswith(("http://", "https://"))]
+
 
 # CamelCase keys of older profiling distributions -> today's key.
 LEGACY_KEYS = {
@@ -72,6 +111,9 @@ class ProfilingConfig(ComponentConfig):
     # When the budget is short, the rows of files no walk used for this long go to a file whose
     # code is running (the processes mapping them are walked by frame pointer there meanwhile).
     unwind_row_idle_timeout: Duration = pydantic.Field(DEFAULT_UNWIND_ROW_IDLE_TIMEOUT, gt=0)
+    # Stripped files' debug files, fetched by build id from debuginfod servers (none by default
+    # but those $DEBUGINFOD_URLS names).
+    debuginfod: DebuginfodConfig = DebuginfodConfig()
 
     # Which runtimes' frames are read or named (Go's comma-separated list; "" or "all": every one
     # in TRACERS), and per runtime {enabled: false} to leave one out.

@@ -49,6 +49,7 @@ from receivers.profiling.stall_watch import Progress, StallWatch
 from receivers.profiling.threads.go_programs import GoPrograms
 from receivers.profiling.threads.thread_stacks import ThreadStacks
 from receivers.profiling.symbols.detection import FileDetector
+from receivers.profiling.symbols.debuginfod import DebuginfodClient
 from receivers.profiling.symbols.symbolizer import Symbolizer
 from receivers.profiling.unwind.registry import RowSource, UnwindRegistry
 from receivers.profiling.hotspot.runtimes import HotSpotRuntimes
@@ -125,7 +126,8 @@ class ProfilingReceiver(Component):
         self.processes = ProcessTable(self.config.env_var_names(), logger=self.log)
         jit_runtimes = {runtime for runtime, tracer in TRACER_OF_RUNTIME.items() if self.config.tracer_enabled(tracer)}
         self.jit = JitNames(PerfMaps(), jit_runtimes)
-        self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"), logger=self.log)
+        self.symbolizer = Symbolizer(self.processes, jit=self.jit, go_names=self.config.tracer_enabled("go"),
+                                     debuginfod=self._debuginfod_client(), logger=self.log)
         # A report waits for files being read at most half its interval (3 s at most), so it is never late for it.
         self.symbolizer.loads.report_wait_s = min(3.0, self.config.reporter_interval / 2)
         self.symbolizer.loads.wait_s = min(2.0, self.symbolizer.loads.report_wait_s)
@@ -278,6 +280,19 @@ class ProfilingReceiver(Component):
                 out.append((tgid, info.start_time_ticks, dict(info.threads), info.comm))
         return out
 
+    def _debuginfod_client(self) -> DebuginfodClient | None:
+        """The client of the servers the config (or $DEBUGINFOD_URLS) names; None when it names none."""
+        settings = self.config.debuginfod
+        urls = settings.server_urls()
+        if not urls:
+            return None
+        self.log.info("debug files of stripped files are fetched from debuginfod", servers=urls, cache_dir=settings.cache_dir)
+        return DebuginfodClient(urls, cache_dir=settings.cache_dir, cache_bytes=settings.cache_size_mib << 20,
+                                max_file_bytes=settings.max_file_size_mib << 20, timeout_s=settings.timeout,
+                                fetch_timeout_s=settings.fetch_timeout, negative_expiry_s=settings.negative_cache_expiry,
+                                fetches_per_minute=settings.fetches_per_minute,
+                                fetches_per_process_per_minute=settings.fetches_per_process_per_minute, logger=self.log)
+
     def _start_probabilistic(self, sampler: Sampler) -> None:
         if not sampler.probabilistic:
             return
@@ -289,6 +304,8 @@ class ProfilingReceiver(Component):
         _publish(self._stats, self.symbolizer, names=("files_parsed", "files_failed", "files_unreadable", "files_over_time", "symbol_tables_too_large",
                                                       "mini_debuginfo_read", "mini_debuginfo_unreadable"))
         _publish(self._stats, self.symbolizer.loads, "symbol_", ("loads_deferred", "loads_stuck"))
+        if self.symbolizer.debuginfod is not None:  # debug files fetched, kept, refused and why
+            _publish(self._stats, self.symbolizer.debuginfod, "debuginfod_")
         _publish(self._stats, self.reports, names=("samples_carried", "samples_carried_for_names"))
         _publish(self._stats, self.processes, names=("snapshots", "partial_snapshots", "predecessors", "incarnations_read", "incarnations_gone",
                                                      "told_again"))

@@ -32,6 +32,7 @@ class ElfHeaders:
         self.go_build_id: str | None = None
         self.htlhash: str | None = None
         self.debuglink: str | None = None
+        self.machine = ""  # e_machine, as pyelftools names it ("EM_X86_64")
         self.loads: list[tuple[int, int, int]] = []  # (p_offset, p_filesz, p_vaddr)
 
     @property
@@ -52,6 +53,7 @@ class ElfHeaders:
         out = cls(path)
         out.loads = [(seg.offset, seg.filesz, seg.vaddr) for seg in segment_headers(elf) if seg.type == PT_LOAD and seg.filesz]
         out.build_id = elf_build_id(elf)
+        out.machine = elf["e_machine"]
         if mapping_ids:
             out.go_build_id = go_build_id(elf)
             out.htlhash = file_htlhash(elf.stream)

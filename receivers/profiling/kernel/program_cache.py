@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from receivers.profiling.kernel.compiled import FORMAT, CompiledProgram
+from pycollector.trusted_directory import UntrustedDirectoryError, check_own_directory
 
 SUFFIX = ".bpf.json"
 # What BCC's compile reads from the environment besides the headers' location.
@@ -35,8 +36,8 @@ MAX_FILES = 32
 MAX_FILE_BYTES = 64 << 20
 
 
-class UntrustedCacheError(Exception):
-    """The cache directory or file could have been written by someone other than this user."""
+class UntrustedCacheError(UntrustedDirectoryError):
+    """The cache file could have been written by someone other than this user."""
 
 
 def cache_key(program_text: str, include_dir: Path, cflags: list[str], kernel_headers: str | None) -> str:
@@ -82,7 +83,7 @@ class ProgramCache:
         except FileNotFoundError:
             self.stats["misses"] += 1
             return None
-        except (OSError, UntrustedCacheError) as error:
+        except (OSError, UntrustedDirectoryError) as error:
             self.stats["rejected"] += 1
             self.log.warning("compiled BPF program cache not used: compiling instead", path=path, reason=str(error))
             return None
@@ -123,7 +124,7 @@ class ProgramCache:
                     os.unlink(temporary)
                 raise
             self.prune()
-        except (OSError, UntrustedCacheError) as error:
+        except (OSError, UntrustedDirectoryError) as error:
             self.stats["write_errors"] += 1
             self.log.warning("cannot keep the compiled BPF program: each start will compile it "
                              "(set bpf_cache_dir to a directory only the agent's user can write, or \"\" to keep none)",
@@ -150,25 +151,7 @@ class ProgramCache:
         return os.path.join(self.directory, key + SUFFIX)
 
     def _check_directory(self, create: bool) -> None:
-        directory = self.directory
-        if create and not os.path.lexists(directory):
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-        status = os.lstat(directory)
-        if not stat.S_ISDIR(status.st_mode):
-            raise UntrustedCacheError(f"{directory} is not a directory (or is a link)")
-        if status.st_uid != os.geteuid() or status.st_mode & 0o022:
-            raise UntrustedCacheError(f"{directory} is owned by uid {status.st_uid} with mode {status.st_mode & 0o7777:o}: "
-                                      "only this user may write it")
-        parent = os.path.dirname(directory)
-        while True:
-            status = os.stat(parent)
-            sticky = status.st_mode & stat.S_ISVTX
-            if status.st_uid not in (0, os.geteuid()) or (status.st_mode & 0o022 and not sticky):
-                raise UntrustedCacheError(f"{parent} (above the cache) can be changed by others: uid {status.st_uid}, "
-                                          f"mode {status.st_mode & 0o7777:o}")
-            if parent == os.path.dirname(parent):
-                return
-            parent = os.path.dirname(parent)
+        check_own_directory(self.directory, create)
 
 
 def _read_trusted(path: str) -> bytes:

@@ -53,6 +53,11 @@ class ElfSymbols(ElfHeaders):
         super().__init__(path)
         self.go: GoFunctions | None = None  # a Go program's function table (.gopclntab)
         self.symbol_source = ""  # ".symtab", ".dynsym", or the debug file used
+        # Its debug file may yet come from a debuginfod server (symbolizer.py asks again), and
+        # which reading of the file's names this is (the symbolizer's cache of lookups is by it).
+        self.awaiting_debuginfod = False
+        self.next_fetch_check = 0.0  # (monotonic)
+        self.names_version = 0
         self._symbols = SymbolTable.empty()
 
     @property

@@ -6,7 +6,9 @@ User: the mapping that holds the address (from `ProcessTable`) gives the file of
 (addr - mapping.start + mapping.offset); the PT_LOAD segment holding that file offset turns it into
 the ELF virtual address the symbol table uses.  That one rule covers PIE and non-PIE executables
 and shared libraries.  Symbols come from .symtab, else from a separate debug file (found by build
-id under <debug dir>/.build-id/xx/yyyy.debug, or by .gnu_debuglink), else .dynsym.  Files are
+id under <debug dir>/.build-id/xx/yyyy.debug, or by .gnu_debuglink), else one a debuginfod server
+has (debuginfod.py: fetched on threads of its own while the file is named from what it has, its
+names read again once it is on disk), else .dynsym with the file's MiniDebugInfo.  Files are
 read through processes/files.py (map_files, or the process's own root), so containers resolve, and
 parsed files (read on threads of their own, waited for a moment: loads.py) are cached per file
 identity (dev, inode) with a bounded LRU, never shared by build id: a build id is what a file claims (GNU ld leaves .symtab out of it; a program may copy
@@ -20,6 +22,7 @@ that is the last instruction of a function is not attributed to the next one.
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -39,12 +42,15 @@ from ..processes.files import open_debug_file, open_host_file, open_mapped_file
 from ..processes.table import Mapping, ProcessInfo, ProcessTable
 from .elf_symbols import ElfSymbols, ParseOverTime, SymbolsTooLarge, demangle
 from .frame import Frame
+from .debuginfod import DebuginfodClient
 from .gopclntab import GoFunctions
 from .kernel import KernelSymbols
 from .loads import BackgroundLoads
 
 _KERNEL_RELOAD_AFTER_S = 30.0
 _UNREADABLE_RETRY_S = 10.0
+# How often a file whose debug file a debuginfod server may have is looked at again.
+_FETCH_CHECK_S = 1.0
 # The longest one file's symbols may take to read (on the report thread). libLLVM's .symtab takes
 # about a second; a file that takes longer is left unnamed until it changes.
 MAX_PARSE_S = 10.0
@@ -90,6 +96,7 @@ class Symbolizer:
     max_files:      parsed ELF files kept (LRU).
     max_addresses:  (file, offset) -> symbol results kept (LRU).
     debug_dirs:     where separate debug files live (".build-id/xx/yyyy.debug" and debuglink).
+    debuginfod:     where the debug files found nowhere else are fetched from, if anywhere.
     """
 
     def __init__(
@@ -104,6 +111,7 @@ class Symbolizer:
         demangle_names: bool = True,
         jit: JitNames | None = None,
         go_names: bool = True,
+        debuginfod: DebuginfodClient | None = None,
         logger: Any = None,
     ) -> None:
         self.log = logger or structlog.get_logger("pycollector.receivers.profiling.symbols")
@@ -112,6 +120,7 @@ class Symbolizer:
         self.jit = jit  # names JIT-compiled code from perf maps
         self.kernel = KernelSymbols(kallsyms_path)
         self.debug_dirs = tuple(debug_dirs)
+        self.debuginfod = debuginfod
         self._demangler = demangle if demangle_names else None
         self._lock = threading.RLock()
         self._files: _LRU = _LRU(max_files)
@@ -207,7 +216,7 @@ class Symbolizer:
             return Frame(addr, "native", **base)
         file_offset = lookup_addr - m.start + m.offset
         self.stats["address_lookups"] += 1
-        key = (m.identity, file_offset)
+        key = (m.identity, elf.names_version, file_offset)
         hit = self._addresses.get_touch(key)
         if hit is None:
             vaddr = elf.vaddr(file_offset)
@@ -266,7 +275,7 @@ class Symbolizer:
     def _elf_for(self, info: ProcessInfo, m: Mapping) -> ElfSymbols | None:
         elf = self._files.get_touch(m.identity)
         if elf is not None:
-            return elf
+            return self._with_fetched_names(info, m, elf) if elf.awaiting_debuginfod else elf
         refusal = (m.identity, info.pid, info.start_time_ticks)
         failed_at = self._unreadable.get(refusal)
         if failed_at is not None and time.monotonic() - failed_at < _UNREADABLE_RETRY_S:
@@ -310,9 +319,12 @@ class Symbolizer:
                 elf = ElfSymbols.read_headers(elf_file, path, mapping_ids=True)
                 if self.go_names:  # Go's own table names Go code, stripped or not, with file and line
                     elf.go = GoFunctions.from_elf(elf_file) if identity is None else GoFunctions.of_file(identity, elf_file)
-                if not self._read_symbols(elf, elf_file, ".symtab", deadline):
-                    if not self._read_debug_file(elf, path, info, deadline):
-                        self._read_symbols(elf, elf_file, ".dynsym", deadline, also=self._mini_debuginfo(elf_file, path))
+                if not self._read_symbols(elf, elf_file, ".symtab", deadline) and not self._read_debug_file(elf, path, info, deadline):
+                    # A MiniDebugInfo names the functions a fetched debug file would: none is
+                    # fetched for a file that has one (Fedora's, RHEL's: every package's).
+                    carried = self._mini_debuginfo(elf_file, path)
+                    if carried or not self._read_fetched_debug_file(elf, info, deadline):
+                        self._read_symbols(elf, elf_file, ".dynsym", deadline, also=carried)
         except Exception as e:  # noqa: BLE001 - the file is the process's to write; pyelftools raises many kinds
             self.stats["files_failed"] += 1
             if isinstance(e, ParseOverTime):
@@ -355,25 +367,87 @@ class Symbolizer:
     def _read_debug_file(self, elf: ElfSymbols, path: str, info: ProcessInfo | None, deadline: float) -> bool:
         for candidate in self.debug_file_candidates(elf, path):
             fd = open_debug_file(info, candidate) if info is not None else open_host_file(candidate)
-            if fd is None:
-                continue
-            with os.fdopen(fd, "rb", buffering=1 << 16) as f:
-                try:
-                    dbg = BoundedElf(f)
-                    dbg_id = elf_build_id(dbg)
-                    if elf.build_id and dbg_id and dbg_id != elf.build_id:
-                        continue  # a debug file of another build
-                    if self._read_symbols(elf, dbg, ".symtab", deadline):
-                        elf.symbol_source = candidate
-                        return True
-                except ParseOverTime:
-                    raise
-                except Exception:  # noqa: BLE001 - a damaged debug file, as above
-                    continue
+            if fd is not None and self._read_debug_candidate(elf, fd, candidate, deadline):
+                return True
         return False
+
+    def _read_debug_candidate(self, elf: ElfSymbols, fd: int, candidate: str, deadline: float) -> bool:
+        """Read the .symtab of the debug file open at ``fd`` (closed here) into ``elf``, unless it
+        is of another build or damaged; whether it was."""
+        with os.fdopen(fd, "rb", buffering=1 << 16) as f:
+            try:
+                dbg = BoundedElf(f)
+                dbg_id = elf_build_id(dbg)
+                if elf.build_id and dbg_id and dbg_id != elf.build_id:
+                    return False  # a debug file of another build
+                if self._read_symbols(elf, dbg, ".symtab", deadline):
+                    elf.symbol_source = candidate
+                    return True
+            except ParseOverTime:
+                raise
+            except Exception:  # noqa: BLE001 - a damaged debug file, as above
+                pass
+        return False
+
+    # -- debug files from debuginfod servers
+
+    def _read_fetched_debug_file(self, elf: ElfSymbols, info: ProcessInfo | None, deadline: float) -> bool:
+        """Read the debug file a debuginfod server gave for ``elf``'s build id, when it is on disk
+        already; otherwise have it fetched (if the allowances let the process have one now), and
+        ``elf`` marked to be looked at again."""
+        client = self.debuginfod
+        if client is None or not elf.build_id:
+            return False
+        owner = (info.pid, info.start_time_ticks) if info is not None else None
+        fetched = client.debug_file(elf.build_id, elf.machine, owner, elf.path)
+        if fetched is not None and self._read_our_file(elf, fetched, deadline):
+            return True
+        elf.awaiting_debuginfod = True
+        elf.next_fetch_check = time.monotonic() + _FETCH_CHECK_S
+        return False
+
+    def _with_fetched_names(self, info: ProcessInfo, m: Mapping, elf: ElfSymbols) -> ElfSymbols:
+        """``elf``, or once its debug file has been fetched, the file named from it (read on a
+        loading thread, waited for as a file is; until then, and if it gives no names, ``elf``)."""
+        now = time.monotonic()
+        if now < elf.next_fetch_check:
+            return elf
+        elf.next_fetch_check = now + _FETCH_CHECK_S
+        fetched = self.debuginfod.debug_file(elf.build_id, elf.machine, (info.pid, info.start_time_ticks), elf.path)
+        if fetched is None:
+            return elf  # (still to come, refused for now, or missing: asked again after a while)
+        done, named = self.loads.result(("debuginfod", m.identity), lambda: self._named_from(elf, fetched))
+        if not done:
+            elf.next_fetch_check = now  # (the next lookup takes it)
+            return elf
+        self._files.put(m.identity, named)
+        return named
+
+    def _named_from(self, elf: ElfSymbols, fetched: str) -> ElfSymbols:
+        """A copy of ``elf`` named from the debug file at ``fetched`` (a loading thread runs
+        this); if the file gives no names, with the names ``elf`` had."""
+        named = copy.copy(elf)
+        named.awaiting_debuginfod = False
+        named.names_version = elf.names_version + 1  # (lookups cached from elf's names are not used)
+        try:
+            self._read_our_file(named, fetched, time.monotonic() + MAX_PARSE_S)
+        except ParseOverTime:
+            self.stats["files_over_time"] += 1
+        return named
+
+    def _read_our_file(self, elf: ElfSymbols, path: str, deadline: float) -> bool:
+        """Read the debug file at ``path``, the agent's own (its debuginfod cache), into ``elf``."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # (deleted from the cache by hand: fetched again when next asked)
+            self.debuginfod.forget(elf.build_id)
+            return False
+        return self._read_debug_candidate(elf, fd, path, deadline)
 
     def close(self) -> None:
         self.loads.close()
+        if self.debuginfod is not None:
+            self.debuginfod.close()
         with self._pin_lock:
             while self._pinned:
                 _key, fd = self._pinned.popitem()
