@@ -18,15 +18,16 @@ run: setup
 # (load_tolerant: what is reported, not how much CPU a process got), on three workers (each file's
 # tests on one; a third, on two cores, runs while the others wait on subprocesses and reports:
 # 526 s against 578 s with two, the cores 94% busy); then the other BPF tests one at a time, alone (they measure shares of CPU time,
-# sample counts and waits against what the workloads measure).
+# sample counts and waits against what the workloads measure), with them the tests marked alone
+# (no BPF, but they would disturb tests running beside them).
 # Both run whatever the first gave; exit 5 is "no test selected" (PYTEST_ARGS naming one kind).
 # Bytecode is written whatever the environment says (PYTHONDONTWRITEBYTECODE=1 on these machines):
 # each pytest process, and each agent, helper and CLI the tests start, would otherwise compile every
 # module of ours again, and pytest rewrite every test module's asserts (20 s a collection, 8 with it).
 test: setup
 	@status=0; \
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "not bpf or load_tolerant" -n 3 --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "bpf and not load_tolerant" $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "(not bpf or load_tolerant) and not alone" -n 3 --dist loadfile $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "bpf and not load_tolerant or alone" $(PYTEST_ARGS) || [ $$? -eq 5 ] || status=1; \
 	exit $$status
 
 bench: setup

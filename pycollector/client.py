@@ -22,6 +22,8 @@ class ClientInfo:
     address: str = ""
     # Metadata keys lower-cased, as gRPC metadata and HTTP/2 headers are; each key may repeat.
     metadata: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # What the receiver's authenticator said of the client (basicauth: ``username``).
+    auth: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def get(self, key: str) -> tuple[str, ...]:
         """Every value of a metadata key, looked up case-insensitively (empty when absent)."""

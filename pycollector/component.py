@@ -36,8 +36,10 @@ every pipeline the receiver feeds and counts what was accepted or refused on its
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
+import unicodedata
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import pydantic
@@ -212,6 +214,25 @@ class ComponentID:
 
     def __str__(self) -> str:
         return f"{self.type}/{self.name}" if self.name else self.type
+
+    @classmethod
+    def checked(cls, text: str) -> "ComponentID":
+        """``text`` as an id, checked as Go checks one where a config names a component (an
+        extension's id in ``auth::authenticator``): ValueError with Go's words otherwise."""
+        if not text:
+            raise ValueError("id must not be empty")
+        type_, slash, name = text.partition("/")
+        if not _ID_TYPE.fullmatch(type_):
+            raise ValueError(f'in "{text}" id: invalid character(s) in type "{type_}"')
+        if slash and not name:
+            raise ValueError(f'in "{text}" id: the part after / should not be empty')
+        # Go's name pattern: no separator, control or symbol characters (\pZ \pC \pS).
+        if slash and any(unicodedata.category(character)[0] in "ZCS" for character in name):
+            raise ValueError(f'in "{text}" id: invalid character(s) in name "{name}"')
+        return cls(type_, name)
+
+
+_ID_TYPE = re.compile(r"[a-zA-Z][0-9a-zA-Z_]{0,62}")
 
 
 @dataclasses.dataclass

@@ -227,6 +227,7 @@ def forged_copies(program: Path, build_id: str, directory: Path, count: int) -> 
     return copies
 
 
+@pytest.mark.alone
 def test_a_thousand_processes_each_with_a_forged_build_id_cost_the_hosts_allowance_and_name_nothing(table, server_files):
     """User nobody runs 1,000 programs, each with a build id of its own that no server knows: the
     host's allowance (30 a minute here) is all they get, the rest counted; nothing is named

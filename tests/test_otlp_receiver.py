@@ -229,7 +229,7 @@ def test_config_follows_go(tmp_path):
     default = model.model_validate({})
     assert (default.protocols.grpc.endpoint, default.protocols.http.endpoint) == ("localhost:4317", "localhost:4318")
     assert default.protocols.http.max_request_body_size == 20 * 1024 * 1024
-    for bad in ({"protocols": {}}, {"protocols": {"grpc": {"endpoint": "no-port"}}}, {"protocols": {"http": {"auth": {"authenticator": "basicauth"}}}}):
+    for bad in ({"protocols": {}}, {"protocols": {"grpc": {"endpoint": "no-port"}}}, {"protocols": {"http": {"auth": {"authenticator": ""}}}}):
         with pytest.raises(ValueError):
             model.model_validate(bad)
 

@@ -132,7 +132,7 @@ def test_grpc_keepalive_becomes_grpcs_own_arguments():
 
 
 @pytest.mark.parametrize("protocols, problem", [
-    ({"grpc": {"auth": {"authenticator": "basicauth"}}}, "not supported by pycollector: pycollector has no authenticator extensions"),
+    ({"grpc": {"auth": {"authenticator": "basic auth"}}}, 'invalid character\\(s\\) in type "basic auth"'),
     ({"http": {"read_timeout": "5s"}}, "not supported by pycollector: a request is read as long as it takes"),
     ({"http": {"compression_algorithms": ["gzip", "snappy"]}}, "not supported by pycollector: 'snappy'"),
     ({"grpc": {"transport": "udp"}}, "not supported by pycollector: transport 'udp'"),

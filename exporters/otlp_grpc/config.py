@@ -12,7 +12,8 @@ from typing import Any, Literal
 import pydantic
 
 from pycollector.component import ComponentConfig, OptionalSection
-from pycollector.config.servers import Middlewares, RefusedAuth, WithOptionalSections, grpc_buffer_options
+from pycollector.auth import AuthSettings
+from pycollector.config.servers import Middlewares, WithOptionalSections, grpc_buffer_options
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.exporterhelper.tls import ClientTLSSettings
@@ -63,7 +64,8 @@ class OtlpGrpcConfig(WithOptionalSections):
     # A connection reads from its socket, and gathers before writing, this much at a time (bytes).
     read_buffer_size: int = pydantic.Field(0, ge=0)
     write_buffer_size: int = pydantic.Field(512 * 1024, ge=0)
-    auth: RefusedAuth = None
+    # The credentials each request carries: an authenticator extension's (bearertokenauth, basicauth).
+    auth: OptionalSection[AuthSettings] = None
     middlewares: Middlewares = None
     retry_on_failure: RetrySettings = RetrySettings()
     sending_queue: QueueSettings = QueueSettings()

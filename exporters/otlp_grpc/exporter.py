@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from pycollector.component import PermanentError, Settings
+from pycollector.component import PermanentError, Settings, StartError
 from pycollector.config.types import reveal_headers
 from pycollector.exporterhelper import RetryableSendError
 from pycollector.otlp import OTLP_SIGNALS, profiles_wire, retry_delay, status_from_trailers
@@ -48,6 +48,10 @@ class OtlpGrpcExporter(OtlpExporter):
         config = self.config
         options = config.grpc_options()
         compression = _COMPRESSION.get(config.compression, grpc.Compression.NoCompression)
+        if self.authenticator is not None and not config.uses_tls():
+            # As gRPC's per-call credentials in Go (RequireTransportSecurity): never in the clear.
+            raise StartError(f"exporters::{self.id}::auth: {config.auth.authenticator} gives credentials, which are sent only over "
+                             "TLS, and this exporter sends in plain text (tls::insecure: true)")
         if config.uses_tls():
             files = config.tls.read_files()
             credentials = grpc.ssl_channel_credentials(root_certificates=files.ca, private_key=files.key, certificate_chain=files.cert)
@@ -69,7 +73,10 @@ class OtlpGrpcExporter(OtlpExporter):
 
     def _export(self, signal: str, data: Any) -> Message:
         try:
-            return self._calls[signal](data, timeout=self.config.timeout or None, metadata=self._metadata, wait_for_ready=self.config.wait_for_ready)
+            metadata = self._metadata
+            if self.authenticator is not None:  # (asked at each call: credentials from a file may change)
+                metadata += tuple((key.lower(), value) for key, value in self.authenticator.credentials().items())
+            return self._calls[signal](data, timeout=self.config.timeout or None, metadata=metadata, wait_for_ready=self.config.wait_for_ready)
         except grpc.RpcError as error:
             raise _classify(error) from None
 

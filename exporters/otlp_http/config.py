@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 import pydantic
 
 from pycollector.component import ComponentConfig, OptionalSection, only_go_default
-from pycollector.config.servers import Middlewares, RefusedAuth, WithOptionalSections
+from pycollector.auth import AuthSettings
+from pycollector.config.servers import Middlewares, WithOptionalSections
 from pycollector.config.types import DEFAULT_PROFILES_WIRE_VERSION, Headers, NonNegativeDuration, ProfilesWireVersion, parse_duration
 from pycollector.exporterhelper import QueueSettings, RetrySettings
 from pycollector.otlp import OTLP_SIGNALS
@@ -74,7 +75,8 @@ class OtlpHttpConfig(WithOptionalSections):
     disable_keep_alives: bool = False
     # Keep the cookies the backend sets and send them back (Go's in-memory jar); off: none kept.
     cookies: OptionalSection[Cookies] = None
-    auth: RefusedAuth = None
+    # The credentials each request carries: an authenticator extension's (bearertokenauth, basicauth).
+    auth: OptionalSection[AuthSettings] = None
     middlewares: Middlewares = None
     # Go's HTTP transport tuning, at Go's defaults: what requests does.
     read_buffer_size: _GoTransport0 = None

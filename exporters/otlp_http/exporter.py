@@ -113,7 +113,8 @@ class OtlpHttpExporter(OtlpExporter):
         # consumer's pool under it.
         session = self._new_session(self._session.cookies) if self.config.disable_keep_alives else self._session
         try:
-            response = session.post(url, data=body, timeout=self.config.timeout or None, verify=self._verify, cert=self._client_cert)
+            credentials = self.authenticator.credentials() if self.authenticator is not None else None  # (a file's may change)
+            response = session.post(url, data=body, headers=credentials, timeout=self.config.timeout or None, verify=self._verify, cert=self._client_cert)
         except requests.RequestException as error:
             raise RetryableSendError(f"no answer from {url}: {error}") from None
         finally:

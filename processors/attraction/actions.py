@@ -89,12 +89,14 @@ def _writer(action: ActionConfig) -> Step:
 def context_value(key: str) -> Any:
     """What ``from_context`` names, from the client that sent the data being handled (Go's
     semantics): ``client.address``, ``metadata.<key>`` or a bare metadata key. One value is a
-    string, several a list. ``auth.*`` finds nothing: no authenticator sets it here."""
+    string, several a list. ``auth.<key>``: what the receiver's authenticator said of the client
+    (basicauth's ``auth.username``)."""
     client = pycollector.client.current()
     if key == "client.address":
         found = (client.address,) if client.address else ()
     elif key.startswith("auth."):
-        found = ()
+        value = client.auth.get(key.removeprefix("auth."))
+        found = (value,) if value else ()
     else:
         found = client.get(key.removeprefix("metadata."))
     if not found:

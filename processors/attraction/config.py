@@ -43,7 +43,8 @@ class ActionConfig(ComponentConfig):
     # Where a written value comes from: exactly one of these three.
     from_attribute: str = ""
     # The client that sent the data: `client.address`, `metadata.<key>` (the otlp receiver keeps
-    # request metadata with include_metadata: true); `auth.*` finds nothing (no authenticators).
+    # request metadata with include_metadata: true), `auth.<key>` (what the receiver's
+    # authenticator said of it: basicauth's `auth.username`).
     from_context: str = ""
     converted_type: Literal["int", "double", "string"] | None = pydantic.Field(None, validate_default=True)
     # insert, update, upsert: written when the source gives nothing (from_attribute or

@@ -38,7 +38,7 @@ class WithOptionalSections(ComponentConfig):
 
 # The keys that are Go optional sections wherever they are.
 OPTIONAL_SECTIONS = frozenset({"tls", "auth", "cors", "keepalive", "server_parameters", "enforcement_policy", "dialer",
-                               "response_body", "check_collector_pipeline", "cookies", "batch"})
+                               "response_body", "check_collector_pipeline", "cookies", "batch", "htpasswd", "client_auth"})
 
 
 # -- TLS ------------------------------------------------------------------------------------------

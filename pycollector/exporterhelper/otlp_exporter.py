@@ -7,6 +7,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from pycollector.auth import ClientAuthenticator, authenticator
 from pycollector.component import Component, PermanentError, Settings
 from pycollector.exporterhelper.failure_log import FailureLog
 from pycollector.exporterhelper.sender import QueuedRetryExporter, RetryableSendError
@@ -34,8 +35,10 @@ class OtlpExporter(Component):
         self.profiles_layout = LAYOUTS[config.profiles_wire_version]
         self._sender = QueuedRetryExporter(settings, config.retry_on_failure, config.sending_queue, self._send)
         self._partial_success = FailureLog(settings.logger)
+        self.authenticator: ClientAuthenticator | None = None  # (auth: the credentials each request carries)
 
     def start(self, host: Any) -> None:
+        self.authenticator = authenticator(host, getattr(self.config, "auth", None), ClientAuthenticator, f"exporters::{self.id}")
         self._open()
         self._sender.start(host)
 

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pydantic
 
+from pycollector.auth import AuthSettings, HttpServerAuthSettings
 from pycollector.component import ComponentConfig, OptionalSection, only_go_default
 from pycollector.config.servers import (
     CorsSettings,
@@ -20,7 +21,6 @@ from pycollector.config.servers import (
     KeepaliveServerParameters,
     ListenerSettings,
     Middlewares,
-    RefusedAuth,
     ServerTLSSettings,
     response_header_map,
 )
@@ -51,12 +51,13 @@ class _ServerSettings(ListenerSettings):
     # Hand the request's metadata (gRPC metadata, HTTP headers) to the processors downstream, as
     # pycollector.client.current().metadata. The client's address is handed down always.
     include_metadata: bool = False
-    auth: RefusedAuth = None
     middlewares: Middlewares = None
 
 
 class GrpcServerSettings(_ServerSettings):
     endpoint: str = DEFAULT_GRPC_ENDPOINT
+    # Who may send: an authenticator extension (bearertokenauth, basicauth) checks each request.
+    auth: OptionalSection[AuthSettings] = None
     max_recv_msg_size_mib: int = pydantic.Field(0, ge=0)
     max_concurrent_streams: int = pydantic.Field(0, ge=0)
     # The socket reads and the HTTP/2 writes of a connection are done in pieces of these sizes (bytes).
@@ -67,6 +68,7 @@ class GrpcServerSettings(_ServerSettings):
 
 class HttpServerSettings(_ServerSettings):
     endpoint: str = DEFAULT_HTTP_ENDPOINT
+    auth: OptionalSection[HttpServerAuthSettings] = None
     # Applies to the body as sent and again once decompressed; 0 or less: the default, as in Go.
     max_request_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE
     cors: OptionalSection[CorsSettings] = None

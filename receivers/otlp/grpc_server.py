@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 
 import grpc
 
+from pycollector.auth import Unauthenticated
 from pycollector.client import ClientInfo, address_from_grpc_peer, metadata_from_pairs
 from pycollector.component import StartError
 from pycollector.config.servers import grpc_buffer_options, grpc_keepalive_options
@@ -15,6 +16,7 @@ from pycollector.http_server import split_endpoint
 from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, OtlpSignal
 from pycollector.otlp.rpc_status import DETAILS_TRAILER
 
+from receivers.otlp.auth_gate import AuthGate
 from receivers.otlp.config import GrpcServerSettings
 from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Rejection, undecodable
@@ -32,6 +34,7 @@ class OtlpGrpcServer:
         self._decoder = decoder
         self._deliver = deliver
         self._server: grpc.Server | None = None
+        self.gate: AuthGate | None = None  # who may send (auth), set before start
 
     def start(self) -> tuple[str, int]:
         """Listen and serve; returns the bound (host, port), port 0 in the config being resolved."""
@@ -77,20 +80,27 @@ class OtlpGrpcServer:
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
     def _client(self, context: grpc.ServicerContext) -> ClientInfo:
+        """Who sent the request; aborts the call with UNAUTHENTICATED when its gate refuses it."""
         address = address_from_grpc_peer(context.peer())
-        if not self.settings.include_metadata:
-            return ClientInfo(address)
-        return ClientInfo(address, metadata_from_pairs(context.invocation_metadata()))
+        metadata = metadata_from_pairs(context.invocation_metadata()) if self.settings.include_metadata or self.gate else {}
+        auth = {}
+        if self.gate is not None:
+            try:
+                auth = self.gate.admit(metadata, address)
+            except Unauthenticated as refusal:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refusal))
+        return ClientInfo(address, metadata if self.settings.include_metadata else {}, auth)
 
     def _export_handler(self, otlp: OtlpSignal) -> grpc.RpcMethodHandler:
         def export(request: bytes, context: grpc.ServicerContext):
+            client = self._client(context)  # (first: a request that may not come in is not decoded)
             # Decoded here rather than by gRPC, so a bad message is INVALID_ARGUMENT that says why.
             try:
                 data = self._decoder.decode(otlp, request, ENCODINGS["proto"])
             except Exception as error:  # protobuf's DecodeError, or anything its parser raises
                 rejection = undecodable(otlp.signal, error)
             else:
-                rejection = self._deliver(data, self._client(context))
+                rejection = self._deliver(data, client)
             if rejection is not None:
                 if rejection.retry_after is not None:
                     context.set_trailing_metadata([(DETAILS_TRAILER, rejection.status().SerializeToString())])

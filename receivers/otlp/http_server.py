@@ -5,7 +5,9 @@ four POST routes, the pipeline blocks (a thread per connection fits, as everywhe
 and every status code and header the spec asks for is written here by hand, with no dependency
 to install on every node that runs an agent.
 
-Answers, in the order the Go receiver checks: unknown path 404; not POST 405; Content-Type
+Answers, in the order the Go receiver checks: with ``auth``, credentials missing or wrong 401
+(Go runs its authenticator before the routes; a CORS preflight is answered before it); unknown
+path 404; not POST 405; Content-Type
 neither protobuf nor JSON 415; a body over max_request_body_size 413; a body that cannot be read,
 decompressed or decoded 400; then what the pipeline said (503 with Retry-After when it refused).
 Errors after the encoding is known carry a google.rpc.Status in that encoding.
@@ -22,15 +24,17 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import grpc
 
+from pycollector.auth import Unauthenticated
 from pycollector.client import ClientInfo, metadata_from_pairs
 from pycollector.component import StartError
 from pycollector.http_server import server_tls_context, split_endpoint
-from pycollector.otlp import OTLP_SIGNALS, Encoding, encoding_of
+from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, Encoding, encoding_of
 
+from receivers.otlp.auth_gate import AuthGate
 from receivers.otlp.config import HttpServerSettings
 from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Rejection, undecodable
@@ -50,6 +54,7 @@ class OtlpHttpServer:
         self.routes = {paths[signal]: OTLP_SIGNALS[signal] for signal in signals}
         self._deliver = deliver
         self._server: _Server | None = None
+        self.gate: AuthGate | None = None  # who may send (auth), set before start
 
     def start(self) -> tuple[str, int]:
         """Listen and serve; returns the bound (host, port), port 0 in the config being resolved
@@ -89,6 +94,14 @@ class OtlpHttpServer:
         request.cors_headers = {}  # (a kept-alive connection's handler serves several requests)
         if self.settings.cors is not None and self._cors(request):
             return
+        auth = {}
+        if self.gate is not None:
+            try:
+                auth = self.gate.admit(self._headers_for_auth(request), self._address(request))
+            except Unauthenticated as refusal:
+                encoding = encoding_of(request.headers.get("Content-Type")) or ENCODINGS["json"]
+                status = Rejection(grpc.StatusCode.UNAUTHENTICATED, 401, str(refusal)).status()
+                return request.reply(401, encoding.content_type, encoding.encode(status), close=True)  # (its body unread)
         otlp = self.routes.get(urlsplit(request.path).path)
         if otlp is None:
             return request.reply(404, "text/plain", b"404 page not found", close=True)
@@ -107,7 +120,7 @@ class OtlpHttpServer:
             data = self.decoder.decode(otlp, body, encoding)
         except ValueError as error:
             return self._reject(request, encoding, undecodable(otlp.signal, error))
-        rejection = self._deliver(data, self._client(request))
+        rejection = self._deliver(data, self._client(request, auth))
         if rejection is not None:
             return self._reject(request, encoding, rejection)
         request.reply(200, encoding.content_type, encoding.encode(otlp.response_type()))
@@ -140,11 +153,24 @@ class OtlpHttpServer:
         request.reply(204, "text/plain", b"", extra=allowed)
         return True
 
-    def _client(self, request: "_Handler") -> ClientInfo:
-        address = request.client_address[0] if request.client_address else ""
-        if not self.settings.include_metadata:
-            return ClientInfo(address)
-        return ClientInfo(address, metadata_from_pairs(request.headers.items()))
+    def _client(self, request: "_Handler", auth: dict[str, str]) -> ClientInfo:
+        metadata = metadata_from_pairs(request.headers.items()) if self.settings.include_metadata else {}
+        return ClientInfo(self._address(request), metadata, auth)
+
+    @staticmethod
+    def _address(request: "_Handler") -> str:
+        return request.client_address[0] if request.client_address else ""
+
+    def _headers_for_auth(self, request: "_Handler") -> dict[str, tuple[str, ...]]:
+        """The request's headers, and the query parameters ``auth::request_params`` names, as if
+        they were headers (as Go's confighttp hands them to the authenticator)."""
+        headers = metadata_from_pairs(request.headers.items())
+        if self.settings.auth.request_params:
+            query = parse_qs(urlsplit(request.path).query)
+            for name in self.settings.auth.request_params:
+                if name in query:
+                    headers[name.lower()] = tuple(query[name])
+        return headers
 
     def _reject(self, request: "_Handler", encoding: Encoding, rejection: Rejection, close: bool = False) -> None:
         extra = {}

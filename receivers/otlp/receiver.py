@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pycollector.auth import ServerAuthenticator, authenticator
 from pycollector.component import Component, Consumer, Settings
 
+from receivers.otlp.auth_gate import AuthGate
 from receivers.otlp.config import OtlpReceiverConfig
 from receivers.otlp.decoding import RequestDecoder
 from receivers.otlp.delivery import Delivery
@@ -37,8 +39,16 @@ class OtlpReceiver(Component):
         # Bound (host, port) of each server once started: with port 0 in the config, the real one.
         self.grpc_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
+        self._refused = settings.telemetry.counter("pycollector_receiver_unauthenticated_requests",
+                                                   "Requests refused because their credentials were missing or wrong (auth).", ("transport",))
+        self._gates: list[AuthGate] = []
 
     def start(self, host: Any) -> None:
+        for transport, server in (("grpc", self.grpc), ("http", self.http)):
+            if server is not None:
+                found = authenticator(host, server.settings.auth, ServerAuthenticator, f"receivers::{self.id}::protocols::{transport}")
+                server.gate = AuthGate(found, transport, self._refused, self.log) if found is not None else None
+                self._gates += [server.gate] if server.gate is not None else []
         try:
             if self.grpc is not None:
                 self.grpc_address = self.grpc.start()
@@ -55,6 +65,8 @@ class OtlpReceiver(Component):
         while self._servers:
             self._servers.pop().stop(SHUTDOWN_GRACE)
         self._delivery.flush()
+        for gate in self._gates:
+            gate.flush()
 
 
 def _show(address: tuple[str, int] | None) -> str:

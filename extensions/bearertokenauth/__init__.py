@@ -1,0 +1,1 @@
+"""The bearertokenauth extension: a static bearer token, checked by servers and sent by clients."""
