@@ -10,8 +10,9 @@ VENV=${VENV:-.venv}
 # gcc and python3-dev: the tests' C workloads, and the Python writer's C extension (sdk/python);
 # systemtap-sdt-dev: <sys/sdt.h>, the USDT probes and semaphores of the native heap sampler (sdk/native)
 # and of the tests' C programs (tests/test_stapsdt.py); heaptrack: the peer of the memory bench (bench/memory.py);
-# debuginfod: elfutils' server, which the debuginfod tests fetch debug files from (tests/test_debuginfod.py).
-APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv linux-headers-amd64 linux-perf bpftool golang-go chromium systemd gcc python3-dev systemtap-sdt-dev heaptrack debuginfod)
+# debuginfod: elfutils' server, which the debuginfod tests fetch debug files from (tests/test_debuginfod.py);
+# dnsmasq-base: the DNS server the load_balancing exporter's dns resolver is tested against (tests/test_loadbalancing.py).
+APT_PACKAGES=(python3-bpfcc bpfcc-tools python3-venv linux-headers-amd64 linux-perf bpftool golang-go chromium systemd gcc python3-dev systemtap-sdt-dev heaptrack debuginfod dnsmasq-base)
 # npm fetches the flame graph renderer; Debian's npm only when no npm is installed at all, so a
 # Node.js installed another way is left alone.
 command -v npm >/dev/null || APT_PACKAGES+=(npm)

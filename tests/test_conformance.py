@@ -22,6 +22,8 @@ CONFIG_FOR_TEST = {
     ("exporters", "flamegraph"): lambda tmp_path: {"endpoint": "localhost:0"},
     ("extensions", "health_check"): lambda tmp_path: {"endpoint": "localhost:0"},
     ("extensions", "pprof"): lambda tmp_path: {"endpoint": "localhost:0"},
+    ("exporters", "load_balancing"): lambda tmp_path: {"resolver": {"static": {"hostnames": ["127.0.0.1:1"]}}, "protocol": {"otlp": {"tls": {"insecure": True}}}},
+    ("exporters", "loadbalancing"): lambda tmp_path: {"resolver": {"static": {"hostnames": ["127.0.0.1:1"]}}, "protocol": {"otlp": {"tls": {"insecure": True}}}},
     ("extensions", "bearertokenauth"): lambda tmp_path: {"token": "a-token"},
     ("extensions", "basicauth"): lambda tmp_path: {"htpasswd": {"inline": "user:password"}},
     ("extensions", "file_storage"): lambda tmp_path: {"directory": str(tmp_path / "storage"), "create_directory": True},

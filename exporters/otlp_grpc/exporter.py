@@ -43,10 +43,12 @@ class OtlpGrpcExporter(OtlpExporter):
         self._channel: grpc.Channel | None = None
         self._calls: dict[str, Any] = {}
         self._metadata = tuple((key.lower(), value) for key, value in reveal_headers(config.headers).items())
+        # gRPC channel arguments beyond the config's (the loadbalancing exporter's: reconnect soon).
+        self.channel_options: list[tuple[str, int]] = []
 
     def _open(self) -> None:
         config = self.config
-        options = config.grpc_options()
+        options = config.grpc_options() + self.channel_options
         compression = _COMPRESSION.get(config.compression, grpc.Compression.NoCompression)
         if self.authenticator is not None and not config.uses_tls():
             # As gRPC's per-call credentials in Go (RequireTransportSecurity): never in the clear.

@@ -26,6 +26,7 @@ class ClientAuthSettings(ComponentConfig):
 
 
 class BasicAuthConfig(WithOptionalSections):
+    optional_sections = frozenset({"htpasswd", "client_auth"})
     htpasswd: OptionalSection[HtpasswdSettings] = None
     client_auth: OptionalSection[ClientAuthSettings] = None
 

@@ -8,7 +8,7 @@ off or none, is what happens here anyway). See the README's components table.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 
@@ -28,17 +28,21 @@ def _as_list(value: Any) -> Any:
 
 class WithOptionalSections(ComponentConfig):
     """A model with Go optional sections (``optional_section``): one that is off is left out of a
-    dump, as a section written ``null`` would read back as on."""
+    dump, as a section written ``null`` would read back as on. ``optional_sections``: a model's
+    own, besides OPTIONAL_SECTIONS."""
+
+    optional_sections: ClassVar[frozenset[str]] = frozenset()
 
     @pydantic.model_serializer(mode="wrap")
     def _leave_out_sections_that_are_off(self, serialize: Any) -> dict[str, Any]:
         dumped = serialize(self)
-        return {key: value for key, value in dumped.items() if value is not None or key not in OPTIONAL_SECTIONS}
+        return {key: value for key, value in dumped.items()
+                if value is not None or (key not in OPTIONAL_SECTIONS and key not in self.optional_sections)}
 
 
 # The keys that are Go optional sections wherever they are.
 OPTIONAL_SECTIONS = frozenset({"tls", "auth", "cors", "keepalive", "server_parameters", "enforcement_policy", "dialer",
-                               "response_body", "check_collector_pipeline", "cookies", "batch", "htpasswd", "client_auth"})
+                               "response_body", "check_collector_pipeline", "cookies", "batch"})
 
 
 # -- TLS ------------------------------------------------------------------------------------------

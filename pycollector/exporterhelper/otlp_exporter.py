@@ -50,6 +50,12 @@ class OtlpExporter(Component):
         self._close()
         self._partial_success.flush()
 
+    def export_now(self, data: Any) -> None:
+        """Send ``data`` in one call, past the queue and without retrying (the loadbalancing
+        exporter's backends: it routes what one does not take to another). Raises
+        RetryableSendError or PermanentError."""
+        self._send(data)
+
     def _send(self, data: Any) -> None:
         signal = signal_of(data)
         try:
