@@ -172,6 +172,9 @@ def dns(tmp_path):
     server = subprocess.Popen(["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", f"--addn-hosts={hosts}", f"--listen-address={DNS_ADDRESS}",
                                "--bind-interfaces", "--port=53", "--local-ttl=0", "--no-negcache", "--log-facility=-", "--user=root"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Listening, so its SIGHUP handler is in place (a SIGHUP before it would end dnsmasq).
+    bound = "".join(f"{int(part):02X}" for part in reversed(DNS_ADDRESS.split("."))) + ":0035"
+    assert wait_until(lambda: bound in Path("/proc/net/udp").read_text(), 10) and server.poll() is None
 
     def set_addresses(addresses: list[str]) -> None:
         hosts.write_text("".join(f"{address} {GATEWAY_NAME}\n" for address in addresses))
