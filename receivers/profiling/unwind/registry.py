@@ -544,11 +544,21 @@ class UnwindRegistry:
         worker while it waits (then within DEMAND_POLL_S of the walk)."""
         now, queued = self._clock(), 0
         idle_rows = sum(file.row_count for file in self._files.values() if file.state == "loaded" and now - file.last_used >= self.idle_s)
+        # Rows of processes over their share, which a file of a process under its share may take
+        # (_evict_over_share): without them, a file that found no room while the others were
+        # still loading waited for good behind a process that holds more than its share and is
+        # never idle (ci4 of session 31: free rows in pieces, none idle, the newcomer's library
+        # no_room for the rest of the run).
+        held, share = self._rows_held(), self._share()
+        over = {pid for pid, rows in held.items() if rows > share}
+        over_share_rows = sum(file.row_count for file in self._files.values()
+                              if file.state == "loaded" and file.users and file.users <= over) if over else 0
         for key in keys:
             file = self._files[key]
             demand, seen = self._demand(file.file_id), file.demand_seen
             file.demand_seen = demand
-            if demand <= seen or file.needed > self._space.largest + idle_rows:
+            takes = over_share_rows if any(held.get(pid, 0) < share for pid in file.users) else 0
+            if demand <= seen or file.needed > self._space.largest + idle_rows + takes:
                 continue
             source = self._source(key, file)
             if source is not None:
