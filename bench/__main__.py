@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import agent_cost, agent_memory, bpf_stats, children, memory, off_cpu, overhead, peers, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, runtime_frames, side_by_side, sizes, span_context, truth, unwinding, workload
+from bench import agent_cost, agent_memory, bpf_stats, children, gateway_workers, memory, off_cpu, overhead, peers, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, runtime_frames, side_by_side, sizes, span_context, truth, unwinding, workload
 from bench.settings import FULL, QUICK
 from bench.sink import ProfilesSink
 from receivers.profiling.config import DEFAULT_BPF_CACHE_DIR
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             pipeline_dir = workdir / "pipeline"
             pipeline_dir.mkdir()
             pipeline_results, pipeline_shape = pipeline.run_rounds(pipeline_dir, settings.rounds, settings.distinct_payloads, settings.pipeline_seconds)
+            workers_results = gateway_workers.run_rounds(workdir / "gateway_workers", settings.rounds, settings.pipeline_seconds)
             queue_dir = workdir / "persistent_queue"
             queue_dir.mkdir()
             queue_results = persistent_queue.run_rounds(queue_dir, settings.rounds, settings.distinct_payloads, settings.payloads_per_burst)
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     loads += [procfs.load_average()]
     rows = (overhead.rows(runs) + agent_cost.rows(runs, first_start_runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
             + python_frames.rows(python_runs) + runtime_frames.rows(runtime_runs) + off_cpu.rows(off_cpu_runs) + span_context.rows(span_runs, writer_runs)
-            + memory.rows(heap_loop_runs, heap_json_runs) + pipeline.rows(pipeline_results) + persistent_queue.rows(queue_results)
+            + memory.rows(heap_loop_runs, heap_json_runs) + pipeline.rows(pipeline_results) + gateway_workers.rows(workers_results) + persistent_queue.rows(queue_results)
             + sizes.rows(side_by_side_runs) + agent_memory.rows(memory_run, settings))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)
     print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)

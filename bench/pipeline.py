@@ -64,8 +64,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def collector_config(port: int, sink_endpoint: str, storage_dir: Path | None = None) -> dict:
-    """The pipeline measured; with ``storage_dir``, its exporter's queue is in file_storage there."""
+def collector_config(port: int, sink_endpoint: str, storage_dir: Path | None = None, workers: int = 1) -> dict:
+    """The pipeline measured, in ``workers`` processes (bench.gateway_workers measures more than
+    one); with ``storage_dir``, its exporter's queue is in file_storage there."""
     config = {
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{port}"}}}},
         "processors": {"batch": {}},
@@ -74,6 +75,7 @@ def collector_config(port: int, sink_endpoint: str, storage_dir: Path | None = N
         "service": {
             "pipelines": {"profiles": {"receivers": ["otlp"], "processors": ["batch"], "exporters": ["otlp_grpc"]}},
             "telemetry": {"metrics": {"address": "127.0.0.1:0"}},
+            "workers": workers,
         },
     }
     if storage_dir is not None:

@@ -142,6 +142,12 @@ METHOD = """\
   bench.raw_codec`); and a grpcio server that answers each request of the same stream and does
   nothing else (`python -m bench.grpc_floor`, built as the otlp receiver's), the most any gateway
   on Python's gRPC server can take. A sample is one `Sample` message.
+- **Gateway workers.** The Pipeline's gateway on the agent reports, once with `service::workers: 1`
+  and once with a worker per usable core (`bench/gateway_workers.py`), from {senders} clients each
+  on a connection of its own with 2 requests in flight, new connections every round (the kernel
+  gives each connection to a worker by a hash of its addresses: a round's split is a draw). The
+  same rounds measure raw decode+encode and grpcio's do-nothing server. CPU is the gateway's
+  process tree (supervisor and workers); RSS the largest worker's above its idle size.
 - **Agent memory.** pycollector (the Agent cost config) profiles this host made busy with one
   copy of every known workload (C, Rust, Go, Node, Java, and the Python one under each of pyenv's
   CPython 3 versions; `bench/agent_reports.py`) for {agent_memory_seconds:g} s, its RSS read every

@@ -17,6 +17,7 @@ from pycollector.config.redact import redacted
 from pycollector.config.types import UNREDACTED
 from pycollector.config.validate import Plan, build_plan
 from pycollector.registry import PluginError, Registry
+from pycollector.workers.count import worker_count
 
 # Gates the Go collector needs for profiles; here profiles are always on, so they are accepted.
 KNOWN_FEATURE_GATES = {"service.profilesSupport": "profiles pipelines (always enabled in pycollector)"}
@@ -122,7 +123,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(str(error), file=sys.stderr)
         return 1
     # The config's service::telemetry::logs applies where the command line did not say otherwise.
-    logs.configure(args.log_format or plan.telemetry.logs.encoding or "console", args.log_level or plan.telemetry.logs.level.lower())
+    log_format, log_level = args.log_format or plan.telemetry.logs.encoding or "console", args.log_level or plan.telemetry.logs.level.lower()
+    logs.configure(log_format, log_level)
+    try:
+        workers, why = worker_count(plan)
+    except ConfigError as error:
+        print(str(error), file=sys.stderr)
+        return 1
+    if workers > 1:
+        from pycollector.workers.supervisor import Supervisor
+
+        log.info("running the pipelines in worker processes", workers=workers, why=why)
+        return Supervisor(plan, config, workers, log_format, log_level).run()
     return _run(plan)
 
 

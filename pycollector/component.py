@@ -235,14 +235,39 @@ class ComponentID:
 _ID_TYPE = re.compile(r"[a-zA-Z][0-9a-zA-Z_]{0,62}")
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerSlot:
+    """Which of the collector's worker processes this is: ``index`` of ``count`` (a gateway runs one
+    per core, each with its own pipelines, sharing the listening sockets; pycollector.workers)."""
+
+    index: int = 0
+    count: int = 1
+
+    @property
+    def shared(self) -> bool:
+        """True when other worker processes run the same components beside this one: listeners
+        share their port (SO_REUSEPORT), files and limits that were the process's are split."""
+        return self.count > 1
+
+
+SOLE_WORKER = WorkerSlot()
+
+# Where a multi-worker collector runs an extension (Factory.placement).
+EACH_WORKER = "each_worker"  # one in every worker (auth, storage: the pipelines there use it)
+FIRST_WORKER = "first_worker"  # only in worker 0 (pprof: a profile of one worker of several)
+SUPERVISOR = "supervisor"  # once, in the supervising process (health_check: one answer for all)
+
+
 @dataclasses.dataclass
 class Settings:
-    """What the engine hands every component: who it is, where to log, what to count."""
+    """What the engine hands every component: who it is, where to log, what to count, and which
+    worker process it runs in."""
 
     id: ComponentID
     kind: str  # one of KINDS
     logger: "structlog.typing.FilteringBoundLogger"
     telemetry: "ComponentTelemetry"
+    worker: WorkerSlot = SOLE_WORKER
 
 
 @runtime_checkable
@@ -295,9 +320,19 @@ class Factory:
     config_model: ClassVar[type[pydantic.BaseModel]] = ComponentConfig
     mutates_data: ClassVar[bool] = False
     takes_serialized_profiles: ClassVar[bool] = False
+    # Extensions: where a collector of several worker processes runs it (EACH_WORKER, FIRST_WORKER,
+    # SUPERVISOR).
+    placement: ClassVar[str] = EACH_WORKER
 
     def default_config(self) -> pydantic.BaseModel:
         return self.config_model()
+
+    def why_not_in_workers(self, config: Any) -> str | None:
+        """Receivers: None when several worker processes can each run one with ``config`` side by
+        side (each serving its share of the connections to the same ports), else why not. By
+        default a receiver runs once per collector: a second copy of a scraper or a profiler would
+        collect everything twice."""
+        return "it runs once per collector (several copies would each collect the same data)"
 
     def create(self, settings: Settings, config: Any, next_consumer: Consumer | None) -> Component:
         raise NotImplementedError

@@ -13,7 +13,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
-from pycollector.component import Settings, StartError
+from pycollector.component import SOLE_WORKER, Settings, StartError, WorkerSlot
 from pycollector.config.errors import ConfigError
 from pycollector.config.validate import ComponentSpec, Plan
 from pycollector.consumers import Fanout, Parsing, SignalRouter
@@ -42,9 +42,10 @@ class Node:
 
 
 class Graph:
-    def __init__(self, plan: Plan, telemetry: Telemetry):
+    def __init__(self, plan: Plan, telemetry: Telemetry, worker: WorkerSlot = SOLE_WORKER):
         self.plan = plan
         self.telemetry = telemetry
+        self.worker = worker
         self.nodes: dict[NodeKey, Node] = {}
         self.edges: dict[NodeKey, list[NodeKey]] = defaultdict(list)
         self._mutates_memo: dict[NodeKey, bool] = {}
@@ -113,7 +114,7 @@ class Graph:
         key, spec = node.key, node.spec
         component_telemetry = self.telemetry.for_component(spec.kind, str(spec.id))
         logger = get_logger(component=spec.path)
-        settings = Settings(spec.id, spec.kind, logger, component_telemetry)
+        settings = Settings(spec.id, spec.kind, logger, component_telemetry, self.worker)
         if key.kind == "exporters":
             node.component = spec.factory.create(settings, spec.config, None)
             # An exporter with a sending queue counts sent/failed itself, when the send happens;

@@ -43,12 +43,14 @@ def _log_stream() -> TextIO:
     return _stderr_copy
 
 
-def configure(log_format: str = "console", level: str = "info", stream: TextIO | None = None) -> None:
-    """Configure structlog once for the process. ``log_format`` is ``console`` or ``json``."""
+def configure(log_format: str = "console", level: str = "info", stream: TextIO | None = None, process_fields: dict | None = None) -> None:
+    """Configure structlog once for the process. ``log_format`` is ``console`` or ``json``;
+    ``process_fields`` go on every line this process logs (a worker's ``worker=1``)."""
     global _format
     _format = log_format
     stream = stream or _log_stream()
     shared = [
+        *([_adding(process_fields)] if process_fields else []),
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -67,6 +69,15 @@ def configure(log_format: str = "console", level: str = "info", stream: TextIO |
     )
     # Libraries that log through the standard library (stevedore, grpc) go to the same stream.
     logging.basicConfig(level=max(LEVELS[level.lower()], logging.WARNING), stream=stream, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _adding(fields: dict):
+    def add(_logger: Any, _method: str, event: dict) -> dict:
+        for key, value in fields.items():
+            event.setdefault(key, value)
+        return event
+
+    return add
 
 
 def _printable_values(_logger: Any, _method: str, event: dict) -> dict:

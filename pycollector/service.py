@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from pycollector.component import Settings, StartError
+from pycollector.component import SOLE_WORKER, Settings, StartError, WorkerSlot
 from pycollector.config.validate import Plan
 from pycollector.graph import Graph
 from pycollector.logs import get_logger, log_once
@@ -42,12 +42,14 @@ class Service:
     the service with a non-zero outcome.
     """
 
-    def __init__(self, plan: Plan, telemetry: Telemetry | None = None):
+    def __init__(self, plan: Plan, telemetry: Telemetry | None = None, worker: WorkerSlot = SOLE_WORKER):
         self.plan = plan
         self.telemetry = telemetry or Telemetry()
+        self.worker = worker
         self.log = get_logger(component="service")
-        log_deprecated_names(plan, self.log)
-        self.graph = Graph(plan, self.telemetry)
+        if not worker.shared:  # (with several workers, their supervisor says it once)
+            log_deprecated_names(plan, self.log)
+        self.graph = Graph(plan, self.telemetry, worker)
         self.extensions: dict[str, Any] = {}
         self._started: list[tuple[str, Any]] = []
         self._stop = threading.Event()
@@ -56,6 +58,9 @@ class Service:
         self._shutdown_lock = threading.Lock()
         # Latest status of every component, by its place ("exporters::otlp_grpc/backend").
         self.statuses: dict[str, tuple[str, BaseException | None]] = {}
+        # Told every status too, as (source, status, error): a worker process passes them on to
+        # its supervisor.
+        self.status_watchers: list = []
 
     # -- Host, as components see it ---------------------------------------------------------------
 
@@ -73,6 +78,8 @@ class Service:
         """Record a component's status and tell every extension that watches statuses
         (one with ``on_component_status(source, status, error)``, e.g. health_check)."""
         self.statuses[source] = (status, error)
+        for watcher in self.status_watchers:
+            watcher(source, status, error)
         for name, extension in self.extensions.items():
             watcher = getattr(extension, "on_component_status", None)
             if watcher is None:
@@ -84,11 +91,12 @@ class Service:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, announce: bool = True) -> None:
+        """Start extensions, then the pipelines sinks first; ``announce`` logs "pycollector started"."""
         begun = time.monotonic()
         for name in self.plan.extensions:
             spec = self.plan.component("extensions", name)
-            settings = Settings(spec.id, "extensions", get_logger(component=spec.path), self.telemetry.for_component("extensions", name))
+            settings = Settings(spec.id, "extensions", get_logger(component=spec.path), self.telemetry.for_component("extensions", name), self.worker)
             try:
                 self.extensions[name] = spec.factory.create(settings, spec.config, None)
             except Exception as error:
@@ -108,6 +116,10 @@ class Service:
                 raise StartError(f"{where}: failed to start: {error}") from error
             self._started.append((where, component))
             self.report_status(where, Status.OK)
+        if announce:
+            self._announce(begun)
+
+    def _announce(self, begun: float) -> None:
         self.log.info(
             "pycollector started",
             pipelines=", ".join(self.plan.pipelines),

@@ -34,9 +34,13 @@ COMPONENT_LABEL = {
 class Telemetry:
     """All metrics of one running service, in a registry of its own (tests run many services)."""
 
-    def __init__(self) -> None:
+    def __init__(self, process_metrics: bool = True) -> None:
+        """``process_metrics``: this process's otelcol_process_* series (a multi-worker collector's
+        supervisor adds its own to its workers' instead)."""
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_ProcessCollector())
+        self.process = ProcessCollector()
+        if process_metrics:
+            self.registry.register(self.process)
         self._metrics: dict[str, prometheus_client.metrics.MetricWrapperBase] = {}
         self._lock = threading.Lock()
         self._server = None
@@ -120,7 +124,7 @@ class _PartialLabels:
         return self._metric.labels(**self._bound, **labels)
 
 
-class _ProcessCollector(Collector):
+class ProcessCollector(Collector):
     """The Go collector's process metrics, read from /proc at scrape time."""
 
     def __init__(self) -> None:

@@ -216,7 +216,7 @@ def test_a_backend_down_past_max_elapsed_time(tmp_path, persistent):
             "sending_queue": {"storage": "file_storage"} if persistent else {},
         }},
         "service": {"extensions": ["file_storage"], "pipelines": {"profiles": {"receivers": ["otlp"], "exporters": ["otlp_http"]}},
-                    "telemetry": {"metrics": {"level": "basic"}}},
+                    "telemetry": {"metrics": {"level": "basic", "address": "127.0.0.1:0"}}},
     }
     service = build_service(config)
     service.start()

@@ -287,6 +287,7 @@ def test_a_gateway_batches_real_agent_reports_and_sends_every_sample_as_it_came(
                 "processors": {"batch": {"send_batch_size": len(expected), "timeout": "10s"}},
                 "exporters": {"otlp_grpc": {"endpoint": sink.endpoint, "tls": {"insecure": True}}},
                 "service": {
+                    "workers": 1,  # (one batch of every request, in order: several workers would each batch theirs)
                     "telemetry": {"metrics": {"address": f"127.0.0.1:{metrics}"}},
                     "pipelines": {"profiles": {"receivers": ["otlp"], "processors": ["batch"], "exporters": ["otlp_grpc"]}},
                 },

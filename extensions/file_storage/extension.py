@@ -4,6 +4,12 @@
 Each client (one per component and name) gets its own file, ``<kind>_<type>_<name>_<client>``
 under ``directory``, so components never contend for one lock. At start the directory must be
 there (or ``create_directory``) and writable: a clear error otherwise, before any data is taken.
+
+A collector of several worker processes gives worker 0 ``directory`` and each other worker
+``directory/worker-<N>``: a store has one writer, and a worker that dies is replaced by one with
+its number, which takes over its stores (an exporter's persistent queue is sent by the
+replacement). A collector run with one worker, then several, or back, keeps worker 0's stores;
+stores of workers a smaller collector no longer runs are named in a warning at start.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class FileStorageExtension(Component):
         self.log = settings.logger
         self.config = config
         self.id = str(settings.id)
+        self.worker = settings.worker
+        self.directory = os.path.join(config.directory, f"worker-{settings.worker.index}") if settings.worker.index else config.directory
         self._clients: dict[str, FileStorageClient] = {}
         self._lock = threading.Lock()
 
@@ -40,12 +48,31 @@ class FileStorageExtension(Component):
                 raise StartError(f"extensions::{self.id}::directory: cannot create {directory}: {error.strerror}") from None
         if not os.access(directory, os.W_OK | os.X_OK):
             raise StartError(f"extensions::{self.id}::directory: {directory} is not writable by this process")
+        if self.worker.index == 0:
+            self._warn_of_stores_no_worker_opens(directory)
+        if self.directory != directory:
+            try:
+                os.makedirs(self.directory, mode=int(self.config.directory_permissions, 8), exist_ok=True)
+            except OSError as error:
+                raise StartError(f"extensions::{self.id}::directory: cannot create {self.directory} for worker {self.worker.index}: {error.strerror}") from None
+
+    def _warn_of_stores_no_worker_opens(self, directory: str) -> None:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return
+        for name in sorted(names):
+            number = name.removeprefix("worker-")
+            path = os.path.join(directory, name)
+            if name.startswith("worker-") and number.isdigit() and int(number) >= self.worker.count and os.path.isdir(path) and os.listdir(path):
+                self.log.warning("stores of a worker this collector does not run are not read; run as many workers to send what they hold",
+                                 directory=path, workers=self.worker.count, needed=int(number) + 1)
 
     def get_client(self, kind: str, component_id: str, name: str = "") -> FileStorageClient:
         """The store of one component (``kind`` "exporter", "receiver"...; ``component_id``
         ``type/name``); StorageError naming the file when it cannot be used."""
         file_name = _UNSAFE.sub("~", "_".join((kind, *str(component_id).split("/", 1), name)))
-        path = os.path.join(self.config.directory, file_name)
+        path = os.path.join(self.directory, file_name)
         with self._lock:
             client = self._clients.get(path)
             if client is None:

@@ -1,10 +1,12 @@
-from pycollector.component import Factory
+from pycollector.component import SUPERVISOR, Factory
 
 from extensions.health_check.config import HealthCheckConfig
 
 
 class HealthCheckExtensionFactory(Factory):
     type = "health_check"
+    # One answer for the collector: with several workers, the supervisor gives it from all of theirs.
+    placement = SUPERVISOR
     config_model = HealthCheckConfig
 
     def create(self, settings, config, next_consumer):

@@ -1,10 +1,12 @@
-from pycollector.component import Factory
+from pycollector.component import FIRST_WORKER, Factory
 
 from extensions.pprof.config import PprofExtensionConfig
 
 
 class PprofExtensionFactory(Factory):
     type = "pprof"
+    # With several workers, worker 0's process is the one profiled (the others run the same code).
+    placement = FIRST_WORKER
     config_model = PprofExtensionConfig
 
     def create(self, settings, config, next_consumer):

@@ -13,7 +13,7 @@ class MemoryLimiterFactory(Factory):
         from processors.memory_limiter import memory
         from processors.memory_limiter.limiter import MemoryLimiter, limits_for
 
-        return MemoryLimiter(settings, config, next_consumer, limits_for(config, memory.available_bytes))
+        return MemoryLimiter(settings, config, next_consumer, limits_for(config, memory.available_bytes, settings.worker.count))
 
 
 factory = MemoryLimiterFactory()

@@ -44,15 +44,18 @@ class Limits:
         return self.hard - self.spike
 
 
-def limits_for(config: MemoryLimiterConfig, available_bytes: Callable[[], int]) -> Limits:
-    """``limit_mib`` wins over ``limit_percentage``; a spike of 0 means 20% of the limit."""
+def limits_for(config: MemoryLimiterConfig, available_bytes: Callable[[], int], workers: int = 1) -> Limits:
+    """``limit_mib`` wins over ``limit_percentage``; a spike of 0 means 20% of the limit. The
+    limits are the collector's: each of ``workers`` processes, which check their own memory,
+    gets an equal share (the container's limit is on all of them together)."""
     if config.limit_mib:
         hard, spike = config.limit_mib * MIB, config.spike_limit_mib * MIB
     else:
         available = available_bytes()
         hard = (config.limit_percentage or FALLBACK_LIMIT_PERCENTAGE) * available // 100
         spike = config.spike_limit_percentage * available // 100
-    return Limits(hard, spike or int(hard * DEFAULT_SPIKE_SHARE))
+    spike = spike or int(hard * DEFAULT_SPIKE_SHARE)
+    return Limits(hard // workers, spike // workers)
 
 
 class MemoryLimiter(Component):
@@ -61,6 +64,7 @@ class MemoryLimiter(Component):
         self._config = config
         self._next = next_consumer
         self.limits = limits
+        self._workers = settings.worker.count
         self.refusing = False
         self._above_hard = False
         self._last_gc = float("-inf")
@@ -86,6 +90,7 @@ class MemoryLimiter(Component):
             )
         self._log.info(
             "memory limiter configured",
+            **({"worker_share_of": self._workers} if self._workers > 1 else {}),
             limit_mib=self.limits.hard // MIB,
             spike_limit_mib=self.limits.spike // MIB,
             check_interval=format_duration(self._config.check_interval),

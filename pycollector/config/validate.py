@@ -18,7 +18,9 @@ from pycollector.config.service_model import TelemetrySettings
 from pycollector.registry import PluginError, PluginInfo, Registry
 
 SECTIONS = (*KINDS, "service")
-SERVICE_KEYS = ("extensions", "pipelines", "telemetry")
+# `workers` is pycollector's: how many worker processes run the pipelines (pycollector.workers).
+SERVICE_KEYS = ("extensions", "pipelines", "telemetry", "workers")
+AUTO_WORKERS = "auto"
 PIPELINE_KEYS = ("receivers", "processors", "exporters")
 
 
@@ -53,6 +55,8 @@ class Plan:
     extensions: list[str]
     telemetry: TelemetrySettings
     aliases_used: list[tuple[str, str, str]]  # (path, alias, type) for deprecation logs
+    # service::workers: a number of worker processes, or AUTO_WORKERS (pycollector.workers.count).
+    workers: int | str = AUTO_WORKERS
 
     def component(self, kind: str, component_id: str) -> ComponentSpec:
         return self.components[(kind, component_id)]
@@ -91,9 +95,10 @@ class _Validator:
         pipelines = self._pipelines(service.get("pipelines"), "service" in self.config)
         self._connectors_are_used_both_ways(pipelines)
         telemetry = self._telemetry(service.get("telemetry"))
+        workers = self._workers(service.get("workers", AUTO_WORKERS))
         if self.problems:
             raise ConfigError(self.problems)
-        return Plan(self.components, pipelines, extensions, telemetry, self.aliases_used)
+        return Plan(self.components, pipelines, extensions, telemetry, self.aliases_used, workers)
 
     # -- sections and components -------------------------------------------------------------
 
@@ -209,6 +214,14 @@ class _Validator:
         except pydantic.ValidationError as error:
             self.problems.extend(model_errors.describe("service::telemetry", TelemetrySettings, error))
             return TelemetrySettings()
+
+    def _workers(self, value: Any) -> int | str:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)  # (as an ${env:...} gives it)
+        if value == AUTO_WORKERS or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024):
+            return value
+        self.problems.append(f"service::workers: expected '{AUTO_WORKERS}' (one per core for a gateway, one for an agent) or a number from 1 to 1024, got {value!r}")
+        return AUTO_WORKERS
 
     def _string_list(self, value: Any, path: str) -> list[str]:
         if value is None:

@@ -28,8 +28,10 @@ MIB = 1 << 20
 
 
 class OtlpGrpcServer:
-    def __init__(self, settings: GrpcServerSettings, signals: Iterable[str], decoder: RequestDecoder, deliver: Callable[..., Rejection | None]):
+    def __init__(self, settings: GrpcServerSettings, signals: Iterable[str], decoder: RequestDecoder, deliver: Callable[..., Rejection | None],
+                 shared_port: bool = False):
         self.settings = settings
+        self.shared_port = shared_port
         self.signals = sorted(signals)
         self._decoder = decoder
         self._deliver = deliver
@@ -39,7 +41,8 @@ class OtlpGrpcServer:
     def start(self) -> tuple[str, int]:
         """Listen and serve; returns the bound (host, port), port 0 in the config being resolved."""
         settings = self.settings
-        options = [("grpc.so_reuseport", 0)]  # a port in use must fail here, not be shared
+        # A port in use must fail here, not be shared, unless the collector's own workers share it.
+        options = [("grpc.so_reuseport", int(self.shared_port))]
         if settings.max_recv_msg_size_mib:
             options.append(("grpc.max_receive_message_length", settings.max_recv_msg_size_mib * MIB))
         if settings.max_concurrent_streams:

@@ -47,8 +47,10 @@ STOP_POLL_INTERVAL = 0.05
 
 
 class OtlpHttpServer:
-    def __init__(self, settings: HttpServerSettings, signals: Iterable[str], decoder: RequestDecoder, deliver: Callable[..., Rejection | None]):
+    def __init__(self, settings: HttpServerSettings, signals: Iterable[str], decoder: RequestDecoder, deliver: Callable[..., Rejection | None],
+                 shared_port: bool = False):
         self.settings = settings
+        self.shared_port = shared_port
         self.decoder = decoder
         paths = settings.url_paths()
         self.routes = {paths[signal]: OTLP_SIGNALS[signal] for signal in signals}
@@ -67,7 +69,7 @@ class OtlpHttpServer:
             host, port = split_endpoint(self.settings.endpoint)
             address, family = (host, port), socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            server = _Server(address, family, self)
+            server = _Server(address, family, self, reuse_port=self.shared_port)
         except OSError as error:
             raise StartError(f"protocols::http::endpoint: cannot listen on {self.settings.endpoint}: {error.strerror or error}") from error
         if self.settings.tls:
@@ -237,8 +239,9 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int] | str, family: int, otlp: OtlpHttpServer):
+    def __init__(self, address: tuple[str, int] | str, family: int, otlp: OtlpHttpServer, reuse_port: bool = False):
         self.address_family = family
+        self.allow_reuse_port = reuse_port  # (the collector's workers share the port: SO_REUSEPORT)
         self.otlp = otlp
         self._connections: set[socket.socket] = set()
         self._changed = threading.Condition()

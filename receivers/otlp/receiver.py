@@ -34,8 +34,10 @@ class OtlpReceiver(Component):
         decoder = RequestDecoder(self.id, config.profiles_wire_version, settings.logger)
         protocols = config.protocols
         self._servers: list[Any] = []
-        self.grpc = OtlpGrpcServer(protocols.grpc, self.signals, decoder, self._delivery) if protocols.grpc else None
-        self.http = OtlpHttpServer(protocols.http, self.signals, decoder, self._delivery) if protocols.http else None
+        # Worker processes of one collector share the ports; a lone collector's port in use is an error.
+        shared = settings.worker.shared
+        self.grpc = OtlpGrpcServer(protocols.grpc, self.signals, decoder, self._delivery, shared) if protocols.grpc else None
+        self.http = OtlpHttpServer(protocols.http, self.signals, decoder, self._delivery, shared) if protocols.http else None
         # Bound (host, port) of each server once started: with port 0 in the config, the real one.
         self.grpc_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
