@@ -76,6 +76,7 @@ def test_the_base_makes_the_objects_the_deployment_needs(objects):
         ("Namespace", "pycollector"), ("ServiceAccount", "pycollector"), ("ClusterRole", "pycollector"),
         ("ClusterRoleBinding", "pycollector"), ("ConfigMap", "pycollector-agent"), ("ConfigMap", "pycollector-gateway"),
         ("DaemonSet", "pycollector-agent"), ("Deployment", "pycollector-gateway"), ("Service", "pycollector-gateway"),
+        ("HorizontalPodAutoscaler", "pycollector-gateway"), ("Role", "pycollector-gateway-endpoints"), ("RoleBinding", "pycollector-gateway-endpoints"),
     ])
     namespaced = [o for o in objects if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding")]
     assert {o["metadata"]["namespace"] for o in namespaced} == {"pycollector"}
@@ -144,7 +145,24 @@ def test_the_agent_profiles_the_host_with_the_units_capabilities_and_sends_to_th
     config = yaml.safe_load(config_map_of(objects, spec)["data"]["config.yaml"])
     node_variables = {v["name"] for v in container["env"] if v.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName"}
     assert config["processors"]["k8s_attributes"]["filter"]["node_from_env_var"] in node_variables
-    host, port = config["exporters"]["otlp_grpc/gateway"]["endpoint"].rsplit(":", 1)
-    service = one(objects, "Service", host)
-    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    resolver = config["exporters"]["load_balancing/gateway"]["resolver"]["k8s"]
+    name, namespace = resolver["service"].split(".")
+    service = one(objects, "Service", name)
+    assert namespace == service["metadata"]["namespace"] and set(resolver["ports"]) <= {p["port"] for p in service["spec"]["ports"]}
     assert service["spec"]["selector"].items() <= one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_agents_may_follow_the_gateways_endpoints_and_the_gateway_scales_by_cpu(objects):
+    """The k8s resolver lists and watches the EndpointSlices of the gateway's namespace (a Role
+    there, bound to the agents' account); the autoscaler scales the gateway Deployment on CPU, and
+    its pods have a whole number of CPUs, the workers service::workers: auto starts."""
+    role, binding = one(objects, "Role"), one(objects, "RoleBinding")
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
+    assert role["metadata"]["namespace"] == one(objects, "Service", "pycollector-gateway")["metadata"]["namespace"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod_spec(objects, "DaemonSet")["serviceAccountName"], "namespace": "pycollector"}]
+    autoscaler, gateway = one(objects, "HorizontalPodAutoscaler"), one(objects, "Deployment")
+    assert autoscaler["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": gateway["metadata"]["name"]}
+    assert [metric["resource"]["name"] for metric in autoscaler["spec"]["metrics"]] == ["cpu"]
+    [container] = gateway["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"]["cpu"] == container["resources"]["limits"]["cpu"] and container["resources"]["limits"]["cpu"].isdigit()

@@ -6,6 +6,7 @@ started), and as the DaemonSet's container would: root with its capabilities cut
 
 from __future__ import annotations
 
+import configparser
 import os
 import resource
 import secrets
@@ -65,6 +66,27 @@ def test_systemd_analyze_security_rates_the_hardening_ok(unit_root):
     done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--threshold=45", f"--root={unit_root}", f"/etc/systemd/system/{UNIT.name}"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+
+
+GATEWAY_UNIT = REPO / "deploy" / "systemd" / "pycollector-gateway.service"
+GATEWAY_CONFIG = REPO / "deploy" / "systemd" / "gateway.yaml"
+
+
+@needs_systemd_analyze
+def test_the_gateway_unit_is_accepted_runs_its_config_in_workers_and_grants_nothing(unit_root, cli):
+    shutil.copy(GATEWAY_UNIT, unit_root / "etc/systemd/system" / GATEWAY_UNIT.name)
+    done = subprocess.run(["systemd-analyze", "verify", f"--root={unit_root}", f"/etc/systemd/system/{GATEWAY_UNIT.name}"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+    parser = configparser.ConfigParser(interpolation=None, strict=True)
+    parser.optionxform = str
+    parser.read_string(GATEWAY_UNIT.read_text())
+    service = parser["Service"]
+    assert service["ExecStart"].split()[1:] == ["--config", f"/etc/pycollector/{GATEWAY_CONFIG.name}"]
+    assert service["AmbientCapabilities"] == service["CapabilityBoundingSet"] == "" and service["KillMode"] == "mixed"
+    assert cli("validate", "--config", str(GATEWAY_CONFIG)).returncode == 0
+    config = yaml.safe_load(GATEWAY_CONFIG.read_text())
+    assert config["service"]["workers"] == "auto"
+    assert config["extensions"]["file_storage"]["directory"].startswith(f"/var/lib/{service['StateDirectory']}/")
 
 
 def test_the_unit_runs_the_config_it_names_and_keeps_its_state_where_the_config_says(cli):

@@ -10,8 +10,8 @@ import yaml
 
 from pycollector.component import StartError
 
-from processors.k8sattributes import auth
-from processors.k8sattributes.auth import AuthError, api_access
+from pycollector.kubernetes import access as auth
+from pycollector.kubernetes.access import AuthError, api_access
 from processors.k8sattributes.config import K8sAttributesConfig
 from tests.test_k8sattributes_fake_api import FakeKubeApi, checkout_cluster, profile, running
 

@@ -15,7 +15,7 @@ from pycollector.pdata import to_dict
 from pycollector.service import Service
 from pycollector.testing import receiver_of, registry_with
 
-from processors.k8sattributes import auth
+from pycollector.kubernetes import access as auth
 from tests.components import Journal, factories
 from tests.test_k8sattributes_fake_api import FakeKubeApi, checkout_cluster, container_id, fixture, profile
 

@@ -37,10 +37,11 @@ COLLECTIONS = {
     "statefulsets": ("apps/v1", "StatefulSet"),
     "daemonsets": ("apps/v1", "DaemonSet"),
     "jobs": ("batch/v1", "Job"),
+    "endpointslices": ("discovery.k8s.io/v1", "EndpointSlice"),
 }
 CLUSTER_SCOPED = {"namespaces", "nodes"}
-ROUTE = re.compile(r"^/(?:api/v1|apis/apps/v1|apis/batch/v1)(?:/namespaces/(?P<namespace>[^/]+))?/"
-                   r"(?P<collection>pods|namespaces|nodes|replicasets|deployments|statefulsets|daemonsets|jobs)$")
+ROUTE = re.compile(r"^/(?:api/v1|apis/apps/v1|apis/batch/v1|apis/discovery.k8s.io/v1)(?:/namespaces/(?P<namespace>[^/]+))?/"
+                   r"(?P<collection>pods|namespaces|nodes|replicasets|deployments|statefulsets|daemonsets|jobs|endpointslices)$")
 
 
 def fixture(name: str) -> dict:
@@ -144,8 +145,14 @@ class FakeKubeApi:
         return f"{meta.get('namespace', '')}/{meta['name']}"
 
     @staticmethod
-    def _selected(obj: dict, namespace: str | None, field_selector: str) -> bool:
+    def _selected(obj: dict, namespace: str | None, field_selector: str, label_selector: str = "") -> bool:
+        """In the namespace (if any), matching every term of both selectors (key=value, key!=value)."""
         meta, spec = obj.get("metadata", {}), obj.get("spec", {})
+        labels = meta.get("labels") or {}
+        for term in filter(None, label_selector.split(",")):
+            name, negated, value = re.match(r"^([^!=]+)(!?)=(.*)$", term).groups()
+            if (labels.get(name) == value) == bool(negated):
+                return False
         fields = {"metadata.name": meta.get("name", ""), "metadata.namespace": meta.get("namespace", ""), "spec.nodeName": spec.get("nodeName", "")}
         if namespace and meta.get("namespace") != namespace:
             return False
@@ -162,7 +169,7 @@ class FakeKubeApi:
             items = [
                 {key: value for key, value in obj.items() if key not in ("kind", "apiVersion")}
                 for obj in self._objects[collection].values()
-                if self._selected(obj, namespace, params.get("fieldSelector", ""))
+                if self._selected(obj, namespace, params.get("fieldSelector", ""), params.get("labelSelector", ""))
             ]
             return {"kind": f"{kind}List", "apiVersion": api_version, "metadata": {"resourceVersion": str(self.revision)}, "items": items}
 
@@ -243,7 +250,7 @@ class FakeKubeApi:
                         since = revision
                         if event == "BOOKMARK":
                             self._chunk({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": str(revision)}}})
-                        elif api._selected(obj, namespace, params.get("fieldSelector", "")):
+                        elif api._selected(obj, namespace, params.get("fieldSelector", ""), params.get("labelSelector", "")):
                             self._chunk({"type": event, "object": obj})
                     if stopping or time.monotonic() >= deadline:
                         return

@@ -195,7 +195,8 @@ def test_the_dns_resolver_follows_the_gateways_the_name_has(dns, tmp_path):
         "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{agent_port}"}}}},
         "exporters": {"load_balancing": {"protocol": {"otlp": {"tls": {"insecure": True}, "timeout": "2s"}}, "routing_key": "service",
                                          "resolver": {"dns": {"hostname": GATEWAY_NAME, "port": str(port), "interval": "200ms"}}}},
-        "service": {"pipelines": {"profiles": {"receivers": ["otlp"], "exporters": ["load_balancing"]}}, "telemetry": {"metrics": {"level": "none"}}},
+        # (one worker: one resolver, whose changes the test reads in the log)
+        "service": {"workers": 1, "pipelines": {"profiles": {"receivers": ["otlp"], "exporters": ["load_balancing"]}}, "telemetry": {"metrics": {"level": "none"}}},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "resolv.conf").write_text(f"nameserver {DNS_ADDRESS}\n")
@@ -277,8 +278,9 @@ service:
 def test_a_go_config_validates_and_what_is_not_here_is_refused_by_name(tmp_path, cli):
     dns = "      dns:\n        hostname: otelcol-headless.observability.svc.cluster.local\n        port: 4317"
     for name, resolver, problem in (("go", dns, None),
-                                    ("k8s", "      k8s:\n        service: lb-svc.kube-public",
-                                     "exporters::loadbalancing::resolver::k8s: not supported by pycollector: the k8s resolver is not built yet"),
+                                    ("k8s", "      k8s:\n        service: lb-svc.kube-public\n        ports: [4317, 55690]\n        timeout: 1s", None),
+                                    ("k8s-no-service", "      k8s:\n        ports: [4317]", "no service specified to resolve the backends"),
+                                    ("aws", "      aws_cloud_map:\n        namespace: cloudmap", "aws_cloud_map: not supported by pycollector"),
                                     ("none", "      {}", "no resolvers specified for the exporter")):
         (tmp_path / f"{name}.yaml").write_text(GO_CONFIG.replace(dns, resolver))
         done = cli("validate", "--config", str(tmp_path / f"{name}.yaml"))
@@ -286,3 +288,74 @@ def test_a_go_config_validates_and_what_is_not_here_is_refused_by_name(tmp_path,
             assert done.returncode == 0, done.stdout + done.stderr
         else:
             assert done.returncode != 0 and problem in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+# -- the k8s resolver, against the fake API server of the k8sattributes tests ---------------------
+
+
+def endpoint_slice(name: str, service: str, endpoints: list[tuple[str, bool | None]]) -> dict:
+    """An EndpointSlice of ``service`` in namespace "observability": (address, ready) each, a
+    ready of None leaving the condition out (which the API reads as ready)."""
+    return {
+        "metadata": {"name": name, "namespace": "observability", "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address], "conditions": {} if ready is None else {"ready": ready}} for address, ready in endpoints],
+        "ports": [{"name": "otlp-grpc", "port": 4317, "protocol": "TCP"}],
+    }
+
+
+def test_the_k8s_resolver_follows_the_ready_endpoints_of_the_service(tmp_path, monkeypatch):
+    from tests.test_k8sattributes_fake_api import FakeKubeApi
+
+    port = free_port()
+    gateways = {address: Gateway(address, port) for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4")}
+    with FakeKubeApi(token="agent-token") as api:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": api.url}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "agent"}}],
+            "users": [{"name": "agent", "user": {"token": "agent-token"}}],
+        }))
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        api.put("endpointslices", endpoint_slice("gateway-abc", "gateway", [("127.0.0.2", True), ("127.0.0.3", None), ("127.0.0.4", False)]))
+        api.put("endpointslices", endpoint_slice("other-xyz", "other", [("127.0.0.9", True)]))
+        exporter = balancer({"k8s": {"service": "gateway.observability", "ports": [port]}})
+        try:
+            assert exporter.resolver.endpoints == [f"127.0.0.2:{port}", f"127.0.0.3:{port}"]  # (listed before start returned)
+            sent = 0
+            for batch in range(3):
+                exporter.consume(profiles(SERVICES, 1, batch))
+                sent += len(SERVICES)
+            assert wait_until(lambda: total(list(gateways.values())) == sent), (total(list(gateways.values())), sent)
+            before = owners(list(gateways.values()))
+            assert all(len(found) == 1 for found in before.values()) and {next(iter(found)) for found in before.values()} == {f"127.0.0.2:{port}", f"127.0.0.3:{port}"}
+            # The third becomes ready, the first goes away: the watch moves the keys.
+            api.put("endpointslices", endpoint_slice("gateway-abc", "gateway", [("127.0.0.3", True), ("127.0.0.4", True)]))
+            assert wait_until(lambda: exporter.resolver.endpoints == [f"127.0.0.3:{port}", f"127.0.0.4:{port}"]), exporter.resolver.endpoints
+            already = gateways["127.0.0.2"].samples_by_service()
+            for batch in range(3, 6):
+                exporter.consume(profiles(SERVICES, 1, batch))
+                sent += len(SERVICES)
+            assert wait_until(lambda: total(list(gateways.values())) == sent), (total(list(gateways.values())), sent)
+            assert gateways["127.0.0.2"].samples_by_service() == already  # (no longer a backend)
+            assert sum(gateways["127.0.0.4"].samples_by_service().values()) > 0
+            # Every request carried the agent's token; only the gateway's slices were asked for.
+            assert all(params.get("labelSelector") == "kubernetes.io/service-name=gateway" for params in api.requested("endpointslices"))
+        finally:
+            exporter.shutdown()
+            for gateway in gateways.values():
+                gateway.kill()
+
+
+def test_the_k8s_resolver_names_the_pods_with_return_hostnames():
+    from exporters.loadbalancing.config import K8sResolverSettings
+    from exporters.loadbalancing.k8s_resolver import backends_of, service_and_namespace
+
+    settings = K8sResolverSettings(service="gw", ports=[4317, 4318], return_hostnames=True)
+    slices = [{"endpoints": [{"addresses": ["10.0.0.1"], "hostname": "gw-0"}, {"addresses": ["10.0.0.2"]},
+                             {"addresses": ["10.0.0.3"], "hostname": "gw-2", "conditions": {"ready": False}}]}]
+    assert backends_of(slices, settings, "gw", "obs") == ["gw-0.gw.obs:4317", "gw-0.gw.obs:4318"]
+    assert backends_of([{"endpoints": [{"addresses": ["fd00::1"]}]}], K8sResolverSettings(service="gw"), "gw", "obs") == ["[fd00::1]:4317"]
+    assert service_and_namespace("gw.obs") == ("gw", "obs")
+    assert service_and_namespace("gw", Path("/nonexistent")) == ("gw", "default")

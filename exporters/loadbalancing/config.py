@@ -1,6 +1,6 @@
 """Settings of the loadbalancing exporter, with the Go contrib exporter's keys: ``protocol::otlp``
 (the otlp_grpc exporter's settings; the endpoint is each backend's), ``resolver`` (``static``
-hostnames or ``dns``), ``routing_key`` (for profiles, metrics and logs: ``service``, the default,
+hostnames, ``dns`` or a Kubernetes Service's ready endpoints, ``k8s``), ``routing_key`` (for profiles, metrics and logs: ``service``, the default,
 ``resource`` or ``attributes`` with ``routing_attributes``).
 
 One difference: the sending queue and retries are the balancer's, not each backend's, so that
@@ -43,15 +43,31 @@ class DnsResolverSettings(ComponentConfig):
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value  # (port: 4317, as configs write it)
 
 
-_NoK8s = not_supported("the k8s resolver is not built yet: list the gateways with static, or resolve a headless Service with dns")
-_NoCloudMap = not_supported("no AWS Cloud Map resolver (the static and dns resolvers are)")
+class K8sResolverSettings(ComponentConfig):
+    # "name.namespace" (no namespace: this pod's, else "default"); a backend is a ready
+    # endpoint's address (or, with return_hostnames, its hostname.name.namespace) with each port.
+    service: str = ""
+    ports: list[int] = [int(DEFAULT_PORT)]
+    timeout: Duration = pydantic.Field(1.0, gt=0)  # how long a start waits for the first list
+    return_hostnames: bool = False
+
+    @pydantic.field_validator("ports")
+    @classmethod
+    def _ports(cls, ports: list[int]) -> list[int]:
+        wrong = [port for port in ports if not 0 < port < 65536]
+        if wrong:
+            raise ValueError(f"not a port: {wrong[0]}")
+        return ports or [int(DEFAULT_PORT)]
+
+
+_NoCloudMap = not_supported("no AWS Cloud Map resolver (the static, dns and k8s resolvers are)")
 
 
 class ResolverSettings(WithOptionalSections):
-    optional_sections = frozenset({"static", "dns"})
+    optional_sections = frozenset({"static", "dns", "k8s"})
     static: OptionalSection[StaticResolverSettings] = None
     dns: OptionalSection[DnsResolverSettings] = None
-    k8s: _NoK8s
+    k8s: OptionalSection[K8sResolverSettings] = None
     aws_cloud_map: _NoCloudMap
 
 
@@ -92,7 +108,7 @@ class LoadBalancingConfig(WithOptionalSections):
                              'Remove routing_attributes or set routing_key to "attributes"')
         if not as_written(info):
             return self  # (the default, which print-config shows, names no backend)
-        resolvers = [name for name in ("static", "dns") if getattr(self.resolver, name) is not None]
+        resolvers = [name for name in ("static", "dns", "k8s") if getattr(self.resolver, name) is not None]
         if not resolvers:
             raise ValueError("no resolvers specified for the exporter")
         if len(resolvers) > 1:
@@ -101,6 +117,8 @@ class LoadBalancingConfig(WithOptionalSections):
             raise ValueError("no endpoints specified for the static resolver")
         if self.resolver.dns is not None and not self.resolver.dns.hostname:
             raise ValueError("no hostname specified to resolve the backends")
+        if self.resolver.k8s is not None and not self.resolver.k8s.service:
+            raise ValueError("no service specified to resolve the backends")
         return self
 
     def key(self) -> str:

@@ -67,6 +67,10 @@ class LoadBalancingExporter(Component):
         resolver = config.resolver
         if resolver.dns is not None:
             self.resolver = DnsResolver(resolver.dns, self._use, self.telemetry, self.log)
+        elif resolver.k8s is not None:
+            from exporters.loadbalancing.k8s_resolver import K8sResolver
+
+            self.resolver = K8sResolver(resolver.k8s, self._use, self.telemetry, self.log)
         else:  # (the default config, which names no backend, has none)
             self.resolver = StaticResolver(resolver.static or StaticResolverSettings(), self._use, self.telemetry, self.log)
         self._sender = QueuedRetryExporter(settings, config.balancer_retry(), config.balancer_queue(), self._send)

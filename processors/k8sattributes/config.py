@@ -16,10 +16,8 @@ import pydantic
 
 from pycollector.component import ComponentConfig, as_written, only_go_default
 from pycollector.config.types import NonNegativeDuration, parse_duration
+from pycollector.kubernetes.access import AUTH_KUBE_CONFIG, AUTH_NONE, AUTH_SERVICE_ACCOUNT
 
-AUTH_NONE = "none"
-AUTH_SERVICE_ACCOUNT = "serviceAccount"
-AUTH_KUBE_CONFIG = "kubeConfig"
 DEFAULT_AUTH_TYPE = AUTH_SERVICE_ACCOUNT
 DEFAULT_WAIT_FOR_METADATA_TIMEOUT = 10.0  # seconds
 

@@ -14,13 +14,13 @@ from pycollector.config.types import format_duration
 from pycollector.pdata import resource_entries, signal_of
 
 from processors.k8sattributes.association import POD_IP, Associations
-from processors.k8sattributes.auth import ApiAccess, AuthError, api_access
+from pycollector.kubernetes.access import ApiAccess, AuthError, api_access
 from processors.k8sattributes.config import FROM_CONNECTION, K8sAttributesConfig
 from processors.k8sattributes.enrich import Enricher, ResourceAttributes
 from processors.k8sattributes.rules import ExtractionRules
 from processors.k8sattributes.store import MetadataStore
 from processors.k8sattributes.telemetry import K8sTelemetry
-from processors.k8sattributes.watch import Watcher
+from pycollector.kubernetes.watch import Watcher
 from processors.k8sattributes.watched import collections_to_watch
 
 class K8sAttributesProcessor(Component):

@@ -15,7 +15,7 @@ from processors.k8sattributes.association import Associations, Identifier
 from processors.k8sattributes.config import FROM_DEPLOYMENT, FROM_REPLICASET, WORKLOADS
 from processors.k8sattributes.rules import ExtractionRules, OwnerRecord, PodRecord, ReplicaSetRecord, WorkloadRecord, trim_pod
 from processors.k8sattributes.telemetry import K8sTelemetry
-from processors.k8sattributes.watch import DELETED
+from pycollector.kubernetes.watch import DELETED
 
 KUBE_SYSTEM = "kube-system"  # its uid is the cluster's uid (k8s.cluster.uid)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from processors.k8sattributes.config import FROM_REPLICASET, WORKLOADS, K8sAttributesConfig
 from processors.k8sattributes.rules import ExtractionRules
 from processors.k8sattributes.store import KUBE_SYSTEM
-from processors.k8sattributes.watch import Collection
+from pycollector.kubernetes.watch import Collection
 
 LABEL_SELECTOR_FORMS = {"": "{key}={value}", "equals": "{key}={value}", "not-equals": "{key}!={value}", "exists": "{key}", "does-not-exist": "!{key}"}
 FIELD_SELECTOR_FORMS = {"": "{key}={value}", "equals": "{key}={value}", "not-equals": "{key}!={value}"}

@@ -224,8 +224,8 @@ def _cpu_attributes() -> dict[str, Any]:
 
 
 def detect_k8s(config: K8sApiConfig, environ: dict[str, str], detector: str) -> dict[str, Any]:
-    from processors.k8sattributes.auth import AuthError, api_access
-    from processors.k8sattributes.client import ApiClient, ApiError
+    from pycollector.kubernetes.access import AuthError, api_access
+    from pycollector.kubernetes.client import ApiClient, ApiError
 
     variable = config.node_from_env_var or DEFAULT_NODE_ENV_VAR
     node = environ.get(variable, "")

@@ -18,7 +18,9 @@ from typing import Any, Callable
 
 import yaml
 
-from processors.k8sattributes.config import AUTH_KUBE_CONFIG, AUTH_NONE, K8sAttributesConfig
+AUTH_NONE = "none"
+AUTH_SERVICE_ACCOUNT = "serviceAccount"
+AUTH_KUBE_CONFIG = "kubeConfig"
 
 # Where Kubernetes mounts a pod's service-account credentials. Read at call time so tests can
 # point it at a directory of their own.
@@ -51,13 +53,26 @@ class ApiAccess:
             self.temp_dir = None
 
 
-def api_access(config: K8sAttributesConfig) -> ApiAccess:
+def api_access(config: Any) -> ApiAccess:
+    """As a component's ``auth_type`` (and ``context``, ``endpoint``) say."""
     if config.auth_type == AUTH_KUBE_CONFIG:
         access = _from_kubeconfig(config.context)
         access.server = config.endpoint or access.server
         return access
     server = config.endpoint or _in_cluster_server()
     return ApiAccess(server, verify=False) if config.auth_type == AUTH_NONE else _service_account(server)
+
+
+def default_access() -> ApiAccess:
+    """Where a component with no ``auth_type`` finds the API, as Go's controller-runtime does:
+    the kubeconfig KUBECONFIG names, else the pod's service account, else ~/.kube/config."""
+    if os.environ.get("KUBECONFIG"):
+        return _from_kubeconfig("")
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return _service_account(_in_cluster_server())
+    if os.path.isfile(os.path.expanduser(DEFAULT_KUBECONFIG)):
+        return _from_kubeconfig("")
+    raise AuthError("not in a pod (KUBERNETES_SERVICE_HOST is not set) and no kubeconfig (set KUBECONFIG, or create ~/.kube/config)")
 
 
 def _in_cluster_server() -> str:

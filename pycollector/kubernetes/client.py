@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import requests
 
-from processors.k8sattributes.auth import ApiAccess
+from pycollector.kubernetes.access import ApiAccess
 
 LIST_PAGE_SIZE = 500
 # The server ends each watch after this long (client-go asks for 5-10 minutes); we then resume

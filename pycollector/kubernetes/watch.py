@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Any, Protocol
 
-from processors.k8sattributes.auth import ApiAccess
-from processors.k8sattributes.client import ApiClient, ApiError, GoneError, raise_for_error_event
+from pycollector.kubernetes.access import ApiAccess
+from pycollector.kubernetes.client import ApiClient, ApiError, GoneError, raise_for_error_event
 
 BACKOFF_INITIAL = 0.5  # seconds
 BACKOFF_MAX = 30.0
@@ -62,7 +62,7 @@ class Backoff:
 class Watcher:
     """One collection, listed and watched on a daemon thread until ``stop``."""
 
-    def __init__(self, collection: Collection, access: ApiAccess, sink: Sink, log: Any):
+    def __init__(self, collection: Collection, access: ApiAccess, sink: Sink, log: Any, owner: str = "k8sattributes"):
         self.collection = collection
         self.synced = threading.Event()  # set once the first list has reached the sink
         self.last_error: str | None = None
@@ -71,7 +71,7 @@ class Watcher:
         self._log = log.bind(watch=collection.kind)
         self._stop = threading.Event()
         self._backoff = Backoff()
-        self._thread = threading.Thread(target=self._run, name=f"k8sattributes-{collection.kind}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{owner}-{collection.kind}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
