@@ -11,23 +11,20 @@ its sending queue's consumers does."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import grpc
 import yaml
-from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2
 from opentelemetry.proto.profiles.v1development import profiles_pb2
 
 from bench import agent_reports, children, procfs, raw_codec
 from bench.figures import Row, Summary
 from bench.peers import PYCOLLECTOR
 from bench.pipeline import FLOOR, PEER, RAW_SAMPLES_PER_SECOND_GUESS, Throughput, _raw, collector_config, free_port, wait_listening
-from bench.sink import SERVICE, ProfilesSink
+from bench.sink import ProfilesSink
 from pycollector.pdata import sample_count
 from pycollector.workers.count import usable_cpus
 
@@ -50,46 +47,37 @@ class WorkersRound:
     rss_above_idle_per_worker_mib: float  # the many-worker gateway's largest worker
 
 
-def stream(endpoint: str, sink: ProfilesSink | None, requests: list[bytes], samples_of: list[int], seconds: float, pid: int) -> Throughput:
-    """SENDERS clients on connections of their own, IN_FLIGHT requests each, round and round for
-    ``seconds``; then until the sink has every sample. CPU is process ``pid``'s and its children's."""
-    channels = [grpc.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(SENDERS)]
+def stream(endpoint: str, sink: ProfilesSink | None, payload_file: Path, first_samples: int, seconds: float, pid: int) -> Throughput:
+    """SENDERS client processes (bench.gateway_client), each on a connection of its own with
+    IN_FLIGHT requests going, for ``seconds``; then until the sink has every sample. CPU is
+    process ``pid``'s and its children's."""
+    clients = [children.start([sys.executable, "-m", "bench.gateway_client", endpoint, str(payload_file), str(seconds), str(IN_FLIGHT)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+               for _ in range(SENDERS)]
     try:
-        exports = [channel.unary_unary(f"/{SERVICE}/Export", response_deserializer=profiles_service_pb2.ExportProfilesServiceResponse.FromString)
-                   for channel in channels]
-        for export in exports:  # (connected before the clock starts)
-            export(requests[0], timeout=DELIVERY_TIMEOUT_S)
-        if sink is not None:
-            sink.wait_for_samples(SENDERS * samples_of[0], DELIVERY_TIMEOUT_S)
+        for client in clients:  # (connected, and a first request through, before the clock starts)
+            if client.stdout.readline() != "ready\n":
+                raise RuntimeError("a bench client did not connect")
+        if sink is not None:  # (each client's first request, sent to connect)
+            sink.wait_for_samples(SENDERS * first_samples, DELIVERY_TIMEOUT_S)
             sink.take()
         cpu_before = procfs.tree_cpu_seconds(pid)
-        numbers = itertools.count()
-        sent = []
-        lock = threading.Lock()
         began = time.perf_counter()
-
-        def send(export) -> None:
-            total = 0
-            while time.perf_counter() - began < seconds:
-                with lock:
-                    index = next(numbers) % len(requests)
-                export(requests[index], timeout=DELIVERY_TIMEOUT_S)
-                total += samples_of[index]
-            with lock:
-                sent.append(total)
-
-        threads = [threading.Thread(target=send, args=(export,)) for export in exports for _ in range(IN_FLIGHT)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        samples = sum(sent)
+        for client in clients:
+            client.stdin.write("go\n")
+            client.stdin.flush()
+        samples = 0
+        for client in clients:
+            samples += json.loads(client.stdout.readline())["samples"]
+            client.wait(DELIVERY_TIMEOUT_S)
+            children.forget(client)
         if sink is not None and not sink.wait_for_samples(samples, DELIVERY_TIMEOUT_S):
             raise RuntimeError(f"the sink got {sink.samples} of {samples} samples")
         return Throughput(samples, time.perf_counter() - began, procfs.tree_cpu_seconds(pid) - cpu_before, procfs.memory_kib(pid, "VmRSS"))
     finally:
-        for channel in channels:
-            channel.close()
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
 
 
 def _workers_rss_kib(pid: int) -> list[int]:
@@ -121,14 +109,15 @@ def run_rounds(workdir: Path, rounds: int, seconds: float) -> list[WorkersRound]
             (one, one_port, _), (many, many_port, _) = gateways[1], gateways[workers]
             time.sleep(1.0)
             idle_kib = max(_workers_rss_kib(many.pid))
-            stream(f"127.0.0.1:{one_port}", one_sink, requests, samples_of, min(1.0, seconds), one.pid)  # warm-up
-            stream(f"127.0.0.1:{many_port}", many_sink, requests, samples_of, min(1.0, seconds), many.pid)
+            first = samples_of[0]
+            stream(f"127.0.0.1:{one_port}", one_sink, payload_file, first, min(1.0, seconds), one.pid)  # warm-up
+            stream(f"127.0.0.1:{many_port}", many_sink, payload_file, first, min(1.0, seconds), many.pid)
             for index in range(rounds):
                 steps = [
-                    lambda: stream(f"127.0.0.1:{one_port}", one_sink, requests, samples_of, seconds, one.pid),
-                    lambda: stream(f"127.0.0.1:{many_port}", many_sink, requests, samples_of, seconds, many.pid),
+                    lambda: stream(f"127.0.0.1:{one_port}", one_sink, payload_file, first, seconds, one.pid),
+                    lambda: stream(f"127.0.0.1:{many_port}", many_sink, payload_file, first, seconds, many.pid),
                     lambda: _raw(payload_file, raw_count),
-                    lambda: stream(floor_endpoint, None, requests, samples_of, seconds, floor.pid),
+                    lambda: stream(floor_endpoint, None, payload_file, first, seconds, floor.pid),
                 ]
                 order = [(index + step) % len(steps) for step in range(len(steps))]
                 measured = {}

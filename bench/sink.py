@@ -9,9 +9,8 @@ from concurrent import futures
 
 import grpc
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2
-from opentelemetry.proto.profiles.v1development import profiles_pb2
 
-from pycollector.pdata import sample_count
+from pycollector.pdata.serialized import read
 
 SERVICE = profiles_service_pb2.DESCRIPTOR.services_by_name["ProfilesService"].full_name
 # A batch of merged reports can exceed gRPC's default 4 MiB.
@@ -40,8 +39,9 @@ class ProfilesSink:
         self._server.stop(0).wait()
 
     def _export(self, request: bytes, context) -> profiles_service_pb2.ExportProfilesServiceResponse:
-        # An ExportProfilesServiceRequest has the fields, and so the wire form, of ProfilesData.
-        samples = sample_count(profiles_pb2.ProfilesData.FromString(request))
+        # An ExportProfilesServiceRequest has the fields, and so the wire form, of ProfilesData;
+        # counted by the C extension's walk (a parse would cost the bench's host a core's tenth).
+        samples = read(request).samples
         with self._changed:
             self._samples += samples
             if self.keep_requests:
