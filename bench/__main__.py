@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import agent_cost, agent_memory, bpf_stats, children, gateway_workers, memory, off_cpu, overhead, peers, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, runtime_frames, side_by_side, sizes, span_context, truth, unwinding, workload
+from bench import agent_cost, agent_memory, bpf_stats, children, crowded_host, gateway_workers, memory, off_cpu, overhead, peers, persistent_queue, ping_pong, pipeline, procfs, python_frames, report, rounds, runtime_frames, side_by_side, sizes, span_context, truth, unwinding, workload
 from bench.settings import FULL, QUICK
 from bench.sink import ProfilesSink
 from receivers.profiling.config import DEFAULT_BPF_CACHE_DIR
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 span_runs = span_context.run_bpf_rounds(settings, span_binary, workdir, sink)
                 heap_loop_runs, heap_json_runs = memory.run_rounds(settings, workdir, sink)
                 memory_run = agent_memory.run(settings, workdir / "agent_memory", sink)
+            crowded_runs = crowded_host.run_rounds(workdir / "crowded_host", settings.rounds, settings.crowded_window)
             writer_runs = span_context.run_writer_rounds(settings, workdir)
             pipeline_dir = workdir / "pipeline"
             pipeline_dir.mkdir()
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = (overhead.rows(runs) + agent_cost.rows(runs, first_start_runs) + truth.rows(side_by_side_runs) + unwinding.rows(unwinding_runs, startup_runs)
             + python_frames.rows(python_runs) + runtime_frames.rows(runtime_runs) + off_cpu.rows(off_cpu_runs) + span_context.rows(span_runs, writer_runs)
             + memory.rows(heap_loop_runs, heap_json_runs) + pipeline.rows(pipeline_results) + gateway_workers.rows(workers_results) + persistent_queue.rows(queue_results)
-            + sizes.rows(side_by_side_runs) + agent_memory.rows(memory_run, settings))
+            + sizes.rows(side_by_side_runs) + agent_memory.rows(memory_run, settings) + crowded_host.rows(crowded_runs, settings.crowded_window))
     report.write(args.output, rows, settings, loads, time.monotonic() - began, pipeline_shape, warm_up_seconds)
     print(f"bench: wrote {args.output} in {time.monotonic() - began:.0f} s", file=sys.stderr)
     return 0

@@ -1,5 +1,5 @@
 import sys
 
-from pycollector.cli import main
+from pycollector.launch import main
 
 sys.exit(main())

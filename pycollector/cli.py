@@ -9,7 +9,7 @@ from typing import Sequence
 
 import yaml
 
-from pycollector import logs, process_memory
+from pycollector import logs, priority, process_memory
 from pycollector.component import KINDS, StartError
 from pycollector.config import ConfigError, load
 from pycollector.config.providers import SCHEMES
@@ -82,7 +82,9 @@ def _merge_flags(args: argparse.Namespace) -> None:
         setattr(args, name, getattr(args, name) or [])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, raised_priority: bool = False) -> int:
+    """``raised_priority``: the command raised its CPU priority before importing this
+    (pycollector.launch), to keep only if the config profiles the host."""
     process_memory.limit_heaps()
     args = _parser().parse_args(argv)
     _merge_flags(args)
@@ -104,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         config = load(args.config, args.set, warn=lambda message: log.warning(message))
+        priority.settle(config, raised_priority, log)
         # print-config validates too: which values are secrets is known from the models.
         plan = build_plan(config, Registry())
         if args.command == "print-config":

@@ -124,9 +124,8 @@ class Supervisor:
             self._stop_all()
             return 1
         address = self.service.metrics_address
-        if not self._stopping.is_set():
-            self.log.info("pycollector started", pipelines=", ".join(self.plan.pipelines), workers=self.count,
-                          metrics=f"http://{address[0]}:{address[1]}/metrics" if address else "off", seconds=round(time.monotonic() - begun, 2))
+        self.log.info("pycollector started", pipelines=", ".join(self.plan.pipelines), workers=self.count,
+                      metrics=f"http://{address[0]}:{address[1]}/metrics" if address else "off", seconds=round(time.monotonic() - begun, 2))
         threading.Thread(target=self._take_snapshots, name="worker-snapshots", daemon=True).start()
         while not self._stopping.wait(0.1):
             self._watch()
@@ -138,13 +137,13 @@ class Supervisor:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def _start_all(self) -> None:
-        """Start every worker and wait until each has started (or until a stop is asked: what
-        has started then stops as usual)."""
+        """Start every worker and wait until each has started; a stop asked meanwhile comes
+        after, as a lone collector's does (its start runs to its end, then it stops)."""
         for worker in self.workers:
             self._spawn(worker)
         deadline = time.monotonic() + START_TIMEOUT
         for worker in self.workers:
-            while not worker.started.wait(0.1) and not self._stopping.is_set():
+            while not worker.started.wait(0.1):
                 if not worker.alive and worker.listener is not None:
                     worker.listener.join(1.0)  # (what it said before it ended: why it could not start)
                 if worker.failure is not None or not worker.alive or time.monotonic() > deadline:

@@ -306,8 +306,9 @@ class ReportBuilder:
 
     @staticmethod
     def _location(builder: ProfilesBuilder, frame: Frame, memo: dict[Frame, int]) -> int:
-        if frame in memo:
-            return memo[frame]
+        known = memo.get(frame)
+        if known is not None:
+            return known
         if frame.kind == PYTHON_FRAME_KIND:  # no mapping: the code object is named, not an address
             lines = [(builder.function(frame.name, system_name=frame.name, filename=frame.source_file or "", start_line=frame.first_line),
                       frame.line, 0)] if frame.name else ()
