@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 span_runs = span_context.run_bpf_rounds(settings, span_binary, workdir, sink)
                 heap_loop_runs, heap_json_runs = memory.run_rounds(settings, workdir, sink)
                 memory_run = agent_memory.run(settings, workdir / "agent_memory", sink)
-            crowded_runs = crowded_host.run_rounds(workdir / "crowded_host", settings.rounds, settings.crowded_window)
+            crowded_runs = crowded_host.run_rounds(workdir / "crowded_host", settings.rounds, settings.crowded_window, settings.crowded_processes)
             writer_runs = span_context.run_writer_rounds(settings, workdir)
             pipeline_dir = workdir / "pipeline"
             pipeline_dir.mkdir()

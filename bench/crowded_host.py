@@ -1,4 +1,4 @@
-"""The agent on a crowded host: BUSY_PROCESSES CPython processes (Debian's python3 running the
+"""The agent on a crowded host: 40 CPython processes (settings.crowded_processes) (Debian's python3 running the
 known 75/25 workload, as an ordinary user) keep every CPU busy; pycollector starts with the
 systemd unit's config (deploy/systemd/config.yaml, sending to the bench's sink), as root (it
 raises its own priority, pycollector/priority.py; the unit gives it Nice= from exec). Figures:
@@ -22,7 +22,6 @@ from bench.peers import PYCOLLECTOR
 from bench.sink import ProfilesSink
 from bench.workload import WORKLOADS
 
-BUSY_PROCESSES = 40
 NOBODY = 65534
 STARTED = "pycollector started"
 START_TARGET_S = 5.0
@@ -36,6 +35,7 @@ class CrowdedRound:
     crowded_start_s: float
     idle_start_s: float
     cpu_share: float  # of one core, over the window
+    busy_processes: int
 
 
 def _config(workdir: Path, sink: ProfilesSink) -> Path:
@@ -64,7 +64,7 @@ def _start(config: Path, log_path: Path) -> tuple[subprocess.Popen, float]:
     return agent, time.monotonic() - began
 
 
-def run_rounds(workdir: Path, rounds: int, window: tuple[float, float]) -> list[CrowdedRound]:
+def run_rounds(workdir: Path, rounds: int, window: tuple[float, float], busy_processes: int) -> list[CrowdedRound]:
     workdir.mkdir()
     script = WORKLOADS / "known_split.py"
     results = []
@@ -74,7 +74,7 @@ def run_rounds(workdir: Path, rounds: int, window: tuple[float, float]) -> list[
             idle_agent, idle_start = _start(config, workdir / "idle.log")
             children.stop(idle_agent)
             busy = [children.start(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "/usr/bin/python3", str(script), "3600"],
-                                   stdout=subprocess.DEVNULL) for _ in range(BUSY_PROCESSES)]
+                                   stdout=subprocess.DEVNULL) for _ in range(busy_processes)]
             try:
                 time.sleep(2.0)  # (all of them running)
                 agent, crowded_start = _start(config, workdir / "crowded.log")
@@ -89,7 +89,7 @@ def run_rounds(workdir: Path, rounds: int, window: tuple[float, float]) -> list[
                     process.kill()
                     process.wait()
                     children.forget(process)
-            results.append(CrowdedRound(crowded_start, idle_start, share))
+            results.append(CrowdedRound(crowded_start, idle_start, share, busy_processes))
             print(f"bench: crowded host, round {index + 1}/{rounds}: started in {crowded_start:.1f} s (idle host {idle_start:.1f} s), "
                   f"CPU {100 * share:.2f}% of a core {window[0]:g}-{window[1]:g} s after", file=sys.stderr)
     return results
@@ -109,7 +109,7 @@ def rows(results: list[CrowdedRound], window: tuple[float, float]) -> list[Row]:
     if not results:
         return []
     return [
-        Row(SECTION, f"Launch to started, s, {BUSY_PROCESSES} busy CPython processes on every CPU", [r.crowded_start_s for r in results],
+        Row(SECTION, f"Launch to started, s, {results[0].busy_processes} busy CPython processes on the CPUs", [r.crowded_start_s for r in results],
             "the same start, idle host", [r.idle_start_s for r in results], "{:.1f}", _start_target),
         Row(SECTION, f"CPU, % of a core, {window[0]:g}-{window[1]:g} s after the start", [100 * r.cpu_share for r in results], "", [], "{:.2f}", _cpu_target),
     ]

@@ -36,10 +36,11 @@ class Settings:
     hz: int = 97
     # Crowded host: the agent's CPU is measured this long after its start (s, from, to).
     crowded_window: tuple[float, float] = (20.0, 50.0)
+    crowded_processes: int = 40  # (the quick run, which tests run beside others, crowds with few)
 
 
 # The receiver's default reporter_interval (5 s): the settling pause holds the first report
 # (intervals are jittered by up to 20%), and the 10 s window about two more.
 FULL = Settings("full", rounds=5, workload_seconds=10.0, settle_seconds=7.0, reporter_interval_s=5.0, side_by_side_seconds=5.0, distinct_payloads=6, payloads_per_burst=16, pipeline_seconds=5.0, startup_seconds=4.0, agent_memory_seconds=600.0, agent_memory_interval=30.0, agent_memory_every_runtime=True)
-QUICK = Settings("quick", rounds=1, crowded_window=(2.0, 4.0), workload_seconds=1.0, settle_seconds=0.6, reporter_interval_s=0.5, side_by_side_seconds=1.0, distinct_payloads=1, payloads_per_burst=2, pipeline_seconds=0.5, startup_seconds=1.0, agent_memory_seconds=2.0, agent_memory_interval=0.5, agent_memory_every_runtime=False, warm_up_limit_s=5.0,
+QUICK = Settings("quick", rounds=1, crowded_window=(2.0, 4.0), crowded_processes=2, workload_seconds=1.0, settle_seconds=0.6, reporter_interval_s=0.5, side_by_side_seconds=1.0, distinct_payloads=1, payloads_per_burst=2, pipeline_seconds=0.5, startup_seconds=1.0, agent_memory_seconds=2.0, agent_memory_interval=0.5, agent_memory_every_runtime=False, warm_up_limit_s=5.0,
                 memory_loop_iterations=200_000, memory_json_round_trips=1, memory_json_orders=2_000)

@@ -9,7 +9,7 @@ from bench.__main__ import main
 
 pytestmark = [pytest.mark.bpf, pytest.mark.load_tolerant]  # (what it reports: make test runs it beside others)
 
-SECTIONS = ("Overhead", "Agent cost", "Start-up", "Truth", "Python frames", "Java and JavaScript frames", "Off-CPU", "Span context", "Memory", "Pipeline", "Persistent queue", "Sizes", "Agent memory")
+SECTIONS = ("Overhead", "Agent cost", "Start-up", "Truth", "Python frames", "Java and JavaScript frames", "Off-CPU", "Span context", "Memory", "Pipeline", "Gateway workers", "Persistent queue", "Sizes", "Agent memory", "Crowded host")
 
 
 def test_quick_bench_writes_every_section(tmp_path):
