@@ -66,6 +66,7 @@ class WorkerProcess:
         self.replacements = 0
         self.listener: threading.Thread | None = None  # reads what the process says, until it ends
         self._replies: dict[int, Any] = {}
+        self._asked: set[int] = set()  # requests still waited for
         self._replied = threading.Condition()
 
     @property
@@ -74,10 +75,15 @@ class WorkerProcess:
 
     def ask_metrics(self, request_id: int, timeout: float) -> list[tuple] | None:
         channel = self.channel
-        if channel is None or not self.started.is_set() or not channel.send(("metrics", request_id)):
+        if channel is None or not self.started.is_set():
             return None
         with self._replied:
-            self._replied.wait_for(lambda: request_id in self._replies, timeout)
+            self._asked.add(request_id)
+        sent = channel.send(("metrics", request_id))
+        with self._replied:
+            if sent:
+                self._replied.wait_for(lambda: request_id in self._replies, timeout)
+            self._asked.discard(request_id)  # (an answer later than the timeout is dropped)
             families = self._replies.pop(request_id, None)
         if families is not None:
             self.snapshot, self.snapshot_at = families, time.monotonic()
@@ -85,6 +91,8 @@ class WorkerProcess:
 
     def take_reply(self, request_id: int, families: list[tuple]) -> None:
         with self._replied:
+            if request_id not in self._asked:
+                return
             self._replies[request_id] = families
             self._replied.notify_all()
 
