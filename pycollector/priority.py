@@ -48,4 +48,5 @@ def settle(config: dict, raised: bool, log: Any) -> None:
         os.setpriority(os.PRIO_PROCESS, 0, DEFAULT_NICE)  # (lowering one's priority needs no privilege)
     elif agent and not raised and os.getpriority(os.PRIO_PROCESS, 0) == DEFAULT_NICE:
         log.info("running at the default CPU priority: on a saturated host the agent's start and its reading of new "
-                 "processes wait for CPU (give it Nice=-10 in its unit, or CAP_SYS_NICE)")
+                 "processes wait for CPU (give it Nice=-10 in its unit, or CAP_SYS_NICE; in Kubernetes its CPU request "
+                 "weighs its share)")
