@@ -7,8 +7,8 @@ them all, and is the collector the outside sees: the one metrics page (the worke
 up, pycollector.workers.merge) and the extensions placed here (health_check, answering from every
 worker's component statuses).
 
-A worker that dies (killed, crashed, a fatal error) is started again at once, or after a pause
-that doubles (up to MAX_RESTART_PAUSE) while its replacements keep dying young. Its clients
+A worker that dies (killed, crashed, a fatal error) is started again at once, or, while its
+replacements keep dying young, after a pause that doubles up to MAX_RESTART_PAUSE. Its clients
 see their connections reset: a retryable error (UNAVAILABLE), their retry reaches a live worker.
 What it had accepted and not yet sent is accounted for from its last metrics (every
 SNAPSHOT_INTERVAL): items in a memory queue are counted as lost and logged; a persistent queue
@@ -61,7 +61,8 @@ class WorkerProcess:
         self.sources: set[str] = set()  # the component statuses it reported
         self.snapshot: list[tuple] = []
         self.snapshot_at = 0.0
-        self.restart_pause = 0.0  # the pause before the last restart, doubled when it dies young
+        self.restart_pause = 0.0  # the pause before the last restart
+        self.young_deaths = 0  # deaths in a row within YOUNG of their start
         self.restart_at: float | None = None
         self.replacements = 0
         self.listener: threading.Thread | None = None  # reads what the process says, until it ends
@@ -242,8 +243,11 @@ class Supervisor:
     def _ended(self, worker: WorkerProcess, now: float) -> None:
         code = worker.process.returncode
         lived = now - worker.started_at
+        # A pause only when its replacements keep dying young (a crash at start, a bad host): the
+        # first death, or one after a worker that had lived, is replaced at once.
         young = lived < YOUNG or not worker.started.is_set()
-        worker.restart_pause = min(MAX_RESTART_PAUSE, max(FIRST_RESTART_PAUSE, worker.restart_pause * 2)) if young else 0.0
+        worker.young_deaths = worker.young_deaths + 1 if young else 0
+        worker.restart_pause = 0.0 if worker.young_deaths <= 1 else min(MAX_RESTART_PAUSE, FIRST_RESTART_PAUSE * 2 ** (worker.young_deaths - 2))
         worker.restart_at = now + worker.restart_pause
         if worker.channel is not None:
             worker.channel.close()
