@@ -61,7 +61,6 @@ class WorkerProcess:
         self.sources: set[str] = set()  # the component statuses it reported
         self.snapshot: list[tuple] = []
         self.snapshot_at = 0.0
-        self.restart_pause = 0.0  # the pause before the last restart
         self.young_deaths = 0  # deaths in a row within YOUNG of their start
         self.restart_at: float | None = None
         self.replacements = 0
@@ -247,8 +246,8 @@ class Supervisor:
         # first death, or one after a worker that had lived, is replaced at once.
         young = lived < YOUNG or not worker.started.is_set()
         worker.young_deaths = worker.young_deaths + 1 if young else 0
-        worker.restart_pause = 0.0 if worker.young_deaths <= 1 else min(MAX_RESTART_PAUSE, FIRST_RESTART_PAUSE * 2 ** (worker.young_deaths - 2))
-        worker.restart_at = now + worker.restart_pause
+        pause = 0.0 if worker.young_deaths <= 1 else min(MAX_RESTART_PAUSE, FIRST_RESTART_PAUSE * 2 ** (worker.young_deaths - 2))
+        worker.restart_at = now + pause
         if worker.channel is not None:
             worker.channel.close()
             worker.channel = None
@@ -256,7 +255,7 @@ class Supervisor:
         self._lost.inc(lost)
         ended = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         self.log.error("worker ended; starting another", worker=worker.index, pid=worker.process.pid, how=ended, error=worker.failure,
-                       lived_s=round(lived, 1), pause_s=round(worker.restart_at - now, 2),
+                       lived_s=round(lived, 1), pause_s=round(pause, 2),
                        lost_items=lost, persistent_items=kept, as_of_s_before=round(now - worker.snapshot_at, 1) if worker.snapshot else None)
         for source in worker.sources:
             self.service.report_status(_worker_source(source, worker.index), Status.RECOVERABLE_ERROR,
@@ -289,7 +288,7 @@ class Supervisor:
             thread.start()
         for thread in threads:
             thread.join()
-        return answers + [metric_families(_Own(self.telemetry.process))]
+        return answers + [metric_families(self.telemetry.process)]  # (a collector: it has collect() too)
 
     def _take_snapshots(self) -> None:
         while not self._stopping.wait(SNAPSHOT_INTERVAL):
@@ -298,16 +297,6 @@ class Supervisor:
 
 def _worker_source(source: str, index: int) -> str:
     return f"{source} (worker {index})"
-
-
-class _Own:
-    """This process's own process collector, shaped as a registry for metric_families."""
-
-    def __init__(self, collector):
-        self._collector = collector
-
-    def collect(self):
-        return self._collector.collect()
 
 
 class _WorkersCollector(Collector):
