@@ -424,24 +424,14 @@ static __always_inline int within_second_budget(struct second_budget *budget, u6
 #include "memory.bpf.c"
 #endif
 
-/* execve() replaces the image. A process user space was told of (a fork+exec child sampled
- * before its exec, a program that execs another) is announced again now, with its new image:
- * left to its next sample, one that is not sampled again (it sleeps; off-CPU, its waits are
- * not walked without an entry) kept the old image's snapshot and no mappings. Other execs cost
- * nothing here: they are announced when first sampled, as any process. */
+/* execve() replaces the image: forget the tgid so its next sample announces it again and user
+ * space re-reads exe and maps (a fork+exec child is often first sampled before the exec). */
 RAW_TRACEPOINT_PROBE(sched_process_exec)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    unwind_processes.delete(&tgid);  /* its mappings were the old image's */
-    if (known_tgids.delete(&tgid) == 0) {
+    if (known_tgids.delete(&tgid) == 0)
         count(COUNTER_EXEC_EVENTS);
-        struct sample_key key = {};
-        key.tgid = tgid;
-        key.pid = bpf_get_current_pid_tgid();
-        key.process_start = process_start();
-        bpf_get_current_comm(&key.comm, sizeof(key.comm));
-        announce(ctx, &key);
-    }
+    unwind_processes.delete(&tgid);  /* its mappings were the old image's */
 #ifdef TARGETING
     struct new_process_event event = {};
     event.tgid = tgid;

@@ -196,48 +196,6 @@ def test_the_kernel_keeps_the_entries_of_a_pid_reused_between_two_scans(tmp_path
         service.shutdown()
 
 
-@pytest.mark.bpf
-def test_a_sampled_program_that_execs_one_that_sleeps_is_known_by_its_new_image(tmp_path):
-    """Sampled and registered, then exec()ed into a program that is never sampled again: the
-    exec announces it again (ci2 of session 32: a fork+exec child sampled before its exec kept
-    its old snapshot and no kernel entry, its new image sleeping)."""
-    if bpf_unavailable_reason():
-        pytest.skip(bpf_unavailable_reason())
-    service, _ = capturing_service(tmp_path, 199, reporter_interval="600s")
-    service.start()
-    try:
-        receiver = receiver_of(service)
-        unwind_processes = receiver._sampler.unwind_maps.processes
-        go = os.pipe()
-        program = subprocess.Popen([sys.executable, "-c", "import os, sys\nwhile not os.read(int(sys.argv[1]), 1): pass\n"
-                                    "os.execv('/usr/bin/sleep', ['sleep', '60'])", str(go[0])], pass_fds=[go[0]])
-        try:
-            pid = program.pid
-            deadline = time.monotonic() + 20
-            while unwind_processes.get(unwind_processes.Key(pid)) is None:  # sampled, announced, registered
-                assert time.monotonic() < deadline, "the program was never registered"
-                time.sleep(0.05)
-            os.write(go[1], b"x")
-            loaded(pid)
-            deadline = time.monotonic() + 10
-            while (receiver.processes.lookup(pid).exe_path != os.path.realpath("/usr/bin/sleep")
-                   or unwind_processes.get(unwind_processes.Key(pid)) is None):
-                assert time.monotonic() < deadline, ("its new image was not announced", receiver.processes.lookup(pid).exe_path,
-                                                     unwind_processes.get(unwind_processes.Key(pid)))
-                time.sleep(0.05)
-            entry = unwind_processes.get(unwind_processes.Key(pid))
-            mapped = {line.split()[0] for line in open(f"/proc/{pid}/maps") if line.split()[1][2] == "x"}
-            held = {f"{entry.mappings[i].start:x}-{entry.mappings[i].end:x}" for i in range(entry.count)}
-            assert held and held <= mapped, (held, mapped)  # (sleep's, read at its exec: a part of them)
-        finally:
-            program.kill()
-            program.wait()
-            os.close(go[0])
-            os.close(go[1])
-    finally:
-        service.shutdown()
-
-
 # A busy program whose hot function is NAME; non-PIE, so it runs where it was linked (flags may
 # move it: two programs that share no address cannot be named by each other's files).
 SPIN_C = r"""
