@@ -22,7 +22,8 @@ The row budget is shared (a process maps what it likes, hundreds of MB of librar
   divided among the registered processes that used a CPU in the last report) waits behind the
   files of the others;
 - a file that finds no room takes the rows of files no walk used for ``idle_s`` (the kernel marks
-  each file it uses in unwind_used; `sweep` reads and resets the marks every SWEEP_INTERVAL_S),
+  each file it uses in unwind_used; `sweep` reads and resets the marks every SWEEP_INTERVAL_S, and
+  so does every search for room, before it judges),
   least recently used first; then those of files only processes found gone map (a report before
   they are removed and their rows freed);
 - then, if a process that maps it holds less than its share, the rows of files that only
@@ -450,6 +451,11 @@ class UnwindRegistry:
         first = self._space.allocate(count)
         if first is None:
             self.stats["row_budget_exhausted"] += 1  # (then room is made, if it can be)
+            # Which rows walks used since the last sweep, first: the sweeps' marks are up to
+            # SWEEP_INTERVAL_S old, and a file a program ran in a second ago would otherwise look
+            # idle (ci4 of session 32: with idle_s under that interval, a running program's library
+            # was given away as idle and loaded again, back and forth, half its stacks stopping in it).
+            self._note_use()
             if (self._evict_for(count, self._idle_files()) or self._evict_for(count, self._files_of_the_exited())
                     or self._evict_over_share(count, file)):
                 first = self._space.allocate(count)
@@ -516,22 +522,29 @@ class UnwindRegistry:
         """Every SWEEP_INTERVAL_S: note which files' rows walks used (and reset the marks), and
         queue again the files that wait for room or were evicted once their code was sampled and
         there is room for them."""
+        with self._lock:
+            self._note_use()
+            self._queue_wanted(self._waiting_for_room())
+            self._count_waiting()
+            self._wake.notify_all()
+
+    def _note_use(self) -> None:
+        """The files whose rows a walk used since the kernel's marks were last read were used now;
+        the marks are reset. (With the lock held: a mark read is applied before anyone evicts.)"""
         used = self._maps.used
         try:  # one system call for the whole array, as plain ints (a lookup each costs 20 ms a sweep)
             marked = [key for key, value in used.items_lookup_batch() if value]
         except Exception:  # noqa: BLE001 - a kernel without batch lookups of arrays
             marked = [key.value for key, value in used.items() if value.value]
+        if not marked:
+            return
         for file_id in marked:
             used[used.Key(file_id)] = used.Leaf(0)
         now = self._clock()
-        with self._lock:
-            by_id = {file.file_id: file for file in self._files.values() if file.file_id}
-            for file_id in marked:
-                if file_id in by_id:
-                    by_id[file_id].last_used = now
-            self._queue_wanted(self._waiting_for_room())
-            self._count_waiting()
-            self._wake.notify_all()
+        by_id = {file.file_id: file for file in self._files.values() if file.file_id}
+        for file_id in marked:
+            if file_id in by_id:
+                by_id[file_id].last_used = now
 
     def _waiting_for_room(self) -> list[FileKey]:
         """Files without rows for want of room (never loaded, or given back), not queued."""
