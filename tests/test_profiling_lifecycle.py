@@ -181,6 +181,14 @@ def test_the_kernel_keeps_the_entries_of_a_pid_reused_between_two_scans(tmp_path
             # was still among the kernel's known ones) already registered by its exec.
             assert receiver.processes.forget_exited() in ([pid], [])
             entry = unwind_processes.get(unwind_processes.Key(pid))
+            known = receiver._sampler._known
+            if entry is None and known.get(known.Key(pid)) is None:
+                # Sampled between its fork and its exec (ci2 of session 32), it was announced and
+                # registered as a copy of this python; its exec then made the kernel forget it and
+                # drop that entry, so its next sample announces it again as what it runs now.
+                # (What the test guards against: an entry gone while the kernel still knows the pid,
+                # whose samples would then never be announced nor walked.)
+                return
             assert entry is not None, "the successor lost its kernel entry with its predecessor's exit"
             mapped = {line.split()[0] for line in open(f"/proc/{pid}/maps")
                       if line.split()[1][2] == "x" and int(line.split("-")[0], 16) < 1 << 63}  # not [vsyscall]

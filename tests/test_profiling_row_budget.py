@@ -131,6 +131,7 @@ def test_idle_files_give_their_rows_to_a_program_that_runs(programs, tmp_path):
                     if not reached:
                         last = view.frames[-1]
                         ends[(last.function, last.mapping_filename.rsplit("/", 1)[-1] if last.mapping_filename else "")] += sum(view.values)
+        print(f"{roots[True]} of {roots[True] + roots[False]} samples reached the entry")
         assert roots[True] + roots[False] > 100, roots
         assert roots[True] / (roots[True] + roots[False]) > 0.9, (roots, ends.most_common(6), unwind.stats)
         assert unwind.stats["files_evicted"] >= 1, unwind.stats
