@@ -10,8 +10,10 @@ its sending queue's consumers does."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -38,6 +40,18 @@ SECTION = "Gateway workers"
 
 
 @dataclasses.dataclass
+class HostShare:
+    """Where the host's CPUs went while a gateway streamed, besides the gateway: its clients'
+    CPU (processes of this one, reaped when they end), this process's (the sink's threads), and
+    what no one used. On a host where the clients run beside the gateway, what the gateway can
+    take is what they leave."""
+
+    clients_cpu_seconds: float = 0.0
+    sink_cpu_seconds: float = 0.0
+    idle_fraction: float = 0.0
+
+
+@dataclasses.dataclass
 class WorkersRound:
     one: Throughput
     many: Throughput
@@ -45,6 +59,32 @@ class WorkersRound:
     floor: Throughput
     workers: int
     rss_above_idle_per_worker_mib: float  # the many-worker gateway's largest worker
+    many_host: HostShare = dataclasses.field(default_factory=HostShare)  # during the many-worker stream
+
+
+@contextlib.contextmanager
+def host_share():
+    """A HostShare of what ran inside the block (its clients must have been reaped in it)."""
+    share = HostShare()
+    children_before, own_before, (idle_before, total_before) = _children_cpu(), resource.getrusage(resource.RUSAGE_SELF), _host_idle()
+    yield share
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    idle, total = _host_idle()
+    share.clients_cpu_seconds = _children_cpu() - children_before
+    share.sink_cpu_seconds = own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime
+    share.idle_fraction = (idle - idle_before) / max(1, total - total_before)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _host_idle() -> tuple[int, int]:
+    """(idle and iowait ticks, all ticks) of every CPU since boot, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        ticks = [int(value) for value in stat.readline().split()[1:9]]
+    return ticks[3] + ticks[4], sum(ticks)
 
 
 def stream(endpoint: str, sink: ProfilesSink | None, payload_file: Path, first_samples: int, seconds: float, pid: int) -> Throughput:
@@ -113,9 +153,16 @@ def run_rounds(workdir: Path, rounds: int, seconds: float) -> list[WorkersRound]
             stream(f"127.0.0.1:{one_port}", one_sink, payload_file, first, min(1.0, seconds), one.pid)  # warm-up
             stream(f"127.0.0.1:{many_port}", many_sink, payload_file, first, min(1.0, seconds), many.pid)
             for index in range(rounds):
+                share = HostShare()
+
+                def many_stream() -> Throughput:
+                    nonlocal share
+                    with host_share() as share:
+                        return stream(f"127.0.0.1:{many_port}", many_sink, payload_file, first, seconds, many.pid)
+
                 steps = [
                     lambda: stream(f"127.0.0.1:{one_port}", one_sink, payload_file, first, seconds, one.pid),
-                    lambda: stream(f"127.0.0.1:{many_port}", many_sink, payload_file, first, seconds, many.pid),
+                    many_stream,
                     lambda: _raw(payload_file, raw_count),
                     lambda: stream(floor_endpoint, None, payload_file, first, seconds, floor.pid),
                 ]
@@ -125,7 +172,7 @@ def run_rounds(workdir: Path, rounds: int, seconds: float) -> list[WorkersRound]
                     measured[step] = steps[step]()
                     if step == 1:
                         rss_mib = (max(_workers_rss_kib(many.pid)) - idle_kib) / procfs.KIB_PER_MIB
-                results.append(WorkersRound(measured[0], measured[1], measured[2], measured[3], workers, rss_mib))
+                results.append(WorkersRound(measured[0], measured[1], measured[2], measured[3], workers, rss_mib, share))
                 rate = {name: t.samples / t.seconds for name, t in zip(("one", "many", "raw", "floor"), (measured[0], measured[1], measured[2], measured[3]))}
                 print(f"bench: gateway workers, round {index + 1}/{rounds}: 1 worker {rate['one']:.0f} samples/s, {workers} workers {rate['many']:.0f}, "
                       f"raw {rate['raw']:.0f}, grpcio alone {rate['floor']:.0f}", file=sys.stderr)
@@ -165,4 +212,11 @@ def rows(results: list[WorkersRound]) -> list[Row]:
         Row(SECTION, f"Samples per second, {workers} workers against grpcio's server doing nothing", many, FLOOR, [rate(run.floor) for run in results], "{:.0f}"),
         Row(SECTION, f"CPU per sample, µs, {workers} workers (supervisor included) against 1", [cpu_us(run.many) for run in results], "1 worker", [cpu_us(run.one) for run in results], "{:.2f}"),
         Row(SECTION, "RSS above idle after the stream, MiB, the largest worker", [run.rss_above_idle_per_worker_mib for run in results], "", [], "{:.0f}", _rss_target),
+        # Where the rest of the host went meanwhile: the clients and the sink share its CPUs.
+        Row(SECTION, f"CPU per sample, µs, the {SENDERS} clients, while {workers} workers take their stream",
+            [run.many_host.clients_cpu_seconds / run.many.samples * 1e6 for run in results], "", [], "{:.2f}"),
+        Row(SECTION, f"CPU per sample, µs, the sink, while {workers} workers take the stream",
+            [run.many_host.sink_cpu_seconds / run.many.samples * 1e6 for run in results], "", [], "{:.2f}"),
+        Row(SECTION, f"Host CPU left idle while {workers} workers take the stream, %",
+            [100 * run.many_host.idle_fraction for run in results], "", [], "{:.0f}"),
     ]

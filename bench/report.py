@@ -147,7 +147,9 @@ METHOD = """\
   on a connection of its own with 2 requests in flight, new connections every round (the kernel
   gives each connection to a worker by a hash of its addresses: a round's split is a draw). The
   same rounds measure raw decode+encode and grpcio's do-nothing server. CPU is the gateway's
-  process tree (supervisor and workers); RSS the largest worker's above its idle size.
+  process tree (supervisor and workers); RSS the largest worker's above its idle size. The clients
+  and the sink run on the same CPUs: their CPU per sample, and what the host left idle, during
+  the many-worker stream say how much of the host the gateway could have had.
 - **Agent memory.** pycollector (the Agent cost config) profiles this host made busy with one
   copy of every known workload (C, Rust, Go, Node, Java, and the Python one under each of pyenv's
   CPython 3 versions; `bench/agent_reports.py`) for {agent_memory_seconds:g} s, its RSS read every
