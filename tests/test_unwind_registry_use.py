@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 
 import pytest
 
@@ -18,6 +17,8 @@ from receivers.profiling.processes.proc import Mapping, ProcessInfo
 from receivers.profiling.unwind import registry as registry_module
 from receivers.profiling.unwind.registry import MAX_MAPPINGS, UnwindRegistry
 from receivers.profiling.unwind.rows import ROW_SIZE
+
+from tests.conftest import wait_for
 
 ROWS_PER_FILE = 1000
 
@@ -105,15 +106,6 @@ def _registered(registry: UnwindRegistry, maps: _Maps, info: ProcessInfo) -> int
     return file_id
 
 
-def _wait(condition, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_a_file_a_walk_used_since_the_last_sweep_keeps_its_rows(files):
     """Two files loaded, the first before the second; the budget holds two. Both were loaded long
     ago past the idle timeout, but the kernel marked the first's rows used since the last sweep.
@@ -126,15 +118,15 @@ def test_a_file_a_walk_used_since_the_last_sweep_keeps_its_rows(files):
         first, second, third = (_process(pid, path) for pid, path in zip((101, 102, 103), files))
         keys = [info.mappings[0].identity for info in (first, second, third)]
         first_id = _registered(registry, maps, first)
-        assert _wait(lambda: registry.file_state(keys[0]) == "loaded")
+        assert wait_for(lambda: registry.file_state(keys[0]) == "loaded")
         clock.now += 1
         registry.register(second)
-        assert _wait(lambda: registry.file_state(keys[1]) == "loaded")
+        assert wait_for(lambda: registry.file_state(keys[1]) == "loaded")
         clock.now += 60  # both idle by their last sweep ...
         maps.used[_Id(first_id)] = _Id(1)  # ... but a walk used the first's rows since
         third_id = _registered(registry, maps, third)
         maps.demand[_Id(third_id)] = _Id(5)  # its code was sampled (the budget is short: only such files load)
-        assert _wait(lambda: registry.file_state(keys[2]) == "loaded"), registry.stats
+        assert wait_for(lambda: registry.file_state(keys[2]) == "loaded"), registry.stats
         assert registry.file_state(keys[0]) == "loaded" and registry.file_state(keys[1]) == "evicted", registry.stats
         assert maps.used[_Id(first_id)] == 0  # the mark was read (and reset) for the choice
     finally:
