@@ -428,12 +428,9 @@ class ProcessTable:
         # Python process). An exiting process has no memory left before its /proc entry goes: its
         # maps read empty, and its last samples still need the mappings it had.
         info.maps_read_at, info.maps_bytes = fresh.maps_read_at, fresh.maps_bytes
-        if read and fresh.mappings == info.mappings and fresh.context_address == info.context_address:
-            # Maps read again with nothing new: not told to every watcher again, each of which
-            # looks at every mapping (a process that maps a page 60,000 times), and rewrites the
-            # kernel's entry (the unwinder's). The process contexts look every 10 s in the maps of
-            # each process that publishes none (most): 40 busy processes cost the report 1.7 ms
-            # of CPU a second in telling watchers of mappings they held already.
+        if fresh.maps_bytes > MAX_PROMPT_REFRESH_BYTES and read and fresh.mappings == info.mappings and fresh.context_address == info.context_address:
+            # Long maps read again with nothing new: not told to every watcher again, each of
+            # which looks at every mapping (a process that maps a page 60,000 times).
             self.stats["maps_unchanged"] += 1
             info.maps_unchanged_reads += 1
         elif read and fresh.mappings:
