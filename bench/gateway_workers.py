@@ -10,7 +10,6 @@ its sending queue's consumers does."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import resource
@@ -41,10 +40,9 @@ SECTION = "Gateway workers"
 
 @dataclasses.dataclass
 class HostShare:
-    """Where the host's CPUs went while a gateway streamed, besides the gateway: its clients'
-    CPU (processes of this one, reaped when they end), this process's (the sink's threads), and
-    what no one used. On a host where the clients run beside the gateway, what the gateway can
-    take is what they leave."""
+    """Where the host's CPUs went while a gateway took a stream, besides the gateway: its
+    clients' CPU, this process's (the sink's threads, mostly), and what no one used. On a host
+    where the clients run beside the gateway, what the gateway can take is what they leave."""
 
     clients_cpu_seconds: float = 0.0
     sink_cpu_seconds: float = 0.0
@@ -62,22 +60,25 @@ class WorkersRound:
     many_host: HostShare = dataclasses.field(default_factory=HostShare)  # during the many-worker stream
 
 
-@contextlib.contextmanager
-def host_share():
-    """A HostShare of what ran inside the block (its clients must have been reaped in it)."""
-    share = HostShare()
-    children_before, own_before, (idle_before, total_before) = _children_cpu(), resource.getrusage(resource.RUSAGE_SELF), _host_idle()
-    yield share
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    idle, total = _host_idle()
-    share.clients_cpu_seconds = _children_cpu() - children_before
-    share.sink_cpu_seconds = own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime
-    share.idle_fraction = (idle - idle_before) / max(1, total - total_before)
+class _HostShareWindow:
+    """Readings for a HostShare from the moment the clients are told to go to the moment the
+    last has sent its stream (not their start-up: their interpreters' imports are not what a
+    sample costs them)."""
 
+    def __init__(self, clients: list[subprocess.Popen]):
+        self._pids = [client.pid for client in clients]
+        self._clients, self._own, self._idle = self._read()
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    def _read(self) -> tuple[float, float, tuple[int, int]]:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return sum(procfs.tree_cpu_seconds(pid) for pid in self._pids), own.ru_utime + own.ru_stime, _host_idle()
+
+    def finish(self, share: HostShare) -> None:
+        """(Before the clients are reaped: a client that exited is still readable until then.)"""
+        clients, own, (idle, total) = self._read()
+        share.clients_cpu_seconds = clients - self._clients
+        share.sink_cpu_seconds = own - self._own
+        share.idle_fraction = (idle - self._idle[0]) / max(1, total - self._idle[1])
 
 
 def _host_idle() -> tuple[int, int]:
@@ -87,10 +88,12 @@ def _host_idle() -> tuple[int, int]:
     return ticks[3] + ticks[4], sum(ticks)
 
 
-def stream(endpoint: str, sink: ProfilesSink | None, payload_file: Path, first_samples: int, seconds: float, pid: int) -> Throughput:
+def stream(endpoint: str, sink: ProfilesSink | None, payload_file: Path, first_samples: int, seconds: float, pid: int,
+           share: HostShare | None = None) -> Throughput:
     """SENDERS client processes (bench.gateway_client), each on a connection of its own with
     IN_FLIGHT requests going, for ``seconds``; then until the sink has every sample. CPU is
-    process ``pid``'s and its children's."""
+    process ``pid``'s and its children's. ``share``: filled with where the rest of the host
+    went while the clients sent."""
     clients = [children.start([sys.executable, "-m", "bench.gateway_client", endpoint, str(payload_file), str(seconds), str(IN_FLIGHT)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
                for _ in range(SENDERS)]
@@ -101,14 +104,16 @@ def stream(endpoint: str, sink: ProfilesSink | None, payload_file: Path, first_s
         if sink is not None:  # (each client's first request, sent to connect)
             sink.wait_for_samples(SENDERS * first_samples, DELIVERY_TIMEOUT_S)
             sink.take()
+        window = _HostShareWindow(clients) if share is not None else None
         cpu_before = procfs.tree_cpu_seconds(pid)
         began = time.perf_counter()
         for client in clients:
             client.stdin.write("go\n")
             client.stdin.flush()
-        samples = 0
+        samples = sum(json.loads(client.stdout.readline())["samples"] for client in clients)
+        if window is not None:
+            window.finish(share)
         for client in clients:
-            samples += json.loads(client.stdout.readline())["samples"]
             client.wait(DELIVERY_TIMEOUT_S)
             children.forget(client)
         if sink is not None and not sink.wait_for_samples(samples, DELIVERY_TIMEOUT_S):
@@ -154,15 +159,9 @@ def run_rounds(workdir: Path, rounds: int, seconds: float) -> list[WorkersRound]
             stream(f"127.0.0.1:{many_port}", many_sink, payload_file, first, min(1.0, seconds), many.pid)
             for index in range(rounds):
                 share = HostShare()
-
-                def many_stream() -> Throughput:
-                    nonlocal share
-                    with host_share() as share:
-                        return stream(f"127.0.0.1:{many_port}", many_sink, payload_file, first, seconds, many.pid)
-
                 steps = [
                     lambda: stream(f"127.0.0.1:{one_port}", one_sink, payload_file, first, seconds, one.pid),
-                    many_stream,
+                    lambda: stream(f"127.0.0.1:{many_port}", many_sink, payload_file, first, seconds, many.pid, share),
                     lambda: _raw(payload_file, raw_count),
                     lambda: stream(floor_endpoint, None, payload_file, first, seconds, floor.pid),
                 ]

@@ -106,11 +106,12 @@ def _registered(registry: UnwindRegistry, maps: _Maps, info: ProcessInfo) -> int
     return file_id
 
 
-def test_a_file_a_walk_used_since_the_last_sweep_keeps_its_rows(files):
+def test_a_file_a_walk_used_since_the_last_sweep_keeps_its_rows(files, monkeypatch):
     """Two files loaded, the first before the second; the budget holds two. Both were loaded long
     ago past the idle timeout, but the kernel marked the first's rows used since the last sweep.
     A third file that needs room takes the second's rows, not the first's (which the older
     last_used alone would have chosen)."""
+    monkeypatch.setattr(registry_module, "SWEEP_INTERVAL_S", 3600.0)  # (no sweep reads the mark before the search for room)
     maps, clock = _Maps(), _Clock()
     registry = UnwindRegistry(maps, lambda fd, path, open_debug, may_wait=True: b"\0" * (ROW_SIZE * ROWS_PER_FILE),
                               _NoLog(), max_files=16, row_budget=2 * ROWS_PER_FILE, idle_s=2.0, clock=clock)
