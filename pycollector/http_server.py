@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import selectors
 import tempfile
 import socket
+import socketserver
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,8 +24,6 @@ import pydantic
 
 from pycollector.component import StartError
 
-# How often the serving thread checks for a stop; stopping waits up to this long.
-STOP_POLL_INTERVAL = 0.05
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -95,7 +95,7 @@ class HttpEndpoint:
         self._keep_alive = keep_alive
         self._thread_name = thread_name
         self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: ServingThread | None = None
 
     def start(self) -> str:
         """Listen and serve; returns the URL, with the bound port when the config said port 0."""
@@ -111,8 +111,7 @@ class HttpEndpoint:
         if self._tls is not None:
             server.socket = self._tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, args=(STOP_POLL_INTERVAL,), name=self._thread_name, daemon=True)
-        self._thread.start()
+        self._thread = ServingThread(server, self._thread_name)
         shown_host = f"[{host}]" if ":" in host else (host or "0.0.0.0")
         return f"{'https' if self._tls else 'http'}://{shown_host}:{server.server_address[1]}"
 
@@ -120,10 +119,54 @@ class HttpEndpoint:
         """Stop serving; safe before ``start`` and safe twice."""
         if self._server is None:
             return
-        self._server.shutdown()
+        self._thread.stop()
         self._server.server_close()
-        self._thread.join()
         self._server = self._thread = None
+
+
+class ServingThread:
+    """A socketserver server's ``serve_forever`` without its timer, on a thread of its own from
+    construction to ``stop``. serve_forever looks for a stop every poll interval: 20 wake-ups a
+    second at 50 ms, 1 ms of CPU a second on a crowded host, for an endpoint asked a few times a
+    minute. This waits for a connection or the stop alone, and takes each connection as
+    serve_forever does, through the server's documented steps."""
+
+    def __init__(self, server: socketserver.BaseServer, name: str) -> None:
+        self._server = server
+        self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC)
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Take no more connections (those taken go on, on their own threads); safe twice."""
+        if self._wake_fd is None:
+            return
+        os.eventfd_write(self._wake_fd, 1)
+        self._thread.join()
+        os.close(self._wake_fd)
+        self._wake_fd = None
+
+    def _serve(self) -> None:
+        server = self._server
+        with selectors.DefaultSelector() as selector:
+            selector.register(server.socket, selectors.EVENT_READ)
+            selector.register(self._wake_fd, selectors.EVENT_READ)
+            while True:
+                ready = selector.select()
+                if any(key.fileobj == self._wake_fd for key, _ in ready):
+                    return
+                try:
+                    request, address = server.get_request()
+                except OSError:  # (the client gave up before it was taken)
+                    continue
+                if not server.verify_request(request, address):
+                    server.shutdown_request(request)
+                    continue
+                try:
+                    server.process_request(request, address)
+                except Exception:
+                    server.handle_error(request, address)
+                    server.shutdown_request(request)
 
 
 class _IPv6Server(ThreadingHTTPServer):

@@ -31,7 +31,7 @@ import grpc
 from pycollector.auth import Unauthenticated
 from pycollector.client import ClientInfo, metadata_from_pairs
 from pycollector.component import StartError
-from pycollector.http_server import server_tls_context, split_endpoint
+from pycollector.http_server import ServingThread, server_tls_context, split_endpoint
 from pycollector.otlp import ENCODINGS, OTLP_SIGNALS, Encoding, encoding_of
 
 from receivers.otlp.auth_gate import AuthGate
@@ -42,8 +42,6 @@ from receivers.otlp.http_body import BodyError, read_body
 
 # A refusal that names no delay still tells the client when to come back.
 DEFAULT_RETRY_AFTER_SECONDS = 1
-# How often the accepting thread checks for a stop; a stop waits up to this long.
-STOP_POLL_INTERVAL = 0.05
 
 
 class OtlpHttpServer:
@@ -56,6 +54,7 @@ class OtlpHttpServer:
         self.routes = {paths[signal]: OTLP_SIGNALS[signal] for signal in signals}
         self._deliver = deliver
         self._server: _Server | None = None
+        self._serving: ServingThread | None = None
         self.gate: AuthGate | None = None  # who may send (auth), set before start
 
     def start(self) -> tuple[str, int]:
@@ -75,17 +74,17 @@ class OtlpHttpServer:
         if self.settings.tls:
             server.use_tls(self._tls_context())
         self._server = server
-        threading.Thread(target=server.serve_forever, args=(STOP_POLL_INTERVAL,), name="otlp-http", daemon=True).start()
+        self._serving = ServingThread(server, "otlp-http")
         return (unix_path, 0) if unix_path is not None else (address[0], server.server_address[1])
 
     def stop(self, grace: float) -> None:
         """Stop accepting, let requests in flight finish for up to ``grace`` seconds."""
         if self._server is None:
             return
-        self._server.shutdown()
+        self._serving.stop()
         self._server.server_close()
         self._server.close_connections(grace)
-        self._server = None
+        self._server = self._serving = None
 
     def _tls_context(self) -> ssl.SSLContext:
         return server_tls_context(self.settings.tls, "protocols::http::tls")

@@ -64,7 +64,9 @@ BASE_LIVE_ALLOCS = 65_536  # sampled allocations alive at once (live heap), like
 BASE_LIVE_STACKS = 8192  # their distinct stacks, likewise: 1 KiB each at 128 frames
 BASE_THREAD_STACKS = 16_384  # threads whose stacks are kept (thread_profiling), likewise: 2 KiB each at 128 frames, as used
 MAX_HELD_REPORTS = 3
-EVENT_POLL_MS = 100
+# The events thread waits this long at most for the kernel's events (they end the wait at once, as
+# shutdown does): the limit only bounds what a lost wake-up could cost.
+EVENT_WAIT_MS = 2000
 # How long shutdown waits for the threads after the last report was handed downstream; a pipeline
 # still blocked after that (e.g. a full queue with block_on_overflow) is abandoned, not waited for.
 SHUTDOWN_JOIN_TIMEOUT = 30.0
@@ -384,6 +386,8 @@ class ProfilingReceiver(Component):
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self._sampler is not None:
+            self._sampler.wake()  # (the events thread's wait)
         if self._stall_watch is not None:
             self._stall_watch.close()
         deadline = time.monotonic() + SHUTDOWN_JOIN_TIMEOUT
@@ -425,9 +429,11 @@ class ProfilingReceiver(Component):
 
     def _events_loop(self) -> None:
         while not self._stop.is_set():
-            self._events_progress.stage("handling the kernel's events")
+            self._events_progress.idle()  # (waiting for events is no stall, however long)
             try:
-                self._sampler.poll(EVENT_POLL_MS)
+                self._sampler.wait_for_events(EVENT_WAIT_MS)
+                self._events_progress.stage("handling the kernel's events")
+                self._sampler.poll()
             except Exception:  # keep reading: a lost event costs one process, a dead thread all
                 log_once(self.log, ("events-failed", id(self)), "exception", "could not handle the kernel's events; reading on")
 

@@ -42,6 +42,7 @@ _SIGNATURES = {
     "bpf_open_perf_buffer_opts": (ct.c_void_p, [RAW_CALLBACK, LOST_CALLBACK, ct.py_object, ct.c_int,
                                                 ct.POINTER(PerfBufferOptions)]),
     "perf_reader_poll": (ct.c_int, [ct.c_int, ct.POINTER(ct.c_void_p), ct.c_int]),
+    "perf_reader_consume": (ct.c_int, [ct.c_int, ct.POINTER(ct.c_void_p)]),
     "perf_reader_free": (None, [ct.c_void_p]),
     "perf_reader_fd": (ct.c_int, [ct.c_void_p]),
 }

@@ -148,6 +148,17 @@ class LoadedProgram:
         readers = (ct.c_void_p * len(self._readers))(*self._readers.values())
         self._lib.perf_reader_poll(len(readers), readers, timeout)
 
+    def perf_buffer_consume(self) -> None:
+        """Read every perf buffer, whether or not a poll would say it has data (a poll of the
+        readers' descriptors consumes the wake-up it reports: after one, only this reads)."""
+        readers = (ct.c_void_p * len(self._readers))(*self._readers.values())
+        self._lib.perf_reader_consume(len(readers), readers)
+
+    def perf_reader_fds(self) -> list[int]:
+        """The file descriptors of the perf buffers' readers: each polls readable once its buffer
+        has data (to wait for them beside a descriptor of one's own)."""
+        return [self._lib.perf_reader_fd(reader) for reader in self._readers.values()]
+
     def cleanup(self) -> None:
         for fd in self._perf_event_fds:
             self._lib.bpf_close_perf_event_fd(fd)
