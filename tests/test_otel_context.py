@@ -347,6 +347,86 @@ def test_a_span_naming_keys_its_process_never_publishes_costs_one_context_read_a
         publisher.close()
 
 
+def test_a_process_without_a_context_is_read_again_when_its_maps_change_not_each_look():
+    """A process the table knows without a context is looked at again and again (an SDK may
+    start late); each look compares its maps with the last (a digest) and reads them again, told
+    to every watcher, only when they changed, or once RETELL_S passed (the watchers' retries ride
+    on it). An SDK that publishes later is still found at the next look."""
+    import structlog
+
+    from receivers.profiling.otel_context.contexts import RETELL_S, ProcessContexts
+    from receivers.profiling.processes.table import ProcessTable
+
+    now = [1000.0]
+    late = subprocess.Popen([sys.executable, str(PUBLISHER), "memfd", "idle"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    table = ProcessTable()
+    contexts = ProcessContexts(table, structlog.get_logger(), rescan_s=10, clock=lambda: now[0])
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(f"/proc/{late.pid}/syscall").read_text().startswith("0 0x0 "):  # (started: waiting to read stdin)
+            assert time.monotonic() < deadline and late.poll() is None
+            time.sleep(0.01)
+        table.on_new_process(late.pid, late.pid, "python3")
+        assert contexts.context(late.pid) is None
+
+        def looks(count: int) -> int:
+            """Maps read again in ``count`` looks, 10 s apart."""
+            before = table.stats["maps_refreshes"]
+            for _ in range(count):
+                now[0] += 10
+                contexts.refresh([late.pid])
+            return table.stats["maps_refreshes"] - before
+
+        assert looks(1) == 1  # (the first look: nothing to compare with)
+        assert looks(int(RETELL_S // 10) - 1) == 0
+        assert looks(1) == 1  # (RETELL_S since it was last told)
+        late.stdin.write(resource(service__name="late").hex() + "\n")
+        late.stdin.flush()
+        int(late.stdout.readline(), 16)  # (published)
+        assert looks(1) == 1
+        assert contexts.context(late.pid) is not None and contexts.context(late.pid).attributes == {"service.name": "late"}
+    finally:
+        contexts.close()
+        late.stdin.close()
+        late.kill()
+        late.wait()
+
+
+def test_a_context_whose_read_failed_is_read_again_at_a_look_that_finds_the_maps_unchanged(monkeypatch):
+    """A context read that failed (an SDK caught writing it) is tried again at the next look,
+    though the maps did not change and the process is not told to the watchers again."""
+    import structlog
+
+    from receivers.profiling.otel_context import contexts as contexts_module
+    from receivers.profiling.otel_context.process_context import ContextError
+    from receivers.profiling.processes.table import ProcessTable
+
+    publisher = Publisher(resource(service__name="retried"))
+    now = [1000.0]
+    table = ProcessTable()
+    contexts = contexts_module.ProcessContexts(table, structlog.get_logger(), rescan_s=10, clock=lambda: now[0])
+    read = contexts_module.read_process_context
+
+    def caught_writing(memory, address):
+        raise ContextError("the header's signature is not written yet")
+
+    try:
+        monkeypatch.setattr(contexts_module, "read_process_context", caught_writing)
+        table.on_new_process(publisher.pid, publisher.pid, "python3")
+        now[0] += 10
+        contexts.refresh([publisher.pid])  # (the first look: read again, and failed again)
+        assert contexts.context(publisher.pid) is None and contexts.stats["errors"] == 2
+        monkeypatch.setattr(contexts_module, "read_process_context", read)
+        refreshes = table.stats["maps_refreshes"]
+        now[0] += 10
+        contexts.refresh([publisher.pid])
+        assert table.stats["maps_refreshes"] == refreshes  # (unchanged: not read again, nor told)
+        assert contexts.context(publisher.pid) is not None and contexts.context(publisher.pid).attributes == {"service.name": "retried"}
+    finally:
+        contexts.close()
+        publisher.close()
+
+
 def test_a_records_attributes_are_named_by_the_key_map_and_a_bad_entry_stops_the_reading():
     from receivers.profiling.otel_context.thread_context import parse_attributes
 

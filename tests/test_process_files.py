@@ -110,6 +110,25 @@ def test_what_the_process_may_read_is_opened_and_a_root_process_reads_all(place,
     assert files.open_process_file(nobody_process, str(closed)) is None
 
 
+def test_a_path_is_called_absent_only_where_the_walk_as_the_process_finds_nothing(place, nobody_process):
+    """absent_in_root, the cheap question a perf map is asked first each report, resolves a path
+    as path_in_root does (in the root, absolute links kept inside it): absent only when that walk
+    would find nothing, never where it would find a file."""
+    (place / "elsewhere").mkdir()
+    (place / "elsewhere" / "perf-1.map").write_text("1000 10 jitted\n")
+    (place / "tmp").symlink_to("/elsewhere")  # (absolute: inside the root, not the agent's /elsewhere)
+    closed = place / "closed"
+    closed.mkdir(mode=0o700)
+    (closed / "perf-2.map").write_text("")
+    assert not files.absent_in_root(str(place), "/tmp/perf-1.map")
+    os.close(files.path_in_root(str(place), "/tmp/perf-1.map", nobody_process.credentials, follow_last=False))
+    assert files.absent_in_root(str(place), "/tmp/perf-9.map")
+    with pytest.raises(FileNotFoundError):
+        files.path_in_root(str(place), "/tmp/perf-9.map", nobody_process.credentials, follow_last=False)
+    assert not files.absent_in_root(str(place), "/closed/perf-2.map")  # (there: the process may not search it, which the walk says)
+    assert not files.absent_in_root(str(place / "gone"), "/tmp/perf-1.map")  # (a root that cannot be opened: the walk says why)
+
+
 def test_acting_as_a_user_changes_the_calling_thread_alone_and_only_within_the_block(place):
     closed = place / "root-only"
     closed.write_text("root's")

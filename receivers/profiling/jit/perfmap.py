@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterable
 
 from pycollector.token_bucket import TokenBucket
 
-from ..processes.files import open_checked, path_in_root
+from ..processes.files import absent_in_root, open_checked, path_in_root
 from ..processes.proc import Credentials, ProcessInfo, parse_status
 
 DEFAULT_MAX_ENTRIES = 100_000
@@ -296,6 +296,8 @@ class PerfMaps:
     def _check(self, m: _Map, now: float) -> None:
         m.checked_at = now
         if m.credentials is None:  # the process is gone: whom it was cannot be checked
+            return
+        if absent_in_root(m.root, m.path):  # (most processes write none: asked cheaply first)
             return
         try:
             # Resolved in the process's root, walked as the process: a link planted in /tmp at

@@ -264,6 +264,15 @@ def read_maps(base: str, limit: int) -> tuple[str, bool]:
     return raw.decode("utf-8", "replace"), cut
 
 
+def maps_digest(base: str, limit: int) -> int | None:
+    """A digest of /proc/PID/maps (``base``: /proc/PID) to tell a change from the last read
+    without parsing it; None when it is longer than ``limit`` bytes (not read whole). Raises
+    OSError (the process is gone)."""
+    with open(f"{base}/maps", "rb") as f:
+        raw = f.read(limit + 1)
+    return hash(raw) if len(raw) <= limit else None
+
+
 def _read(path: str, limit: int = -1) -> str:
     """A /proc file as text (undecodable bytes replaced), at most ``limit`` bytes of it."""
     with open(path, "rb") as f:
