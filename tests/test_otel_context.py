@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import mmap
 import struct
+import os
 import subprocess
 import sys
 import time
@@ -358,7 +359,10 @@ def test_a_process_without_a_context_is_read_again_when_its_maps_change_not_each
     from receivers.profiling.processes.table import ProcessTable
 
     now = [1000.0]
-    late = subprocess.Popen([sys.executable, str(PUBLISHER), "memfd", "idle"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # (a publisher that maps its region only once told to go, as an SDK that starts late)
+    starts_late = (f"import runpy, sys; sys.stdin.readline(); sys.argv = [{str(PUBLISHER)!r}, 'memfd', 'idle']; "
+                   f"runpy.run_path({str(PUBLISHER)!r}, run_name='__main__')")
+    late = subprocess.Popen([sys.executable, "-c", starts_late], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     table = ProcessTable()
     contexts = ProcessContexts(table, structlog.get_logger(), rescan_s=10, clock=lambda: now[0])
     try:
@@ -380,7 +384,7 @@ def test_a_process_without_a_context_is_read_again_when_its_maps_change_not_each
         assert looks(1) == 1  # (the first look: nothing to compare with)
         assert looks(int(RETELL_S // 10) - 1) == 0
         assert looks(1) == 1  # (RETELL_S since it was last told)
-        late.stdin.write(resource(service__name="late").hex() + "\n")
+        late.stdin.write("go\n" + resource(service__name="late").hex() + "\n")
         late.stdin.flush()
         int(late.stdout.readline(), 16)  # (published)
         assert looks(1) == 1
@@ -411,6 +415,10 @@ def test_a_context_whose_read_failed_is_read_again_at_a_look_that_finds_the_maps
         raise ContextError("the header's signature is not written yet")
 
     try:
+        deadline = time.monotonic() + 60
+        while len(os.listdir(f"/proc/{publisher.pid}/task")) < 2:  # (its updating thread's stack mapped: the maps settled)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         monkeypatch.setattr(contexts_module, "read_process_context", caught_writing)
         table.on_new_process(publisher.pid, publisher.pid, "python3")
         now[0] += 10

@@ -524,3 +524,39 @@ def test_a_process_whose_file_is_still_being_read_is_reported_once_it_is_named(t
         assert len(ReportBuilder(table, cold).build(interval(sample), final=True).resource_profiles) == 1
     finally:
         run.stop()
+
+
+def test_lasting_frames_are_reused_until_the_process_perf_map_changes(tmp_path, table):
+    """Frames a report may keep for the next ones (Symbolizer.symbolize_process's ``lasting``):
+    one named from the file is made once and given again; the state they last under
+    (names_state, the process's perf map) changes once a perf map appears, and again when it
+    grows, so that frames a map could name are made again then."""
+    from receivers.profiling.jit.names import JitNames
+    from receivers.profiling.jit.perfmap import PerfMaps
+
+    exe = compile_c(tmp_path, "prog", PROGRAM_C)
+    run = Running(exe)
+    now = [100.0]
+    perf_map = Path(f"/tmp/perf-{run.pid}.map")
+    try:
+        info = table.on_new_process(run.pid, run.pid, "prog")
+        sym = Symbolizer(table, jit=JitNames(PerfMaps(clock=lambda: now[0]), set()))
+        lasting = {}
+        [first] = sym.symbolize_user(run.pid, [run.addrs[0] + 2], {}, info=info, lasting=lasting)
+        assert first.name == "target_function" and list(lasting.values()) == [first]
+        lookups = sym.stats["address_lookups"]
+        [again] = sym.symbolize_user(run.pid, [run.addrs[0] + 2], {}, info=info, lasting=lasting)  # (another report's memo)
+        assert again is first and sym.stats["address_lookups"] == lookups
+        without = sym.names_state(info)
+        assert sym.names_state(info) == without  # (nothing changed)
+        perf_map.write_text("7f0000001000 40 jitted_function\n")
+        now[0] += 2
+        appeared = sym.names_state(info)
+        assert appeared != without
+        with perf_map.open("a") as f:
+            f.write("7f0000002000 40 jitted_later\n")
+        now[0] += 2
+        assert sym.names_state(info) not in (without, appeared)
+    finally:
+        perf_map.unlink(missing_ok=True)
+        run.stop()

@@ -55,6 +55,9 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.34.0"
 SCHEDULER_ENTRY = "__schedule"
 # An I/O wait's device (waits/devices.py: why this name).
 DEVICE_ATTRIBUTE = "system.device"
+# Native frames kept from one report to the next (ReportBuilder._lasting_frames), all processes':
+# about 20 MB at most (400 bytes a frame with its key), dropped all at once past it.
+MAX_LASTING_FRAMES = 50_000
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,10 @@ class ReportBuilder:
         self._carried: list[StackCount] = []
         self.stats = {"samples_carried": 0, "samples_of_gone_processes": 0, "samples_carried_for_names": 0}
         self._native_frames: dict[tuple[int, int | None], dict] = {}
+        # Per process: the snapshot, its JIT names' state, and the frames that stay true while
+        # both do (Symbolizer.symbolize_process's lasting), kept from one report to the next.
+        self._lasting_frames: dict[tuple[int, int | None], tuple[ProcessInfo, tuple | None, dict]] = {}
+        self._names_asked: set[tuple[int, int | None]] = set()  # (this report's: see _lasting)
         self.devices = DeviceNames()  # (the names of the devices I/O waits were on)
 
     def build(self, interval: Interval, on_error: Callable[[int, int, int, Exception], None] | None = None,
@@ -142,6 +149,8 @@ class ReportBuilder:
         for stack in self._carried + interval.stacks:
             by_process[(stack.tgid, stack.start_ticks)].append(stack)
         self._carried = []
+        self._forget_lasting_frames()
+        self._names_asked: set[tuple[int, int | None]] = set()
         # (shared among the processes with frames of a runtime that knows them, CPython's, V8's or
         # HotSpot's, which the kernel tags alike: the others read nothing)
         budget.share_among([key for key, stacks in by_process.items() if any(address & RUNTIME_TAG for stack in stacks for address in stack.user_addrs)
@@ -220,11 +229,12 @@ class ReportBuilder:
             frames = _from_scheduler(frames)
         if stack.user_addrs:
             memo = self._native_frames[(tgid, stack.start_ticks)]
+            lasting = self._lasting(tgid, stack.start_ticks, info)
 
             def native(addresses: list[int]) -> list[Frame]:
                 if info is None:
                     return [Frame(address, "native") for address in addresses]
-                return self.symbolizer.symbolize_user(tgid, addresses, memo, info=info)
+                return self.symbolizer.symbolize_user(tgid, addresses, memo, info=info, lasting=lasting)
 
             if any(address & RUNTIME_TAG for address in stack.user_addrs):  # (each runtime names the frames of its kinds)
                 frames += runtime_stacks.name_stack(tgid, stack.user_addrs, attached, native, stack.start_ticks)
@@ -235,6 +245,27 @@ class ReportBuilder:
         if stack.note:  # (outermost: what the stack below it is, or why there is none)
             frames.append(Frame(0, "native", name=stack.note))
         return frames
+
+    def _forget_lasting_frames(self) -> None:
+        """Those of processes whose snapshot the table no longer holds (exited, exec'd, maps
+        read again); all of them past MAX_LASTING_FRAMES in all."""
+        kept = {key: entry for key, entry in self._lasting_frames.items() if self.processes.newest(entry[0]) is entry[0]}
+        self._lasting_frames = kept if sum(len(entry[2]) for entry in kept.values()) <= MAX_LASTING_FRAMES else {}
+
+    def _lasting(self, tgid: int, started: int | None, info: ProcessInfo | None) -> dict | None:
+        """The process's lasting frames (``_lasting_frames``), while ``info`` is its snapshot,
+        the table's, and its JIT names are as they were (Symbolizer.names_state: asked once a
+        process a report)."""
+        if info is None or self.processes.newest(info) is not info:
+            return None
+        key = (tgid, started)
+        kept = self._lasting_frames.get(key)
+        if kept is None or kept[0] is not info or key not in self._names_asked:
+            self._names_asked.add(key)
+            names = self.symbolizer.names_state(info)
+            if kept is None or kept[0] is not info or kept[1] != names:
+                kept = self._lasting_frames[key] = (info, names, {})
+        return kept[2]
 
     def _waker_frames(self, tgid: int, stack: StackCount, info: ProcessInfo | None, attached: list[runtime_stacks.Runtime]) -> list[Frame]:
         """What a lock_wake sample's frames begin with (waits/wakers.py): its waker's frames, root

@@ -41,6 +41,14 @@ class JitNames:
             return None
         return self.perf_maps.lookup_process(info, addr)
 
+    def state(self, info: ProcessInfo) -> tuple | None:
+        """A value that changes when the process's JIT names may have (PerfMaps.state); None
+        for a process whose runtime's frames are not named."""
+        runtime = self._runtime(info)
+        if runtime is not None and runtime not in self._runtimes:
+            return None
+        return self.perf_maps.state(info)
+
     def new_report(self) -> None:
         self.perf_maps.new_report()
 

@@ -251,6 +251,21 @@ class PerfMaps:
                 hit = m.find(addr)
             return hit
 
+    def state(self, info: ProcessInfo) -> tuple | None:
+        """What the process's map holds, as a value that changes when its names may have (the
+        file read, and how far), the file looked at again first when lookups would have (a miss
+        past refresh_interval_s). What was named (or found unnamed) with one value stays so
+        while it lasts: a caller keeps frames across reports under it (report.py)."""
+        with self._lock:
+            now = self._clock()
+            m = self._maps.get(info.pid)
+            if m is None:
+                m = self._maps[info.pid] = self._new_map(info.pid, None, info.nspid, info.start_time_ns, info.credentials)
+                self._check(m, now)
+            elif now - m.checked_at >= self.refresh_interval_s:
+                self._check(m, now)
+            return m.file, m.read_to
+
     def lookup_process(self, info: ProcessInfo, addr: int) -> tuple[str, int] | None:
         if info.credentials is not None:  # (an exec may have changed them: a setuid program)
             with self._lock:

@@ -167,9 +167,11 @@ class Symbolizer:
 
     # ----------------------------------------------------------------------- user
 
-    def symbolize_user(self, tgid: int, addrs: Sequence[int], memo: dict | None = None, info: ProcessInfo | None = None) -> list[Frame]:
+    def symbolize_user(self, tgid: int, addrs: Sequence[int], memo: dict | None = None, info: ProcessInfo | None = None,
+                       lasting: dict | None = None) -> list[Frame]:
         """Native user stack of process tgid, leaf first (needs a ProcessTable). ``memo``: the
-        frames already made for this process (a report's stacks share most of their frames).
+        frames already made for this process (a report's stacks share most of their frames);
+        ``lasting``: those of them that stay true while ``info`` does (see symbolize_process).
         ``info``: the snapshot of the process that took the stack (ProcessTable.incarnation), by
         default the table's; one the table no longer holds (its pid was reused) has no JIT code
         named: its perf map's place is its successor's now."""
@@ -181,10 +183,17 @@ class Symbolizer:
             return [Frame(a, "native") for a in addrs]
         return self.symbolize_process(
             info, addrs, find_mapping=lambda a: self.processes.find_mapping(tgid, a, info=info), memo=memo,
-            jit_names=self.processes.newest(info) is not None)
+            jit_names=self.processes.newest(info) is not None, lasting=lasting)
 
     def symbolize_process(self, info: ProcessInfo, addrs: Sequence[int],
-                          find_mapping=None, memo: dict | None = None, jit_names: bool = True) -> list[Frame]:
+                          find_mapping=None, memo: dict | None = None, jit_names: bool = True, lasting: dict | None = None) -> list[Frame]:
+        """``memo``: frames made for this process, kept by the caller for as long as they may be
+        reused (a report). ``lasting``: of them, those that stay true while the snapshot
+        ``info`` and the process's JIT names (``names_state``) do: a caller keeps them across
+        reports (a process sampled a few times a report has most of its frames made anew each
+        report otherwise: its outer frames, _start to the eval loop, are the same every time).
+        Frames not named yet for a reason that passes (a file still being read, names awaited
+        from debuginfod) are not lasting."""
         find = find_mapping or info.find_mapping
         memo = {} if memo is None else memo
         out = []
@@ -193,27 +202,33 @@ class Symbolizer:
                 key = (addr, i > 0)  # a return address is looked up one byte back
                 frame = memo.get(key)
                 if frame is None:
-                    frame = memo[key] = self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr), jit_names)
+                    frame = lasting.get(key) if lasting is not None else None
+                    if frame is None:
+                        frame, stays = self._symbolize_one(info, addr, addr - 1 if i else addr, find(addr), jit_names)
+                        if stays and lasting is not None:
+                            lasting[key] = frame
+                    memo[key] = frame
                 out.append(frame)
                 if frame.name in GO_STACK_TOPS:
                     break
         return out
 
     def _symbolize_one(self, info: ProcessInfo, addr: int, lookup_addr: int,
-                       m: Mapping | None, jit_names: bool = True) -> Frame:
+                       m: Mapping | None, jit_names: bool = True) -> tuple[Frame, bool]:
+        """The frame, and whether it is lasting (see symbolize_process)."""
         jit = self.jit if jit_names else None
         if m is None:
-            return Frame(addr, "native")
+            return Frame(addr, "native"), True
         base = dict(file=m.path or None, mapping_start=m.start, mapping_limit=m.end,
                     mapping_offset=m.offset)
         if not m.file_backed:
             if jit is None:
-                return Frame(addr, "native", **base)
+                return Frame(addr, "native", **base), False
             name, start, kind = jit.frame(info, addr)
-            return Frame(addr, kind, name=name, offset=addr - start if name else 0, **base)
+            return Frame(addr, kind, name=name, offset=addr - start if name else 0, **base), True
         elf = self._elf_for(info, m)
         if elf is None:
-            return Frame(addr, "native", **base)
+            return Frame(addr, "native", **base), False
         file_offset = lookup_addr - m.start + m.offset
         self.stats["address_lookups"] += 1
         key = (m.identity, elf.names_version, file_offset)
@@ -228,18 +243,19 @@ class Symbolizer:
             self.stats["address_cache_hits"] += 1
         vaddr, sym, go = hit
         file_address = None if vaddr is None else vaddr + (addr - lookup_addr)
+        final = not elf.awaiting_debuginfod
         if go is not None:  # (a Go program's C code, cgo's, is not in Go's table: native below)
             return Frame(addr, "go", name=go.name, offset=file_address - go.entry, file_address=file_address,
-                         source_file=go.file, line=go.line, **elf.ids, **base)
+                         source_file=go.file, line=go.line, **elf.ids, **base), final
         if sym is None and jit is not None:
             sym = jit.name(info, addr)
             if sym is not None:  # a perf map's names are of addresses, not of file offsets
-                return Frame(addr, "native", name=sym[0], offset=addr - sym[1], file_address=file_address, **elf.ids, **base)
+                return Frame(addr, "native", name=sym[0], offset=addr - sym[1], file_address=file_address, **elf.ids, **base), True
         if sym is None:
-            return Frame(addr, "native", file_address=file_address, **elf.ids, **base)
+            return Frame(addr, "native", file_address=file_address, **elf.ids, **base), final and jit is not None
         name, start = sym
         return Frame(addr, "native", name=name, offset=file_address - start if file_address
-                     is not None else 0, file_address=file_address, **elf.ids, **base)
+                     is not None else 0, file_address=file_address, **elf.ids, **base), final
 
     # ----------------------------------------------------------------------- files
 
@@ -264,6 +280,11 @@ class Symbolizer:
                 else:
                     self._pinned.put(m.identity, fd)
                     self.stats["files_pinned"] += 1
+
+    def names_state(self, info: ProcessInfo) -> tuple | None:
+        """What, besides the snapshot ``info``, the process's frames are named from that may
+        change: its perf map (JitNames.state). Lasting frames stay while it is the same."""
+        return self.jit.state(info) if self.jit is not None else None
 
     def new_report(self) -> None:
         """A report starts: the time it may wait for files being read starts again, and the
