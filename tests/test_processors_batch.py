@@ -376,3 +376,34 @@ def test_concurrent_senders_lose_nothing():
     processor.shutdown()
     assert sum(sample_count(m) for m in downstream.messages) == 4 * 30 * 3
     assert all(sample_count(m) <= 9 for m in downstream.messages)
+
+
+def test_the_timer_rests_while_the_batch_is_empty_and_keeps_its_cadence_after():
+    """An agent reports every few seconds: between reports the batch is empty, and its timer
+    is not woken every ``timeout`` for nothing (it was, five times a second at 200 ms). Data that
+    comes after a rest goes out at the timer's next tick, as if it had ticked all along."""
+    downstream = CapturingConsumer()
+    processor = started_batch(downstream, timeout="100ms", send_batch_size=1000)
+    waits = []
+    original_wait = processor._changed.wait
+    processor._changed.wait = lambda timeout=None: (waits.append(timeout), original_wait(timeout))[1]
+    try:
+        began = time.monotonic()
+        processor.consume(one_profile(samples=2))
+        deadline = time.monotonic() + 5
+        while not downstream.messages and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert [sample_count(m) for m in downstream.messages] == [2]
+        sent = time.monotonic()
+        time.sleep(1.0)  # ten timeouts with nothing to send
+        rested = len(waits)
+        assert rested <= 3, waits  # (the send's tick, then a wait for data: not ten)
+        assert waits[-1] is None
+        processor.consume(one_profile(samples=3))
+        deadline = time.monotonic() + 5
+        while len(downstream.messages) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert [sample_count(m) for m in downstream.messages] == [2, 3]
+        assert time.monotonic() - began >= 1.0 and sent - began >= 0.09
+    finally:
+        processor.shutdown()

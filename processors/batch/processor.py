@@ -46,7 +46,8 @@ class BatchProcessor(Component):
         self._next = next_consumer
         self._telemetry = BatchTelemetry(settings.telemetry, settings.logger)
         self._pending: dict[BatchKey, Pending | SerializedPending] = {}
-        self._deadlines: dict[BatchKey, float] = {}  # per batch: when it times out
+        self._deadlines: dict[BatchKey, float] = {}  # per batch: when it times out (none while it is empty)
+        self._ticks: dict[BatchKey, float] = {}  # per batch: its timer's last tick (a send, or a timeout)
         self._changed = threading.Condition()
         self._timer: threading.Thread | None = None
         self._batching = False  # False before start, after shutdown, and when nothing is timed
@@ -70,6 +71,9 @@ class BatchProcessor(Component):
                 pending.add(data)
             except ValueError as error:
                 raise PermanentError(str(error)) from error
+            if key not in self._deadlines and self._batching:  # (its timer rests while it is empty)
+                self._deadlines[key] = self._next_tick(key)
+                self._changed.notify_all()
             sent = 0
             while self._due(pending):
                 try:
@@ -107,8 +111,7 @@ class BatchProcessor(Component):
                          "too many metadata value combinations; data with a new one is refused for good",
                          setting="metadata_cardinality_limit", limit=self._config.metadata_cardinality_limit)
                 raise PermanentError(f"too many batcher metadata-value combinations (metadata_cardinality_limit {self._config.metadata_cardinality_limit})")
-            pending = self._pending[key] = pending_for(signal)
-            self._deadlines[key] = time.monotonic() + self._config.timeout
+            pending = self._pending[key] = pending_for(signal)  # (its timer starts with its first data: consume)
             self._telemetry.batchers(len(self._pending))
         return pending
 
@@ -136,19 +139,31 @@ class BatchProcessor(Component):
         else:
             self._telemetry.sent(trigger, size)
         pending.keep(rest, pending.count - size)
-        self._deadlines[key] = time.monotonic() + self._config.timeout
+        self._ticks[key] = time.monotonic()
+        self._deadlines[key] = self._ticks[key] + self._config.timeout
         return size
 
+    def _next_tick(self, key: BatchKey) -> float:
+        """When the timer of a batch that rested empty ticks next: as if it had ticked every
+        ``timeout`` since its last tick (Go's batch processor's timer does, empty or not)."""
+        now, timeout = time.monotonic(), self._config.timeout
+        last = self._ticks.get(key, now)
+        return last + max(1, -(-(now - last) // timeout)) * timeout
+
     def _send_timed_out(self) -> None:
-        """The timer thread: sends each signal's batch ``timeout`` after its previous send."""
+        """The timer thread: sends each signal's batch ``timeout`` after its previous send. A
+        batch found empty at its deadline rests, its timer with it, until data comes (consume
+        sets its next tick): an agent that reports every few seconds is not woken five times a
+        second for nothing."""
         with self._changed:
             while self._batching:
                 now = time.monotonic()
-                for key, deadline in self._deadlines.items():
+                for key, deadline in list(self._deadlines.items()):
                     if deadline <= now:
                         pending = self._pending[key]
                         while pending.count:
                             self._send_front(key, TIMEOUT_TRIGGER, refusals_to_caller=False)
-                        self._deadlines[key] = now + self._config.timeout
-                next_deadline = min(self._deadlines.values(), default=now + self._config.timeout)
-                self._changed.wait(max(0.0, next_deadline - time.monotonic()))
+                        self._ticks[key] = now
+                        del self._deadlines[key]
+                next_deadline = min(self._deadlines.values(), default=None)
+                self._changed.wait(None if next_deadline is None else max(0.0, next_deadline - time.monotonic()))
