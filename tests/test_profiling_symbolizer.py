@@ -547,6 +547,8 @@ def test_lasting_frames_are_reused_until_the_process_perf_map_changes(tmp_path, 
         lookups = sym.stats["address_lookups"]
         [again] = sym.symbolize_user(run.pid, [run.addrs[0] + 2], {}, info=info, lasting=lasting)  # (another report's memo)
         assert again is first and sym.stats["address_lookups"] == lookups
+        [unmapped] = sym.symbolize_user(run.pid, [0x1000], {}, info=info, lasting=lasting)  # (a library mapped since may hold it)
+        assert unmapped.name is None and list(lasting.values()) == [first]
         without = sym.names_state(info)
         assert sym.names_state(info) == without  # (nothing changed)
         perf_map.write_text("7f0000001000 40 jitted_function\n")

@@ -55,6 +55,9 @@ class BatchProcessor(Component):
     def start(self, host) -> None:
         if self._config.timeout > 0 and self._config.send_batch_size > 0:
             self._batching = True
+            for key, pending in self._pending.items():  # (what a refusal before start kept)
+                if pending.count:
+                    self._deadlines[key] = self._next_tick(key)
             self._timer = threading.Thread(
                 target=self._send_timed_out, name="batch-timer", daemon=True
             )

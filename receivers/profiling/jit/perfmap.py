@@ -135,7 +135,7 @@ def process_jit_runtime(info: ProcessInfo) -> str | None:
 class _Map:
     """One process's perf map: the file as last seen, and the ranges read from it."""
 
-    __slots__ = ("root", "path", "credentials", "started_ns", "checked_at", "file", "read_to", "mtime_ns",
+    __slots__ = ("root", "path", "credentials", "started_ns", "checked_at", "file", "read_to", "mtime_ns", "changes",
                  "offset", "tail", "skipping", "held_bytes", "starts", "ends", "names")
 
     def __init__(self, root: str, path: str, credentials: Credentials | None, started_ns: int | None) -> None:
@@ -145,6 +145,7 @@ class _Map:
         self.file: tuple[int, int] | None = None  # (dev, inode) read from
         self.read_to = 0  # bytes examined (a partial last line included)
         self.mtime_ns = 0
+        self.changes = 0  # (each clear and each merge: what PerfMaps.state tells)
         self.reset(None)
 
     def reset(self, file: tuple[int, int] | None) -> None:
@@ -253,7 +254,7 @@ class PerfMaps:
 
     def state(self, info: ProcessInfo) -> tuple | None:
         """What the process's map holds, as a value that changes when its names may have (the
-        file read, and how far), the file looked at again first when lookups would have (a miss
+        file read, and each clear and merge of what was read from it), the file looked at again first when lookups would have (a miss
         past refresh_interval_s). What was named (or found unnamed) with one value stays so
         while it lasts: a caller keeps frames across reports under it (report.py)."""
         with self._lock:
@@ -264,7 +265,7 @@ class PerfMaps:
                 self._check(m, now)
             elif now - m.checked_at >= self.refresh_interval_s:
                 self._check(m, now)
-            return m.file, m.read_to
+            return m.file, m.changes
 
     def lookup_process(self, info: ProcessInfo, addr: int) -> tuple[str, int] | None:
         if info.credentials is not None:  # (an exec may have changed them: a setuid program)
@@ -362,6 +363,7 @@ class PerfMaps:
     def _clear(self, m: _Map, file: tuple[int, int] | None) -> None:
         self._total_bytes -= m.held_bytes
         m.reset(file)
+        m.changes += 1
 
     def _refuse(self, m: _Map) -> None:
         self.stats["files_refused"] += 1
@@ -454,6 +456,8 @@ class PerfMaps:
         removing the older ranges it overlaps.  Up to _FEW are inserted in place (a bisect and
         a list insert each); a longer batch (a file's first read) is merged by one sweep.
         What all maps may hold together bounds the batch first."""
+        if batch:
+            m.changes += 1
         batch = self._within_budget(m, batch)
         self._insert(m, batch)
         self._total_bytes += (held := sum(map(sys.getsizeof, m.names)) + _RANGE_BYTES * len(m.names)) - m.held_bytes

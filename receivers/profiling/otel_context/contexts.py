@@ -151,7 +151,10 @@ class ProcessContexts:
             if known.missing() and now >= known.look_at:
                 known.looked(now, self.rescan_s)
                 if self._maps_may_show_more(tgid, known, now):
-                    self.processes.refresh_maps(tgid, rate_limited=False)  # _changed reads a context found
+                    before = self.processes.lookup(tgid)
+                    after = self.processes.refresh_maps(tgid, rate_limited=False)  # _changed reads a context found
+                    if after is None or after is before:  # (not read, or not told: the next look reads again)
+                        known.maps_digest = None
                 else:
                     self._read_again(tgid, known)
                 if known.awaits_variable():

@@ -217,8 +217,8 @@ class Symbolizer:
                        m: Mapping | None, jit_names: bool = True) -> tuple[Frame, bool]:
         """The frame, and whether it is lasting (see symbolize_process)."""
         jit = self.jit if jit_names else None
-        if m is None:
-            return Frame(addr, "native"), True
+        if m is None:  # (not lasting: a library mapped since the snapshot is found by a later search)
+            return Frame(addr, "native"), False
         base = dict(file=m.path or None, mapping_start=m.start, mapping_limit=m.end,
                     mapping_offset=m.offset)
         if not m.file_backed:
