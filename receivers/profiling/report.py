@@ -150,7 +150,7 @@ class ReportBuilder:
             by_process[(stack.tgid, stack.start_ticks)].append(stack)
         self._carried = []
         self._forget_lasting_frames()
-        self._names_asked: set[tuple[int, int | None]] = set()
+        self._names_asked = set()
         # (shared among the processes with frames of a runtime that knows them, CPython's, V8's or
         # HotSpot's, which the kernel tags alike: the others read nothing)
         budget.share_among([key for key, stacks in by_process.items() if any(address & RUNTIME_TAG for stack in stacks for address in stack.user_addrs)

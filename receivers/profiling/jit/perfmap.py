@@ -241,10 +241,7 @@ class PerfMaps:
         against stale files)."""
         with self._lock:
             now = self._clock()
-            m = self._maps.get(pid)
-            if m is None:
-                m = self._maps[pid] = self._new_map(pid, root, nspid, started_ns, credentials)
-                self._check(m, now)
+            m = self._known_map(pid, root, nspid, started_ns, credentials, now)
             hit = m.find(addr)
             age = now - m.checked_at
             if age >= self.max_age_s or (hit is None and age >= self.refresh_interval_s):
@@ -254,16 +251,14 @@ class PerfMaps:
 
     def state(self, info: ProcessInfo) -> tuple | None:
         """What the process's map holds, as a value that changes when its names may have (the
-        file read, and each clear and merge of what was read from it), the file looked at again first when lookups would have (a miss
-        past refresh_interval_s). What was named (or found unnamed) with one value stays so
-        while it lasts: a caller keeps frames across reports under it (report.py)."""
+        file read, and each clear and merge of what was read from it), the file looked at again
+        first when lookups would have (a miss past refresh_interval_s). What was named (or found
+        unnamed) with one value stays so while it lasts: a caller keeps frames across reports
+        under it (report.py)."""
         with self._lock:
             now = self._clock()
-            m = self._maps.get(info.pid)
-            if m is None:
-                m = self._maps[info.pid] = self._new_map(info.pid, None, info.nspid, info.start_time_ns, info.credentials)
-                self._check(m, now)
-            elif now - m.checked_at >= self.refresh_interval_s:
+            m = self._known_map(info.pid, None, info.nspid, info.start_time_ns, info.credentials, now)
+            if now - m.checked_at >= self.refresh_interval_s:
                 self._check(m, now)
             return m.file, m.changes
 
@@ -299,6 +294,15 @@ class PerfMaps:
             return len(m.starts) if m else 0
 
     # ----------------------------------------------------------------------- reading
+
+    def _known_map(self, pid: int, root: str | None, nspid: int | None, started_ns: int | None,
+                   credentials: Credentials | None, now: float) -> _Map:
+        """pid's map, made and checked the first time it is asked for (self._lock held)."""
+        m = self._maps.get(pid)
+        if m is None:
+            m = self._maps[pid] = self._new_map(pid, root, nspid, started_ns, credentials)
+            self._check(m, now)
+        return m
 
     def _new_map(self, pid: int, root: str | None, nspid: int | None,
                  started_ns: int | None, credentials: Credentials | None) -> _Map:

@@ -256,8 +256,7 @@ def _boot_time_s(proc: str) -> int:
 def read_maps(base: str, limit: int) -> tuple[str, bool]:
     """The text of /proc/PID/maps (``base``: /proc/PID) to its last line within ``limit`` bytes,
     and whether there was more."""
-    with open(f"{base}/maps", "rb") as f:
-        raw = f.read(limit + 1)
+    raw = _maps_bytes(base, limit)
     cut = len(raw) > limit
     if cut:
         raw = raw[: raw.rfind(b"\n", 0, limit) + 1]
@@ -268,9 +267,14 @@ def maps_digest(base: str, limit: int) -> int | None:
     """A digest of /proc/PID/maps (``base``: /proc/PID) to tell a change from the last read
     without parsing it; None when it is longer than ``limit`` bytes (not read whole). Raises
     OSError (the process is gone)."""
-    with open(f"{base}/maps", "rb") as f:
-        raw = f.read(limit + 1)
+    raw = _maps_bytes(base, limit)
     return hash(raw) if len(raw) <= limit else None
+
+
+def _maps_bytes(base: str, limit: int) -> bytes:
+    """/proc/PID/maps to ``limit`` bytes and one more (which tells there was more)."""
+    with open(f"{base}/maps", "rb") as f:
+        return f.read(limit + 1)
 
 
 def _read(path: str, limit: int = -1) -> str:
