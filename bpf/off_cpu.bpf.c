@@ -550,7 +550,8 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
 #endif
     start_walk(ctx, NULL, &wait->key, 0, WALK_OFF_CPU);
     wait->provisional = WALKED_WITHOUT_TABLES;
-    n = bpf_get_stack(ctx, wait->user.ips, UNWIND_MAX_FRAMES * sizeof(u64), BPF_F_USER_STACK);
+    n = within_user_space(wait->user.ips, bpf_get_stack(ctx, wait->user.ips, UNWIND_MAX_FRAMES * sizeof(u64), BPF_F_USER_STACK),
+                          UNWIND_MAX_FRAMES);
     wait->user.len = n > 0 ? n / sizeof(u64) : 0;
     wait->user.complete = 0;
     if (n > 0) {
@@ -828,7 +829,8 @@ int off_cpu_waking(struct bpf_raw_tracepoint_args *ctx)
     key.pid = waker->pid;
     key.origin = ORIGIN_LOCK_WAKE;
     start_walk(ctx, NULL, &key, slot, WALK_OFF_CPU);
-    n = bpf_get_stack(ctx, stack->ips, UNWIND_MAX_FRAMES * sizeof(u64), BPF_F_USER_STACK);
+    n = within_user_space(stack->ips, bpf_get_stack(ctx, stack->ips, UNWIND_MAX_FRAMES * sizeof(u64), BPF_F_USER_STACK),
+                          UNWIND_MAX_FRAMES);
     stack->len = n > 0 ? n / sizeof(u64) : 0;
     stack->complete = 0;
     if (n > 0)

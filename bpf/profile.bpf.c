@@ -217,6 +217,30 @@ static __always_inline u64 user_leaf_return(struct pt_regs *interrupted)
 #endif
 }
 
+/* The bytes of a user stack the kernel walked by frame pointer (bpf_get_stack() with
+ * BPF_F_USER_STACK returned `bytes` into `ips`) up to its first "return address" beyond user
+ * space, counted as the unwinder counts its own stop there.  The kernel stores whatever it reads
+ * from the process's stack (a Go thread's beyond runtime.mstart, a forged one), and a value with
+ * bit 63 would pass for a runtime's frame (RUNTIME_FRAME_TAG) in a stack user space cannot tell
+ * from one the unwinder walked.  `max_frames`: the size of ips. */
+static __always_inline long within_user_space(u64 *ips, long bytes, u32 max_frames)
+{
+    if (bytes <= 0)
+        return bytes;
+    u64 len = bytes / sizeof(u64);
+    for (u32 i = 0; i < max_frames; i++) {
+        u32 at = i;
+        asm volatile("" : "+r"(at));  /* (else clang ends the loop at len alone, which the verifier cannot bound) */
+        if (at >= len || at >= max_frames)
+            break;
+        if (ips[at] >= USER_ADDRESS_END) {
+            count(COUNTER_UNWIND_NOT_USER_ADDRESS);
+            return at * sizeof(u64);
+        }
+    }
+    return bytes;
+}
+
 /* A stack that get_stackid() could not store (-EEXIST) or stored (id >= 0), read again by value
  * into ips; any other error is passed on.  Return the bytes used (0 on error, set in *error). */
 static __always_inline u32 stack_by_value(struct bpf_perf_event_data *ctx, s32 stack_id, u64 *ips,
@@ -228,6 +252,8 @@ static __always_inline u32 stack_by_value(struct bpf_perf_event_data *ctx, s32 s
         return 0;
     }
     long n = bpf_get_stack(ctx, ips, PROFILE_MAX_STACK_DEPTH * sizeof(u64), flags);
+    if (flags & BPF_F_USER_STACK)
+        n = within_user_space(ips, n, PROFILE_MAX_STACK_DEPTH);
     if (n < 0) {
         *error = n;
         return 0;

@@ -205,6 +205,46 @@ def test_go_threads_park_in_the_scheduler_and_their_stacks_end_where_go_says(go_
     assert sum(value for name, value in by_root.items() if name in GO_ROOTS) >= 0.99 * off_cpu, by_root.most_common(6)
 
 
+# Sleeps a second as soon as it starts, with a frame pointer that leads to a "return address" no
+# user address can be: bit 63 set, the mark of a runtime's frame among a stack's frames. The frame
+# is on its stack, above the stack pointer, where the kernel's walk looks (one outside the stack it
+# does not follow). No libc, no loader: it sleeps microseconds after its exec, before the agent
+# has heard of it, so its wait's user stack is the kernel's frame-pointer walk. (A Go thread's
+# stack beyond runtime.mstart held such a value, which came out as a nameless frame beyond Go's root.)
+FORGED_SLEEPER_C = r"""
+static const long one_second[2] = {1, 0};
+void _start(void) {
+    __asm__ volatile("sub $64, %%rsp\n lea 32(%%rsp), %%rbp\n movq $0, (%%rbp)\n"
+                     "movabs $0x8000000000001230, %%rax\n mov %%rax, 8(%%rbp)\n"
+                     "mov $35, %%eax\n mov %0, %%rdi\n xor %%esi, %%esi\n syscall\n"  /* nanosleep */
+                     "mov $60, %%eax\n xor %%edi, %%edi\n syscall\n"  /* exit */
+                     : : "r"(one_second) : "memory", "rax", "rdi", "rsi", "rcx", "r11");
+}
+"""
+
+
+def test_a_wait_the_kernel_walked_ends_before_a_return_address_beyond_user_space(tmp_path, unwind_cache):
+    if bpf_unavailable_reason():
+        pytest.skip(bpf_unavailable_reason())
+    source = tmp_path / "forged_sleeper.c"
+    source.write_text(FORGED_SLEEPER_C)
+    program = tmp_path / "forged_sleeper"
+    subprocess.run(["gcc", "-O1", "-static", "-nostdlib", "-no-pie", "-o", str(program), str(source)], check=True)
+    capture = CapturingExporterFactory()
+    service = Service(build_plan(receiver_config(unwind_cache), registry_with(exporters={"capture": capture})))
+    service.start()
+    try:
+        sleeper = subprocess.Popen([str(program)])
+        sleeper.wait(timeout=30)
+        time.sleep(0.2)
+    finally:
+        service.shutdown()
+    off_cpu = profiles_by_pid(capture.consumer.messages)[sleeper.pid].off_cpu
+    slept = [(names, value) for _, names, value in off_cpu if "hrtimer_nanosleep" in names]
+    assert sum(value for _, value in slept) >= 0.9e9, off_cpu
+    assert {tuple(names[names.index("entry_SYSCALL_64_after_hwframe") + 1:]) for names, _ in slept} == {("_start",)}, slept
+
+
 def test_waits_of_threads_that_no_longer_exist_are_pruned(unwind_cache):
     """A wait is dropped when its thread comes back to a CPU; one whose thread never does would
     hold its entry in off_cpu_waits for good. The prune drops those, and only those."""

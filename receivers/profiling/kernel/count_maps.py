@@ -185,7 +185,7 @@ def _waker(key, walked: dict[int, list[int]]) -> tuple[Waker, int]:
         else:
             resolved.append((addresses, 0))
     (kaddrs, kerr), (uaddrs, uerr) = resolved
-    return Waker(key.tgid, key.pid, key.comm.decode("utf-8", "replace"), kaddrs, _within_user_space(uaddrs), kerr, uerr), missing
+    return Waker(key.tgid, key.pid, key.comm.decode("utf-8", "replace"), kaddrs, uaddrs, kerr, uerr), missing
 
 
 def _read_stack(table, stack_id: int) -> list[int] | None:
@@ -201,10 +201,13 @@ def _read_stack(table, stack_id: int) -> list[int] | None:
 
 
 def _within_user_space(addresses: list[int]) -> list[int]:
-    """A stack the kernel walked by frame pointer, up to its first "return address" beyond user
-    space: the kernel stores what it reads from the process's stack, which can be anything (or
-    forged), and one with bit 63 would pass for a Python frame (PYTHON_FRAME_TAG in profile.h).
-    The unwinder stops there itself (COUNTER_UNWIND_NOT_USER_ADDRESS)."""
+    """A stack the kernel walked by frame pointer into its stack map, up to its first "return
+    address" beyond user space: the kernel stores what it reads from the process's stack, which
+    can be anything (or forged), and one with bit 63 would pass for a runtime's frame
+    (RUNTIME_FRAME_TAG in profile.h). The stacks stored by their hash (user_stacks_N, a waker's)
+    and those sent by value were cut there in the kernel (within_user_space in profile.bpf.c), as
+    the unwinder stops there itself (COUNTER_UNWIND_NOT_USER_ADDRESS): the runtimes' tagged
+    frames among them are true."""
     for i, address in enumerate(addresses):
         if address >= USER_ADDRESS_END:
             return addresses[:i]
