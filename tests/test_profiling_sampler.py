@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import importlib
 import os
 import shutil
 import subprocess
@@ -83,7 +84,7 @@ def bpf_unavailable(reason: str):
 
 def require_bpf() -> None:
     try:
-        import bcc  # noqa: F401
+        importlib.import_module("bcc")
     except ImportError as e:
         bpf_unavailable(f"the bcc module is missing (Debian: python3-bpfcc): {e}")
     try:
@@ -544,7 +545,7 @@ def test_stack_map_collisions_lose_no_sample_and_bias_no_share(tmp_path):
         others = [subprocess.Popen([str(syscalls), "3.5"], stdout=subprocess.DEVNULL)]
         proc = subprocess.Popen([str(split), "3"], stdout=subprocess.DEVNULL)
         intervals = []
-        _pid, status, usage = 0, None, None
+        status, usage = None, None
         while True:  # several intervals, and short-lived processes coming and going meanwhile
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:

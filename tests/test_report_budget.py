@@ -237,6 +237,33 @@ def test_node_processes_whose_names_are_cons_string_dags_cost_one_budget_a_repor
     assert any(names and "" not in names and set(names) == {f"work{n}" for n in range(60)} for names in busy), busy  # in a later report
 
 
+def test_a_name_that_costs_more_than_a_report_waits_while_the_functions_after_it_are_named():
+    """A process whose stack reaches a function with a forged name (a cons-string DAG: 10,000
+    reads) before a benign one, its share less than that name costs: the forged name spends the
+    share and the benign one is refused, in the same order every report. The forged name is not
+    read again for 1 report, then 2, 4...: the benign one is named in the next report, and the
+    forged name costs 4 of twelve reports, not every one (the eight Node processes of
+    tests/test_hostile_runtimes.py stayed unnamed, hot function and all, a whole attack)."""
+    from receivers.profiling.report import ReportBuilder
+    from receivers.profiling.v8.runtimes import MAX_POSTPONED_REPORTS
+
+    runtimes, memories, add, hostile, many, one = _v8_world()
+    add(7)
+    reports = ReportBuilder(_Unknown(), _Unknown(), host_name="test")
+    reports.runtimes = [runtimes]
+    reports.naming_read_bytes = 512 << 10
+    stack = _interpreted(7, [hostile[0], one])
+    named, costly = [], []
+    for _ in range(12):
+        reads = memories[7].reads
+        named.append(_names(reports.build(Interval([stack], 0, 1, 0, 1, frequency_hz=100))).get(7))
+        costly.append(memories[7].reads - reads > 1000)
+    assert costly == [True, False, True, False, False, True, False, False, False, False, True, False], costly  # waits 1, 2, 4
+    # A report that read the forged name held the process back (its stack named in the next, with its own).
+    assert all((names is None) if read else (names and names == ["", "benign"] * (len(names) // 2)) for names, read in zip(named, costly)), named
+    assert runtimes.stats["names_postponed"] >= sum(len(names) // 2 for names in named if names) and MAX_POSTPONED_REPORTS >= 4
+
+
 def test_a_process_over_its_share_is_named_with_what_the_others_leave():
     """A busy process named first, past its share, and twenty that need a few reads each: the
     busy one is named again after them, with what they left, in the same report (named from its

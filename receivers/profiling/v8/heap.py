@@ -59,6 +59,7 @@ class FunctionInfo:
 class V8Heap:
     def __init__(self, memory: ProcessMemory, layout: V8Layout, budget: ReadBudget) -> None:
         self.memory, self.layout, self.budget = memory, layout, budget
+        self.reads = 0  # made
 
     # -- primitives --------------------------------------------------------------------------------
 
@@ -67,11 +68,13 @@ class V8Heap:
             raise HeapReadError(str(ProcessExited(self.memory.pid, address, size)))
         self.budget.spend(size)
         try:
-            return self.memory.read(address, size)
+            data = self.memory.read(address, size)
         except NamingBudgetSpent as error:  # (the report's, all processes'; read in a later report)
             raise BudgetSpent(str(error)) from error
         except MemoryReadError as error:
             raise HeapReadError(str(error)) from error
+        self.reads += 1
+        return data
 
     def word(self, address: int) -> int:
         return struct.unpack("<Q", self.read(address, 8))[0]

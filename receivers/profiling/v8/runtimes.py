@@ -53,6 +53,15 @@ READ_BUDGET_PER_PROCESS = 256 * 1024
 CODE_READ_BUDGET_PER_PROCESS = 1024 * 1024
 LINE_READ_BUDGET_PER_PROCESS = 512 * 1024
 MAX_FUNCTIONS_PER_PROCESS = 65536  # names kept per process between reports
+# A function whose name a budget cut after more than POSTPONE_AFTER_READS reads (a name takes a
+# few: a cons-string DAG forged to take thousands) is not read again for 1 report, then 2, 4... up
+# to MAX_POSTPONED_REPORTS. Read every report, such a name would spend its process's share each
+# time, and the functions named after it in the report's order never would be (a Node process's
+# hot function stayed unnamed behind its caller's forged name for a whole attack). Of
+# MAX_POSTPONED_PER_PROCESS functions at most, the oldest forgotten first.
+POSTPONE_AFTER_READS = 64
+MAX_POSTPONED_REPORTS = 32
+MAX_POSTPONED_PER_PROCESS = 1024
 MAX_SCRIPTS_PER_PROCESS = 4096  # scripts whose line ends are kept
 MAX_HELD_BYTES_PER_PROCESS = 8 << 20  # line ends and source positions kept, in all
 LINE_END_BYTES, POSITION_BYTES = 4, 120  # what each holds (an array's item; a tuple of two large ints)
@@ -78,6 +87,12 @@ class V8Process:
     builtins_of: ProcessInfo | None = None
     lines_heap: V8Heap | None = None  # the reads for lines: a budget of their own, so that lines never cost names
     missed: set[int] = dataclasses.field(default_factory=set)  # scripts and functions whose lines failed this report
+    # SharedFunctionInfo -> (the report its name is read again in, the reports it waited last)
+    postponed: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+
+class NamePostponed(HeapReadError):
+    """A function whose name a budget cut is not read this report (MAX_POSTPONED_REPORTS)."""
 
 
 class V8Runtimes:
@@ -96,8 +111,10 @@ class V8Runtimes:
         self.files = (detector or FileDetector(in_helper=False)).files("v8", self.DETECTION_READER, self._found)
         self._processes = RuntimeProcesses(table, self._find, self._leaf, lambda process: process.heap.memory.close())
         self._budget = UNBUDGETED  # the report's (new_report), for the processes found meanwhile too
+        self._report = 0  # reports begun (new_report)
         self.stats = dict.fromkeys(("processes", "unknown_layout", "unreadable", "frames_named", "frames_unnamed",
-                                    "functions_read", "functions_moved", "read_budget_spent", "inlining_unknown", REFUSED_STAT), 0)
+                                    "functions_read", "functions_moved", "read_budget_spent", "names_postponed", "inlining_unknown",
+                                    REFUSED_STAT), 0)
 
     # -- processes --------------------------------------------------------------------------------
 
@@ -186,6 +203,7 @@ class V8Runtimes:
         each process's budget of heap reads starts again, and every read is within the report's
         ``budget`` (all processes' and runtimes' together)."""
         self._budget = budget
+        self._report += 1
         for process in self._processes.new_report():
             process.heap.memory.budget = budget  # (the three heaps' memory)
             process.checked.clear()
@@ -251,6 +269,8 @@ class V8Runtimes:
                 self.stats["frames_unnamed"] += 1
                 if isinstance(error, BudgetSpent):
                     self.stats["read_budget_spent"] += 1
+                elif isinstance(error, NamePostponed):
+                    self.stats["names_postponed"] += 1
             log_once(self.log, ("v8-unnamed", process.info.pid), "debug", "a JavaScript frame could not be named; "
                      "counted in pycollector_profiling_v8{stat=\"frames_unnamed\"}", pid=process.info.pid, reason=str(error))
             return Frame(address=shared, kind=FRAME_KIND)
@@ -332,7 +352,17 @@ class V8Runtimes:
                 self.stats["functions_moved"] += 1
             del process.functions[shared]
             process.held -= POSITION_BYTES * len(process.bytecode_positions.pop(shared, ()))
-        function = heap.function(shared)
+        postponed = process.postponed.get(shared)
+        if postponed is not None and self._report < postponed[0]:
+            raise NamePostponed(f"the name of {shared:#x} cost more than a report's budget gave: read again in a later report")
+        reads = heap.reads
+        try:
+            function = heap.function(shared)
+        except BudgetSpent:
+            if heap.reads - reads > POSTPONE_AFTER_READS:
+                self._postpone(process, shared)
+            raise
+        process.postponed.pop(shared, None)
         with self._lock:
             self.stats["functions_read"] += 1
         if len(process.functions) >= MAX_FUNCTIONS_PER_PROCESS:
@@ -342,6 +372,15 @@ class V8Runtimes:
         process.functions[shared] = function
         process.checked.add(shared)
         return function
+
+
+    def _postpone(self, process: V8Process, shared: int) -> None:
+        """``shared``'s name is read again after twice the reports it waited last (one at first)."""
+        _, waited = process.postponed.pop(shared, (0, 0))
+        waited = min(MAX_POSTPONED_REPORTS, 2 * waited or 1)
+        if len(process.postponed) >= MAX_POSTPONED_PER_PROCESS:
+            del process.postponed[next(iter(process.postponed))]
+        process.postponed[shared] = (self._report + waited + 1, waited)
 
 
 def _is_anonymous(mapping: Mapping) -> bool:
