@@ -558,7 +558,7 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
         wait->key.user_stack_id = STACK_HASHED;
         wait->key.user_leaf_return = user_leaf_return(NULL);
     } else {
-        wait->key.user_stack_id = n < 0 ? n : -PROFILE_EFAULT;  /* a kernel thread has no user stack */
+        wait->key.user_stack_id = n < 0 ? n : -PROFILE_EFAULT;  /* (a kernel thread has no user stack, nor one cut at its leaf) */
     }
     keep_wait(wait);
 }

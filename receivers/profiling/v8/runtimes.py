@@ -53,12 +53,14 @@ READ_BUDGET_PER_PROCESS = 256 * 1024
 CODE_READ_BUDGET_PER_PROCESS = 1024 * 1024
 LINE_READ_BUDGET_PER_PROCESS = 512 * 1024
 MAX_FUNCTIONS_PER_PROCESS = 65536  # names kept per process between reports
-# A function whose name a budget cut after more than POSTPONE_AFTER_READS reads (a name takes a
-# few: a cons-string DAG forged to take thousands) is not read again for 1 report, then 2, 4... up
-# to MAX_POSTPONED_REPORTS. Read every report, such a name would spend its process's share each
-# time, and the functions named after it in the report's order never would be (a Node process's
-# hot function stayed unnamed behind its caller's forged name for a whole attack). Of
-# MAX_POSTPONED_PER_PROCESS functions at most, the oldest forgotten first.
+# A function whose name could not be read after more than POSTPONE_AFTER_READS reads (a name takes
+# a few: a cons-string DAG forged to take thousands, which a budget cuts or which ends in no
+# string) is not read again for 1 report, then 2, 4... up to MAX_POSTPONED_REPORTS. Read every
+# report, such a name would spend its process's share each time, and the functions named after it
+# in the report's order never would be (a Node process's hot function stayed unnamed behind its
+# caller's forged name for a whole attack). Of MAX_POSTPONED_PER_PROCESS functions at most, the
+# oldest forgotten first. (Kept by address: another function the heap puts there meanwhile waits
+# with it; and names that fail within fewer reads are read again each report, at that cost.)
 POSTPONE_AFTER_READS = 64
 MAX_POSTPONED_REPORTS = 32
 MAX_POSTPONED_PER_PROCESS = 1024
@@ -92,7 +94,7 @@ class V8Process:
 
 
 class NamePostponed(HeapReadError):
-    """A function whose name a budget cut is not read this report (MAX_POSTPONED_REPORTS)."""
+    """A function whose name could not be read at a cost is not read this report (MAX_POSTPONED_REPORTS)."""
 
 
 class V8Runtimes:
@@ -358,7 +360,7 @@ class V8Runtimes:
         reads = heap.reads
         try:
             function = heap.function(shared)
-        except BudgetSpent:
+        except (HeapReadError, struct.error, UnicodeDecodeError):  # (a budget's cut among them)
             if heap.reads - reads > POSTPONE_AFTER_READS:
                 self._postpone(process, shared)
             raise
