@@ -26,24 +26,51 @@ class PageError(AssertionError):
     """The page logged an error or threw."""
 
 
+class BrowserGone(RuntimeError):
+    """Chromium exited (its pipe closed)."""
+
+
+# Starts of Chromium that exit before their first answer, tried before giving up: once in a CI run,
+# one exited at once, before it made its profile directory (its output was not kept then; it is now).
+STARTS = 3
+
+
 class Browser:
     def __init__(self, chromium: str, work: Path, width: int = 1400, height: int = 900):
         self.width, self.height = width, height
+        for attempt in range(1, STARTS + 1):
+            self._start(chromium, work, width, height)
+            try:
+                target = self.call("Target.createTarget", url="about:blank")["targetId"]
+                break
+            except (BrokenPipeError, BrowserGone):
+                code, said = self._ended()
+                message = f"Chromium exited at its start (exit {code}, start {attempt} of {STARTS}); it said: {said}"
+                if attempt == STARTS:
+                    raise BrowserGone(message) from None
+                print(message)  # (kept by pytest with the test's output)
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for domain in ("Page", "Runtime"):
+            self.call(f"{domain}.enable", session=True)
+        self.call("Emulation.setDeviceMetricsOverride", session=True, width=width, height=height, deviceScaleFactor=1, mobile=False)
+
+    def _start(self, chromium: str, work: Path, width: int, height: int) -> None:
+        """Chromium with the protocol's pipe on its fds 3 and 4. Its fds are put there by bash's
+        redirections, not by a preexec_fn (Python code run between fork and exec, which a
+        process with threads must not do)."""
         to_browser_read, to_browser = os.pipe()
         from_browser, from_browser_write = os.pipe()
-        # Out of the way of 3 and 4, which the browser's copies must become.
-        ends = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser_read, from_browser_write)]
+        # Out of the way of 3 and 4, which the redirections make the browser's copies.
+        ends = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (to_browser_read, from_browser_write))
         for fd in (to_browser_read, from_browser_write):
             os.close(fd)
-
-        def as_fds_3_and_4() -> None:
-            os.dup2(ends[0], 3)
-            os.dup2(ends[1], 4)
-
         profile = work / f"chromium-{time.monotonic_ns()}"
-        self.process = subprocess.Popen(
-            [chromium, *FLAGS, "--remote-debugging-pipe", f"--user-data-dir={profile}", f"--window-size={width},{height}"],
-            pass_fds=(3, 4), preexec_fn=as_fds_3_and_4, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.log_path = profile.with_suffix(".log")
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                ["bash", "-c", 'exec "$0" "${@:3}" 3<&"$1" 4>&"$2"', chromium, *map(str, ends), *FLAGS, "--remote-debugging-pipe",
+                 f"--user-data-dir={profile}", f"--window-size={width},{height}"],
+                pass_fds=ends, stdout=subprocess.DEVNULL, stderr=log)
         for fd in ends:
             os.close(fd)
         self._out = os.fdopen(to_browser, "wb", buffering=0)
@@ -53,19 +80,37 @@ class Browser:
         self._lock = threading.Lock()
         self.events: queue.Queue = queue.Queue()
         self.errors: list[str] = []  # console errors and uncaught exceptions, as the page met them
+        self._gone = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime"):
-            self.call(f"{domain}.enable", session=True)
-        self.call("Emulation.setDeviceMetricsOverride", session=True, width=width, height=height, deviceScaleFactor=1, mobile=False)
+
+    def _ended(self) -> tuple[int | None, str]:
+        """A Chromium that closed its pipe: its exit status and the end of what it said."""
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        for stream in (self._out, self._in):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        return code, self.log_path.read_text(errors="replace")[-2000:]
 
     def _read(self) -> None:
         pending = b""
         while True:
-            chunk = self._in.read(65536)
-            if not chunk:
+            try:
+                chunk = self._in.read(65536)
+            except (OSError, ValueError):  # (closed by _ended)
+                chunk = b""
+            if not chunk:  # Chromium is gone: no answer will come
+                with self._lock:
+                    waiting, self._answers = list(self._answers.values()), {}
+                    self._gone = True
+                for answer in waiting:
+                    answer.put(None)
                 return
             pending += chunk
             *messages, pending = pending.split(b"\0")
@@ -89,6 +134,8 @@ class Browser:
         number = next(self._ids)
         answer: queue.Queue = queue.Queue()
         with self._lock:
+            if self._gone:
+                raise BrowserGone(f"{method}: Chromium has exited")
             self._answers[number] = answer
         message = {"id": number, "method": method, "params": params}
         if session:
@@ -98,6 +145,8 @@ class Browser:
             reply = answer.get(timeout=ANSWER_S)
         except queue.Empty:
             raise TimeoutError(f"{method}: no answer from the browser in {ANSWER_S} s") from None
+        if reply is None:
+            raise BrowserGone(f"{method}: Chromium exited before it answered")
         if "error" in reply:
             raise RuntimeError(f"{method}: {reply['error']}")
         return reply.get("result", {})
