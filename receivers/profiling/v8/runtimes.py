@@ -356,7 +356,7 @@ class V8Runtimes:
             process.held -= POSITION_BYTES * len(process.bytecode_positions.pop(shared, ()))
         postponed = process.postponed.get(shared)
         if postponed is not None and self._report < postponed[0]:
-            raise NamePostponed(f"the name of {shared:#x} cost more than a report's budget gave: read again in a later report")
+            raise NamePostponed(f"the name of {shared:#x} failed after more than {POSTPONE_AFTER_READS} reads: read again in a later report")
         reads = heap.reads
         try:
             function = heap.function(shared)
