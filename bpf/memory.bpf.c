@@ -323,8 +323,7 @@ int memory_alloc(struct pt_regs *ctx)
     start_walk(ctx, ctx, &key, slot, WALK_MEMORY);
     __builtin_memcpy(&state->key, &key, sizeof(key));
     state->slot = slot;
-    long n = within_user_space(state->stack.ips, bpf_get_stack(ctx, state->stack.ips, UNWIND_MAX_FRAMES * sizeof(u64), BPF_F_USER_STACK),
-                               UNWIND_MAX_FRAMES);
+    long n = kernel_walked_user_stack(ctx, state->stack.ips);
     state->stack.len = n > 0 ? n / sizeof(u64) : 0;
     state->stack.complete = 0;
     state->key.user_leaf_return = n > 0 ? user_leaf_return(ctx) : 0;

@@ -550,8 +550,7 @@ static __always_inline void leave_cpu(struct bpf_raw_tracepoint_args *ctx, u64 n
 #endif
     start_walk(ctx, NULL, &wait->key, 0, WALK_OFF_CPU);
     wait->provisional = WALKED_WITHOUT_TABLES;
-    n = within_user_space(wait->user.ips, bpf_get_stack(ctx, wait->user.ips, UNWIND_MAX_FRAMES * sizeof(u64), BPF_F_USER_STACK),
-                          UNWIND_MAX_FRAMES);
+    n = kernel_walked_user_stack(ctx, wait->user.ips);
     wait->user.len = n > 0 ? n / sizeof(u64) : 0;
     wait->user.complete = 0;
     if (n > 0) {
@@ -829,8 +828,7 @@ int off_cpu_waking(struct bpf_raw_tracepoint_args *ctx)
     key.pid = waker->pid;
     key.origin = ORIGIN_LOCK_WAKE;
     start_walk(ctx, NULL, &key, slot, WALK_OFF_CPU);
-    n = within_user_space(stack->ips, bpf_get_stack(ctx, stack->ips, UNWIND_MAX_FRAMES * sizeof(u64), BPF_F_USER_STACK),
-                          UNWIND_MAX_FRAMES);
+    n = kernel_walked_user_stack(ctx, stack->ips);
     stack->len = n > 0 ? n / sizeof(u64) : 0;
     stack->complete = 0;
     if (n > 0)

@@ -241,6 +241,15 @@ static __always_inline long within_user_space(u64 *ips, long bytes, u32 max_fram
     return bytes;
 }
 
+/* The current task's user stack by the kernel's frame-pointer walk into `ips` (UNWIND_MAX_FRAMES
+ * of them), cut by within_user_space: the bytes used, or bpf_get_stack()'s error.  Every user
+ * stack the kernel walks for the unwinder's maps (a wait's, a waker's, a memory sample's) comes
+ * through here. */
+static __always_inline long kernel_walked_user_stack(void *ctx, u64 *ips)
+{
+    return within_user_space(ips, bpf_get_stack(ctx, ips, UNWIND_MAX_FRAMES * sizeof(u64), BPF_F_USER_STACK), UNWIND_MAX_FRAMES);
+}
+
 /* A stack that get_stackid() could not store (-EEXIST) or stored (id >= 0), read again by value
  * into ips; any other error is passed on.  Return the bytes used (0 on error, set in *error). */
 static __always_inline u32 stack_by_value(struct bpf_perf_event_data *ctx, s32 stack_id, u64 *ips,
